@@ -1,0 +1,60 @@
+// The brick backend: PyTorch's PrivateUse1 device, executed by the runtime's backing device.
+#pragma once
+
+#include <ATen/Tensor.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/Device.h>
+#include <c10/core/Storage.h>
+
+#include "runtime/runtime.h"
+
+namespace brick::backend {
+
+constexpr c10::DeviceType kBrick = c10::DeviceType::PrivateUse1;
+
+inline runtime::Runtime& rt() { return runtime::get(); }
+
+// The device type whose kernels execute brick ops (CPU for the host runtime, CUDA for the CUDA
+// runtime).
+c10::DeviceType backing_device_type();
+c10::Device backing_device(c10::DeviceIndex brick_index);
+
+// Throws a c10::Error naming the device when `index` is not a brick device.
+void check_device_index(c10::DeviceIndex index);
+// -1 means the calling thread's current brick device.
+c10::DeviceIndex resolve_device_index(c10::DeviceIndex index);
+
+// The allocator behind every brick storage. Reports to PyTorch's memory profiler.
+c10::Allocator* brick_allocator();
+bool is_brick_allocation(const c10::DataPtr& data_ptr);
+
+// Turns a DataPtr allocated by the backing device's allocator into brick memory without copying:
+// relabels its device and counts its bytes in brick's statistics until it is freed.
+c10::DataPtr adopt_data_ptr(c10::DataPtr original, size_t nbytes, c10::DeviceIndex device);
+
+// Relabels brick memory (brick allocator or adopted) as belonging to `device`; anything else is
+// adopted first.
+c10::DataPtr to_brick_data_ptr(c10::DataPtr data_ptr, size_t nbytes, c10::DeviceIndex device);
+
+// Backing-device views of brick memory. `make_backing_storage` aliases a brick storage's bytes
+// as a storage of the backing device; backing-device kernels that grow it (out= results) get
+// brick memory from its allocator. `make_backing_tensor` views such a storage with a brick
+// tensor's dtype, sizes, strides, storage offset and conj/neg bits.
+c10::Storage make_backing_storage(const c10::Storage& brick_storage);
+at::Tensor make_backing_tensor(const at::Tensor& brick_tensor, c10::Storage backing_storage);
+at::Tensor make_backing_alias(const at::Tensor& brick_tensor);
+
+// A brick tensor on `brick_storage` with the dtype and geometry of the backing tensor `like`.
+at::Tensor make_brick_tensor(c10::Storage brick_storage, const at::Tensor& like);
+
+// Takes over the memory of a backing-device storage that nothing else owns (a fresh kernel
+// result) as a new brick storage on `device`, without copying.
+c10::Storage adopt_storage(c10::StorageImpl* backing_storage, c10::DeviceIndex device);
+
+// Resizes a brick storage to `new_nbytes`, keeping the common prefix of its bytes.
+void resize_brick_storage_bytes(const c10::Storage& storage, size_t new_nbytes);
+
+// Registered once: hooks, device guard, generator, allocator. Safe to call repeatedly.
+void ensure_registered();
+
+}  // namespace brick::backend

@@ -1,0 +1,278 @@
+// PrivateUse1 registration: the device guard, the generator and the hooks.
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Generator.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <array>
+#include <mutex>
+
+#include "backend/backend.h"
+#include "backend/errors.h"
+#include "backend/generator.h"
+
+namespace brick::backend {
+
+c10::DeviceType backing_device_type() {
+  return rt().backing_kind() == runtime::BackingKind::Cuda ? c10::DeviceType::CUDA
+                                                           : c10::DeviceType::CPU;
+}
+
+c10::Device backing_device(c10::DeviceIndex brick_index) {
+  if (rt().backing_kind() == runtime::BackingKind::Host) return c10::Device(c10::DeviceType::CPU);
+  return c10::Device(backing_device_type(),
+                     static_cast<c10::DeviceIndex>(rt().backing_device_index(brick_index)));
+}
+
+void check_device_index(c10::DeviceIndex index) {
+  const int count = rt().device_count();
+  TORCH_CHECK_INDEX(index >= 0 && index < count, "brick: device index ", static_cast<int>(index),
+                    " is out of range: there are ", count,
+                    " brick device(s), valid indices are 0..", count - 1,
+                    " (the host runtime's count is set by BRICK_HOST_DEVICES)");
+}
+
+c10::DeviceIndex resolve_device_index(c10::DeviceIndex index) {
+  if (index < 0) return static_cast<c10::DeviceIndex>(rt().current_device());
+  check_device_index(index);
+  return index;
+}
+
+namespace {
+
+runtime::Event* as_event(void* event) { return static_cast<runtime::Event*>(event); }
+
+c10::Stream make_stream(c10::DeviceIndex device, runtime::StreamId id) {
+  return c10::Stream(c10::Stream::UNSAFE, c10::Device(kBrick, device), id);
+}
+
+class BrickGuardImpl final : public c10::impl::DeviceGuardImplInterface {
+ public:
+  BrickGuardImpl() = default;
+  explicit BrickGuardImpl(c10::DeviceType type) {
+    TORCH_CHECK(type == kBrick, "brick: a device guard for ", type, " was requested");
+  }
+
+  c10::DeviceType type() const override { return kBrick; }
+
+  c10::Device exchangeDevice(c10::Device device) const override {
+    const c10::Device old = getDevice();
+    if (old.index() != device.index()) setDevice(device);
+    return old;
+  }
+
+  c10::Device getDevice() const override {
+    return c10::Device(kBrick, static_cast<c10::DeviceIndex>(rt().current_device()));
+  }
+
+  void setDevice(c10::Device device) const override {
+    TORCH_CHECK(device.type() == kBrick, "brick: expected a brick device, got ", device);
+    check_device_index(device.index());
+    rt().set_current_device(device.index());
+  }
+
+  void uncheckedSetDevice(c10::Device device) const noexcept override {
+    try {
+      rt().set_current_device(device.index());
+    } catch (...) {
+      // Restoring a device that was valid when saved cannot fail; nothing else to do here.
+    }
+  }
+
+  c10::Stream getStream(c10::Device device) const override {
+    const auto index = resolve_device_index(device.index());
+    return make_stream(index, runtime_call([&] { return rt().current_stream(index); }));
+  }
+
+  c10::Stream getDefaultStream(c10::Device device) const override {
+    return make_stream(resolve_device_index(device.index()), runtime::kDefaultStream);
+  }
+
+  c10::Stream getStreamFromGlobalPool(c10::Device device, bool is_high_priority) const override {
+    const auto index = resolve_device_index(device.index());
+    return make_stream(index, pooled_stream(index, is_high_priority));
+  }
+
+  c10::Stream getNewStream(c10::Device device, int priority) const override {
+    const auto index = resolve_device_index(device.index());
+    return make_stream(index, runtime_call([&] { return rt().create_stream(index, priority); }));
+  }
+
+  c10::Stream exchangeStream(c10::Stream stream) const override {
+    const auto index = resolve_device_index(stream.device_index());
+    const c10::Stream old = make_stream(index, rt().current_stream(index));
+    BRICK_RUNTIME_CALL(rt().set_current_stream(index, stream.id()));
+    return old;
+  }
+
+  void destroyEvent(void* event, const c10::DeviceIndex /*device_index*/) const noexcept override {
+    if (event != nullptr) rt().destroy_event(as_event(event));
+  }
+
+  void record(void** event, const c10::Stream& stream, const c10::DeviceIndex device_index,
+              const c10::EventFlag flag) const override {
+    TORCH_CHECK(device_index == -1 || device_index == stream.device_index(),
+                "brick: event device index ", static_cast<int>(device_index),
+                " does not match the recording stream's device ", stream.device());
+    if (*event == nullptr) {
+      *event = runtime_call([&] {
+        return rt().create_event(stream.device_index(), flag == c10::EventFlag::BACKEND_DEFAULT);
+      });
+    }
+    BRICK_RUNTIME_CALL(rt().record_event(as_event(*event), stream.device_index(), stream.id()));
+  }
+
+  void block(void* event, const c10::Stream& stream) const override {
+    if (event == nullptr) return;  // waiting on an event never recorded is a no-op, as in CUDA
+    BRICK_RUNTIME_CALL(rt().stream_wait_event(stream.device_index(), stream.id(), as_event(event)));
+  }
+
+  bool queryEvent(void* event) const override {
+    if (event == nullptr) return true;
+    return runtime_call([&] { return rt().query_event(as_event(event)); });
+  }
+
+  c10::DeviceIndex deviceCount() const noexcept override {
+    try {
+      return static_cast<c10::DeviceIndex>(rt().device_count());
+    } catch (...) {
+      return 0;  // a misconfigured runtime has no usable device; import reports why
+    }
+  }
+
+  bool queryStream(const c10::Stream& stream) const override {
+    return runtime_call([&] { return rt().query_stream(stream.device_index(), stream.id()); });
+  }
+
+  void synchronizeStream(const c10::Stream& stream) const override {
+    BRICK_RUNTIME_CALL(rt().synchronize_stream(stream.device_index(), stream.id()));
+  }
+
+  void synchronizeEvent(void* event) const override {
+    if (event == nullptr) return;
+    BRICK_RUNTIME_CALL(rt().synchronize_event(as_event(event)));
+  }
+
+  void synchronizeDevice(const c10::DeviceIndex device_index) const override {
+    BRICK_RUNTIME_CALL(rt().synchronize_device(resolve_device_index(device_index)));
+  }
+
+  void recordDataPtrOnStream(const c10::DataPtr& /*data_ptr*/,
+                             const c10::Stream& /*stream*/) const override {
+    // Memory is freed only after the work that used it completed: on the host runtime every
+    // op has completed by the time it returns.
+  }
+
+  double elapsedTime(void* start, void* end, const c10::DeviceIndex /*device_index*/) const override {
+    TORCH_CHECK(start != nullptr && end != nullptr,
+                "brick: elapsed_time needs both events to be recorded first");
+    return runtime_call([&] { return rt().elapsed_ms(as_event(start), as_event(end)); });
+  }
+
+ private:
+  static constexpr int kPoolSize = 32;
+
+  runtime::StreamId pooled_stream(c10::DeviceIndex index, bool high_priority) const {
+    struct Pool {
+      std::once_flag once;
+      std::array<runtime::StreamId, kPoolSize> ids{};
+      std::atomic<uint32_t> next{0};
+    };
+    static std::array<Pool, 2 * runtime::kMaxDevices> pools;
+    Pool& pool = pools[2 * index + (high_priority ? 1 : 0)];
+    std::call_once(pool.once, [&] {
+      for (auto& id : pool.ids) {
+        id = runtime_call([&] { return rt().create_stream(index, high_priority ? -1 : 0); });
+      }
+    });
+    return pool.ids[pool.next.fetch_add(1, std::memory_order_relaxed) % kPoolSize];
+  }
+};
+
+C10_REGISTER_GUARD_IMPL(PrivateUse1, BrickGuardImpl);
+
+// Default generators, one per device, created on first use.
+const at::Generator& default_generator(c10::DeviceIndex device) {
+  static std::array<at::Generator, runtime::kMaxDevices> generators;
+  static std::array<std::once_flag, runtime::kMaxDevices> created;
+  const auto index = resolve_device_index(device);
+  std::call_once(created[index], [&] {
+    generators[index] = at::make_generator<BrickGenerator>(index, c10::default_rng_seed_val);
+  });
+  return generators[index];
+}
+
+struct BrickHooks final : public at::PrivateUse1HooksInterface {
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return rt().device_count() > 0; }
+  bool hasPrimaryContext(c10::DeviceIndex /*device_index*/) const override { return true; }
+
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex device_index) const override {
+    return default_generator(device_index);
+  }
+
+  at::Generator getNewGenerator(c10::DeviceIndex device_index) const override {
+    return at::make_generator<BrickGenerator>(resolve_device_index(device_index),
+                                              c10::default_rng_seed_val);
+  }
+
+  at::Device getDeviceFromPtr(void* /*data*/) const override {
+    TORCH_CHECK(false,
+                "brick: cannot infer the device of a raw pointer; pass device= explicitly");
+  }
+
+  bool isPinnedPtr(const void* /*data*/) const override { return false; }
+
+  c10::Allocator* getPinnedMemoryAllocator() const override {
+    // Host memory is what every brick device already uses on the host runtime.
+    return c10::GetCPUAllocator();
+  }
+
+  c10::DeviceIndex deviceCount() const override {
+    return static_cast<c10::DeviceIndex>(rt().device_count());
+  }
+
+  void setCurrentDevice(c10::DeviceIndex device) const override {
+    check_device_index(device);
+    rt().set_current_device(device);
+  }
+
+  c10::DeviceIndex getCurrentDevice() const override {
+    return static_cast<c10::DeviceIndex>(rt().current_device());
+  }
+
+  c10::DeviceIndex exchangeDevice(c10::DeviceIndex device) const override {
+    const auto old = getCurrentDevice();
+    if (device != old) setCurrentDevice(device);
+    return old;
+  }
+
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex device) const override {
+    return exchangeDevice(device);
+  }
+
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t new_nbytes) const override {
+    resize_brick_storage_bytes(storage, new_nbytes);
+  }
+};
+
+}  // namespace
+
+const at::Generator& brick_default_generator(c10::DeviceIndex device) {
+  return default_generator(device);
+}
+
+void ensure_registered() {
+  static const bool registered = [] {
+    // Fail at import with the runtime's own message if its configuration is invalid.
+    runtime_call([] { return rt().device_count(); });
+    // Hooks must outlive every user: intentionally never freed.
+    at::RegisterPrivateUse1HooksInterface(new BrickHooks());
+    c10::SetAllocator(kBrick, brick_allocator());
+    return true;
+  }();
+  (void)registered;
+}
+
+}  // namespace brick::backend

@@ -1,0 +1,295 @@
+// The boxed fallback: every aten op without a brick kernel of its own runs here, as the backing
+// device's kernel on the same memory.
+//
+// Brick arguments become backing-device tensors that alias their bytes (no copy), the op is
+// redispatched to the backing device, and each result comes back as a brick tensor:
+//   - the very tensor passed in, for in-place and out= results (its metadata synced back);
+//   - a brick view of the argument's storage, for view results;
+//   - an adopted brick storage, for fresh results (the backing allocation is relabelled).
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/SmallVector.h>
+
+#include <algorithm>
+#include <torch/library.h>
+
+#include "backend/backend.h"
+#include "backend/errors.h"
+#include "backend/generator.h"
+
+namespace brick::backend {
+
+namespace {
+
+c10::DispatchKeySet backing_dispatch_key_set() {
+  static const c10::DispatchKeySet key_set(
+      c10::computeDispatchKey(std::nullopt, c10::kStrided, backing_device_type()));
+  return key_set;
+}
+
+// Sets the current brick device for the duration of an op; restores it even on error.
+class CurrentDeviceScope {
+ public:
+  explicit CurrentDeviceScope(int device) : previous_(rt().current_device()) {
+    if (device >= 0 && device != previous_) rt().set_current_device(device);
+  }
+  ~CurrentDeviceScope() {
+    if (rt().current_device() != previous_) rt().set_current_device(previous_);
+  }
+  CurrentDeviceScope(const CurrentDeviceScope&) = delete;
+  CurrentDeviceScope& operator=(const CurrentDeviceScope&) = delete;
+
+ private:
+  int previous_;
+};
+
+class FallbackCall {
+ public:
+  explicit FallbackCall(const c10::OperatorHandle& op) : op_(op), schema_(op.schema()) {}
+
+  void run(torch::jit::Stack* stack) {
+    const auto& arguments = schema_.arguments();
+    const size_t first = stack->size() - arguments.size();
+    for (size_t i = 0; i < arguments.size(); ++i) {
+      convert_argument(arguments[i], (*stack)[first + i]);
+    }
+    if (device_ < 0) device_ = static_cast<c10::DeviceIndex>(rt().current_device());
+    for (size_t i : pending_generators_) {
+      (*stack)[first + i] =
+          c10::IValue(generator_backing(brick_default_generator(device_)));
+    }
+
+    CurrentDeviceScope scope(device_);
+    try {
+      op_.redispatchBoxed(backing_dispatch_key_set(), stack);
+    } catch (c10::Error& error) {
+      error.add_context(std::string("brick: ") + schema_.operator_name().name +
+                        (schema_.overload_name().empty() ? "" : "." + schema_.overload_name()) +
+                        " on " + c10::Device(kBrick, device_).str() +
+                        " failed on its backing device (" +
+                        c10::DeviceTypeName(backing_device_type(), /*lower_case=*/true) + ")");
+      throw;
+    }
+
+    for (Alias& alias : aliases_) {
+      if (alias.is_write) sync_back(alias);
+    }
+    const size_t num_returns = schema_.returns().size();
+    for (size_t i = stack->size() - num_returns; i < stack->size(); ++i) {
+      convert_result((*stack)[i]);
+    }
+  }
+
+ private:
+  struct Alias {
+    at::Tensor brick;
+    at::Tensor backing;
+    bool is_write;
+  };
+  struct StoragePair {
+    c10::Storage backing;
+    c10::Storage brick;
+  };
+
+  [[noreturn]] void device_mismatch(const c10::Argument& argument, const at::Tensor& other) const {
+    TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two ",
+                "devices, ", c10::Device(kBrick, device_), " and ", other.device(),
+                "! (when checking argument '", argument.name(), "' of ", schema_.name(),
+                schema_.overload_name().empty() ? "" : "." + schema_.overload_name(), ")");
+  }
+
+  at::Tensor to_backing(const c10::Argument& argument, const at::Tensor& tensor, bool is_write,
+                        bool allow_backing_tensors) {
+    if (!tensor.defined()) return tensor;
+    if (tensor.device().type() != kBrick) {
+      // Like CUDA: CPU scalars (0-dim) mix with device tensors; index lists may be on the CPU.
+      const bool allowed = tensor.device().type() == backing_device_type() &&
+                           (allow_backing_tensors || tensor.dim() == 0);
+      if (!allowed) {
+        if (device_ < 0) device_ = static_cast<c10::DeviceIndex>(rt().current_device());
+        device_mismatch(argument, tensor);
+      }
+      foreign_storages_.push_back(tensor.storage().unsafeGetStorageImpl());
+      return tensor;
+    }
+    const auto device = tensor.device().index();
+    if (device_ < 0) {
+      device_ = device;
+    } else if (device != device_) {
+      device_mismatch(argument, tensor);
+    }
+    c10::TensorImpl* impl = tensor.unsafeGetTensorImpl();
+    for (Alias& alias : aliases_) {
+      if (alias.brick.unsafeGetTensorImpl() == impl) {
+        alias.is_write = alias.is_write || is_write;
+        return alias.backing;
+      }
+    }
+    // Tensors that share a brick storage share one backing storage, so backing kernels see
+    // their aliasing (overlap checks, in-place on views).
+    c10::Storage backing_storage;
+    c10::StorageImpl* brick_storage = tensor.storage().unsafeGetStorageImpl();
+    for (const StoragePair& pair : storages_) {
+      if (pair.brick.unsafeGetStorageImpl() == brick_storage) {
+        backing_storage = pair.backing;
+        break;
+      }
+    }
+    if (!backing_storage) {
+      backing_storage = make_backing_storage(tensor.storage());
+      storages_.push_back({backing_storage, tensor.storage()});
+    }
+    at::Tensor backing = make_backing_tensor(tensor, std::move(backing_storage));
+    aliases_.push_back({tensor, backing, is_write});
+    return backing;
+  }
+
+  at::Generator generator_backing(const at::Generator& generator) const {
+    return static_cast<BrickGenerator*>(generator.unsafeGetGeneratorImpl())->backing();
+  }
+
+  void convert_argument(const c10::Argument& argument, c10::IValue& value) {
+    const bool is_write = argument.alias_info() != nullptr && argument.alias_info()->isWrite();
+    if (value.isTensor()) {
+      value = to_backing(argument, value.toTensor(), is_write, false);
+    } else if (value.isTensorList()) {
+      auto list = value.toTensorList();
+      c10::List<at::Tensor> converted;
+      converted.reserve(list.size());
+      for (const at::Tensor& tensor : list) {
+        converted.push_back(to_backing(argument, tensor, is_write, false));
+      }
+      value = std::move(converted);
+    } else if (value.isOptionalTensorList()) {
+      c10::List<std::optional<at::Tensor>> converted;
+      for (const c10::IValue& element : value.toListRef()) {
+        if (element.isTensor()) {
+          converted.push_back(to_backing(argument, element.toTensor(), is_write, true));
+        } else {
+          converted.push_back(std::nullopt);
+        }
+      }
+      value = std::move(converted);
+    } else if (value.isGenerator()) {
+      const at::Generator& generator = value.toGenerator();
+      if (generator.device().type() == kBrick) value = generator_backing(generator);
+    } else if (value.isDevice()) {
+      const c10::Device device = value.toDevice();
+      if (device.type() == kBrick) {
+        const auto index = resolve_device_index(device.index());
+        if (device_ < 0) device_ = index;
+        value = backing_device(index);
+      }
+    } else if (value.isNone() && is_generator_type(argument)) {
+      pending_generators_.push_back(&argument - schema_.arguments().data());
+    }
+  }
+
+  static bool is_generator_type(const c10::Argument& argument) {
+    const auto& type = argument.real_type();
+    if (type->kind() != c10::TypeKind::OptionalType) return false;
+    return type->expectRef<c10::OptionalType>().getElementType()->kind() ==
+           c10::TypeKind::GeneratorType;
+  }
+
+  c10::Storage brick_storage_for(c10::StorageImpl* backing_storage) {
+    for (const auto* pairs : {&storages_, &adopted_}) {
+      for (const StoragePair& pair : *pairs) {
+        if (pair.backing.unsafeGetStorageImpl() == backing_storage) return pair.brick;
+      }
+    }
+    c10::Storage brick;
+    if (std::find(foreign_storages_.begin(), foreign_storages_.end(), backing_storage) !=
+        foreign_storages_.end()) {
+      // A backing tensor passed in came back out: copy it, its owner keeps its memory.
+      brick = c10::Storage(c10::Storage::use_byte_size_t(), backing_storage->nbytes(),
+                           brick_allocator(), /*resizable=*/true);
+      BRICK_RUNTIME_CALL(rt().copy(brick.mutable_data(), device_,
+                                   backing_storage->data_ptr().get(), -1,
+                                   backing_storage->nbytes()));
+    } else {
+      brick = adopt_storage(backing_storage, device_);
+    }
+    adopted_.push_back(
+        {c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(backing_storage)),
+         brick});
+    return brick;
+  }
+
+  // Moves what a kernel did to a mutable argument's storage and geometry into the brick tensor.
+  void sync_back(Alias& alias) {
+    c10::TensorImpl* brick = alias.brick.unsafeGetTensorImpl();
+    c10::TensorImpl* backing = alias.backing.unsafeGetTensorImpl();
+    c10::StorageImpl* backing_storage = backing->storage().unsafeGetStorageImpl();
+    c10::StorageImpl* brick_storage = brick->storage().unsafeGetStorageImpl();
+    const bool same_storage = std::any_of(
+        storages_.begin(), storages_.end(), [&](const StoragePair& pair) {
+          return pair.backing.unsafeGetStorageImpl() == backing_storage &&
+                 pair.brick.unsafeGetStorageImpl() == brick_storage;
+        });
+    if (same_storage) {
+      if (backing_storage->data_ptr().get() != brick_storage->data_ptr().get() ||
+          backing_storage->nbytes() != brick_storage->nbytes()) {
+        // The kernel resized the argument: its new bytes become the brick storage's.
+        const size_t nbytes = backing_storage->nbytes();
+        c10::DataPtr data =
+            backing_storage->set_data_ptr(c10::DataPtr(nullptr, backing_storage->device()));
+        brick_storage->set_data_ptr_noswap(to_brick_data_ptr(std::move(data), nbytes, device_));
+        brick_storage->set_nbytes(nbytes);
+        // Later results that view this backing storage must see the brick bytes.
+        c10::DataPtr view(brick_storage->data_ptr().get(), backing_storage->device());
+        backing_storage->set_data_ptr_noswap(std::move(view));
+      }
+    } else {
+      // The kernel pointed the argument at another storage (set_).
+      brick->set_storage_keep_dtype(brick_storage_for(backing_storage));
+    }
+    if (brick->sizes() != backing->sizes() || brick->strides() != backing->strides() ||
+        brick->storage_offset() != backing->storage_offset()) {
+      brick->set_sizes_and_strides(backing->sizes(), backing->strides(),
+                                   backing->storage_offset());
+    }
+  }
+
+  at::Tensor to_brick(const at::Tensor& result) {
+    if (!result.defined() || result.device().type() != backing_device_type()) return result;
+    c10::TensorImpl* impl = result.unsafeGetTensorImpl();
+    for (const Alias& alias : aliases_) {
+      if (alias.backing.unsafeGetTensorImpl() == impl) return alias.brick;
+    }
+    return make_brick_tensor(brick_storage_for(result.storage().unsafeGetStorageImpl()), result);
+  }
+
+  void convert_result(c10::IValue& value) {
+    if (value.isTensor()) {
+      value = to_brick(value.toTensor());
+    } else if (value.isTensorList()) {
+      auto list = value.toTensorList();
+      c10::List<at::Tensor> converted;
+      converted.reserve(list.size());
+      for (const at::Tensor& tensor : list) converted.push_back(to_brick(tensor));
+      value = std::move(converted);
+    }
+  }
+
+  const c10::OperatorHandle& op_;
+  const c10::FunctionSchema& schema_;
+  c10::DeviceIndex device_ = -1;
+  c10::SmallVector<Alias, 4> aliases_;
+  c10::SmallVector<StoragePair, 4> storages_;
+  c10::SmallVector<StoragePair, 4> adopted_;
+  c10::SmallVector<c10::StorageImpl*, 2> foreign_storages_;
+  c10::SmallVector<size_t, 1> pending_generators_;
+};
+
+void brick_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*key_set*/,
+                    torch::jit::Stack* stack) {
+  FallbackCall(op).run(stack);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&brick_fallback>());
+}
+
+}  // namespace brick::backend

@@ -1,0 +1,69 @@
+#include "backend/generator.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <mutex>
+
+#include "backend/backend.h"
+
+namespace brick::backend {
+
+namespace {
+
+at::Generator make_backing_generator(uint64_t seed) {
+  // The host runtime's kernels are CPU kernels; a CUDA runtime supplies CUDA generators.
+  return at::make_generator<at::CPUGeneratorImpl>(seed);
+}
+
+}  // namespace
+
+BrickGenerator::BrickGenerator(c10::DeviceIndex device, uint64_t seed)
+    : c10::GeneratorImpl(c10::Device(kBrick, device),
+                         c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)),
+      backing_(make_backing_generator(seed)) {}
+
+void BrickGenerator::set_current_seed(uint64_t seed) {
+  std::lock_guard<std::mutex> lock(backing_.mutex());
+  backing_.set_current_seed(seed);
+}
+
+void BrickGenerator::set_offset(uint64_t offset) {
+  std::lock_guard<std::mutex> lock(backing_.mutex());
+  backing_.set_offset(offset);
+}
+
+uint64_t BrickGenerator::get_offset() const {
+  std::lock_guard<std::mutex> lock(backing_.mutex());
+  return backing_.get_offset();
+}
+
+uint64_t BrickGenerator::current_seed() const {
+  std::lock_guard<std::mutex> lock(backing_.mutex());
+  return backing_.current_seed();
+}
+
+uint64_t BrickGenerator::seed() {
+  std::lock_guard<std::mutex> lock(backing_.mutex());
+  return backing_.seed();
+}
+
+void BrickGenerator::set_state(const c10::TensorImpl& new_state) {
+  std::lock_guard<std::mutex> lock(backing_.mutex());
+  backing_.unsafeGetGeneratorImpl()->set_state(new_state);
+}
+
+c10::intrusive_ptr<c10::TensorImpl> BrickGenerator::get_state() const {
+  std::lock_guard<std::mutex> lock(backing_.mutex());
+  return backing_.unsafeGetGeneratorImpl()->get_state();
+}
+
+c10::DeviceType BrickGenerator::device_type() { return kBrick; }
+
+BrickGenerator* BrickGenerator::clone_impl() const {
+  auto* copy = new BrickGenerator(device().index(), 0);
+  std::lock_guard<std::mutex> lock(backing_.mutex());
+  copy->backing_ = backing_.clone();
+  return copy;
+}
+
+}  // namespace brick::backend

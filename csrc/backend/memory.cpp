@@ -1,0 +1,183 @@
+// Brick memory: the allocator, adoption of backing-device allocations, and backing aliases.
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/TensorImpl.h>
+#include <c10/util/Exception.h>
+
+#include "backend/backend.h"
+#include "backend/errors.h"
+
+namespace brick::backend {
+
+namespace {
+
+void report_to_profiler(void* ptr, int64_t delta, c10::DeviceIndex device) {
+  if (!c10::memoryProfilingEnabled()) return;
+  const auto stats = rt().memory_stats(device);
+  c10::reportMemoryUsageToProfiler(ptr, delta, static_cast<size_t>(stats.allocated_bytes),
+                                   static_cast<size_t>(stats.allocated_bytes),
+                                   c10::Device(kBrick, device));
+}
+
+void delete_brick_memory(void* ptr) {
+  const auto released = rt().deallocate(ptr);
+  if (released.device >= 0) {
+    report_to_profiler(ptr, -static_cast<int64_t>(released.nbytes),
+                       static_cast<c10::DeviceIndex>(released.device));
+  }
+}
+
+c10::DataPtr allocate_brick_memory(size_t nbytes, c10::Device label) {
+  const auto device = static_cast<c10::DeviceIndex>(rt().current_device());
+  void* ptr = nullptr;
+  try {
+    ptr = rt().allocate(device, nbytes);
+  } catch (const runtime::Error& e) {
+    TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
+  }
+  if (ptr != nullptr) report_to_profiler(ptr, static_cast<int64_t>(nbytes), device);
+  return {ptr, ptr, &delete_brick_memory, label.type() == kBrick ? c10::Device(kBrick, device)
+                                                                 : backing_device(device)};
+}
+
+class BrickAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t nbytes) override {
+    return allocate_brick_memory(nbytes, c10::Device(kBrick));
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &delete_brick_memory; }
+  void copy_data(void* dst, const void* src, std::size_t count) const override {
+    const int device = rt().current_device();
+    BRICK_RUNTIME_CALL(rt().copy(dst, device, src, device, count));
+  }
+};
+
+// Backs the storages of backing aliases, so that a backing-device kernel that grows an out=
+// argument allocates brick memory, which `sync_from_alias` then hands to the brick tensor.
+class AliasAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t nbytes) override {
+    return allocate_brick_memory(nbytes, c10::Device(backing_device_type()));
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &delete_brick_memory; }
+  void copy_data(void* dst, const void* src, std::size_t count) const override {
+    const int device = rt().current_device();
+    BRICK_RUNTIME_CALL(rt().copy(dst, device, src, device, count));
+  }
+};
+
+BrickAllocator g_brick_allocator;
+AliasAllocator g_alias_allocator;
+
+struct AdoptedContext {
+  c10::DataPtr original;
+  size_t nbytes;
+  c10::DeviceIndex device;
+};
+
+void delete_adopted(void* ctx) {
+  auto* adopted = static_cast<AdoptedContext*>(ctx);
+  report_to_profiler(adopted->original.get(), -static_cast<int64_t>(adopted->nbytes),
+                     adopted->device);
+  rt().release_adopted(adopted->device, adopted->nbytes);
+  delete adopted;  // frees the memory through the backing allocator's own deleter
+}
+
+}  // namespace
+
+c10::Allocator* brick_allocator() { return &g_brick_allocator; }
+
+bool is_brick_allocation(const c10::DataPtr& data_ptr) {
+  return data_ptr.get_deleter() == &delete_brick_memory ||
+         data_ptr.get_deleter() == &delete_adopted;
+}
+
+c10::DataPtr adopt_data_ptr(c10::DataPtr original, size_t nbytes, c10::DeviceIndex device) {
+  void* data = original.get();
+  if (data == nullptr) return c10::DataPtr(nullptr, c10::Device(kBrick, device));
+  auto* ctx = new AdoptedContext{std::move(original), nbytes, device};
+  rt().record_adopted(device, nbytes);
+  report_to_profiler(data, static_cast<int64_t>(nbytes), device);
+  return c10::DataPtr(data, ctx, &delete_adopted, c10::Device(kBrick, device));
+}
+
+c10::DataPtr to_brick_data_ptr(c10::DataPtr data_ptr, size_t nbytes, c10::DeviceIndex device) {
+  if (is_brick_allocation(data_ptr)) {
+    data_ptr.unsafe_set_device(c10::Device(kBrick, device));
+    return data_ptr;
+  }
+  return adopt_data_ptr(std::move(data_ptr), nbytes, device);
+}
+
+c10::Storage make_backing_storage(const c10::Storage& brick_storage) {
+  const c10::StorageImpl* storage = brick_storage.unsafeGetStorageImpl();
+  // Non-owning: the brick storage keeps the memory alive for the alias's lifetime.
+  c10::DataPtr view(storage->data_ptr().get(), backing_device(storage->device().index()));
+  return c10::Storage(c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), storage->nbytes(), std::move(view),
+      &g_alias_allocator, /*resizable=*/true));
+}
+
+namespace {
+
+c10::DispatchKeySet backing_key_set() {
+  static const c10::DispatchKeySet key_set(
+      c10::computeDispatchKey(std::nullopt, c10::kStrided, backing_device_type()));
+  return key_set;
+}
+
+// Gives `impl` the geometry and conj/neg bits of `like`.
+void copy_geometry(c10::TensorImpl* impl, const at::Tensor& like) {
+  impl->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
+  if (like.is_conj()) impl->_set_conj(true);
+  if (like.is_neg()) impl->_set_neg(true);
+}
+
+}  // namespace
+
+at::Tensor make_backing_tensor(const at::Tensor& brick_tensor, c10::Storage backing_storage) {
+  auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(backing_storage), backing_key_set(),
+                                                   brick_tensor.dtype());
+  copy_geometry(impl.get(), brick_tensor);
+  return at::Tensor(std::move(impl));
+}
+
+at::Tensor make_backing_alias(const at::Tensor& brick_tensor) {
+  return make_backing_tensor(brick_tensor, make_backing_storage(brick_tensor.storage()));
+}
+
+at::Tensor make_brick_tensor(c10::Storage brick_storage, const at::Tensor& like) {
+  auto impl = c10::make_intrusive<c10::TensorImpl>(
+      std::move(brick_storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), like.dtype());
+  copy_geometry(impl.get(), like);
+  return at::Tensor(std::move(impl));
+}
+
+c10::Storage adopt_storage(c10::StorageImpl* backing_storage, c10::DeviceIndex device) {
+  const size_t nbytes = backing_storage->nbytes();
+  c10::DataPtr data =
+      backing_storage->set_data_ptr(c10::DataPtr(nullptr, backing_storage->device()));
+  return c10::Storage(c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), nbytes,
+      to_brick_data_ptr(std::move(data), nbytes, device), &g_brick_allocator,
+      /*resizable=*/true));
+}
+
+void resize_brick_storage_bytes(const c10::Storage& storage, size_t new_nbytes) {
+  c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+  TORCH_CHECK(impl->resizable(), "brick: trying to resize storage that is not resizable");
+  const size_t old_nbytes = impl->nbytes();
+  if (new_nbytes == old_nbytes) return;
+  const int device = impl->device().index();
+  const int previous = rt().current_device();
+  if (previous != device) BRICK_RUNTIME_CALL(rt().set_current_device(device));
+  c10::DataPtr fresh = g_brick_allocator.allocate(new_nbytes);
+  if (previous != device) rt().set_current_device(previous);
+  const size_t common = std::min(old_nbytes, new_nbytes);
+  if (common > 0) {
+    BRICK_RUNTIME_CALL(rt().copy(fresh.get(), device, impl->data_ptr().get(), device, common));
+  }
+  impl->set_data_ptr_noswap(std::move(fresh));
+  impl->set_nbytes(new_nbytes);
+}
+
+}  // namespace brick::backend

@@ -1,0 +1,191 @@
+// Ops brick implements itself: allocation, views (so they share storage, version counter and
+// _base with their base), resizing, storage swaps, copies and stream bookkeeping. Every other op
+// runs through the fallback in fallback.cpp.
+#include <ATen/EmptyTensor.h>
+#include <ATen/TensorUtils.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/view_native.h>
+#include <c10/core/Stream.h>
+#include <torch/library.h>
+
+#include "backend/backend.h"
+#include "backend/errors.h"
+
+namespace brick::backend {
+
+namespace {
+
+class DeviceScope {
+ public:
+  explicit DeviceScope(c10::DeviceIndex device) : previous_(rt().current_device()) {
+    if (device != previous_) rt().set_current_device(device);
+  }
+  ~DeviceScope() {
+    if (rt().current_device() != previous_) rt().set_current_device(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_;
+};
+
+c10::DeviceIndex target_device(std::optional<c10::Device> device) {
+  if (!device.has_value()) return static_cast<c10::DeviceIndex>(rt().current_device());
+  TORCH_CHECK(device->type() == kBrick, "brick: expected a brick device, got ", *device);
+  return resolve_device_index(device->index());
+}
+
+void check_strided(std::optional<c10::Layout> layout, const char* op) {
+  TORCH_CHECK(!layout.has_value() || *layout == c10::kStrided, "brick: ", op,
+              " supports only the strided layout, got ", *layout);
+}
+
+at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+                               std::optional<c10::Layout> layout,
+                               std::optional<c10::Device> device,
+                               std::optional<bool> /*pin_memory*/,
+                               std::optional<c10::MemoryFormat> memory_format) {
+  check_strided(layout, "empty");
+  const auto index = target_device(device);
+  DeviceScope scope(index);
+  return at::detail::empty_generic(size, brick_allocator(),
+                                   c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                   c10::dtype_or_default(dtype), memory_format);
+}
+
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
+                         std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
+                         std::optional<c10::Device> device, std::optional<bool> /*pin_memory*/) {
+  check_strided(layout, "empty_strided");
+  const auto index = target_device(device);
+  DeviceScope scope(index);
+  return at::detail::empty_strided_generic(size, stride, brick_allocator(),
+                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                           c10::dtype_or_default(dtype));
+}
+
+// Grows the storage (never shrinks it) so `tensor`'s current geometry fits.
+void ensure_storage_fits(c10::TensorImpl* tensor) {
+  if (tensor->numel() == 0) return;
+  const size_t needed = at::detail::computeStorageNbytes(
+      tensor->sizes(), tensor->strides(), tensor->dtype().itemsize(), tensor->storage_offset());
+  const c10::Storage& storage = tensor->unsafe_storage();
+  if (needed > storage.nbytes()) resize_brick_storage_bytes(storage, needed);
+}
+
+const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
+                          std::optional<c10::MemoryFormat> memory_format) {
+  for (const int64_t dim : size) {
+    TORCH_CHECK(dim >= 0, "brick: resize_ got a negative size ", size);
+  }
+  c10::TensorImpl* impl = self.unsafeGetTensorImpl();
+  if (impl->sizes() != size) {
+    impl->set_sizes_contiguous(size);
+    ensure_storage_fits(impl);
+  }
+  if (memory_format.has_value()) {
+    TORCH_CHECK(*memory_format != c10::MemoryFormat::Preserve,
+                "brick: resize_ does not support memory_format=torch.preserve_format");
+    impl->empty_tensor_restride(*memory_format);
+  }
+  return self;
+}
+
+void check_set_source(const at::Tensor& self, const c10::Storage& source) {
+  TORCH_CHECK(source.device().type() == kBrick, "brick: set_ expected a storage on ",
+              self.device(), " but got one on ", source.device());
+  TORCH_CHECK(source.device() == self.device(), "brick: set_ got a storage on ", source.device(),
+              " for a tensor on ", self.device());
+}
+
+at::Tensor& set_storage(at::Tensor& self, c10::Storage source, int64_t storage_offset,
+                        c10::IntArrayRef size, c10::IntArrayRef stride) {
+  check_set_source(self, source);
+  TORCH_CHECK(storage_offset >= 0, "brick: set_ got a negative storage offset ", storage_offset);
+  c10::TensorImpl* impl = self.unsafeGetTensorImpl();
+  if (!impl->storage().is_alias_of(source)) impl->set_storage_keep_dtype(std::move(source));
+  if (stride.empty() && !size.empty()) {
+    impl->set_sizes_contiguous(size);
+    impl->set_storage_offset(storage_offset);
+  } else {
+    TORCH_CHECK(stride.size() == size.size(), "brick: set_ got ", size.size(), " sizes but ",
+                stride.size(), " strides");
+    impl->set_sizes_and_strides(size, stride, storage_offset);
+  }
+  ensure_storage_fits(impl);
+  return self;
+}
+
+at::Tensor& set_source_storage_offset(at::Tensor& self, c10::Storage source,
+                                      int64_t storage_offset, c10::IntArrayRef size,
+                                      c10::IntArrayRef stride) {
+  return set_storage(self, std::move(source), storage_offset, size, stride);
+}
+
+at::Tensor& set_source_storage(at::Tensor& self, c10::Storage source) {
+  const int64_t itemsize = static_cast<int64_t>(self.dtype().itemsize());
+  TORCH_CHECK(source.nbytes() % itemsize == 0, "brick: set_ got a storage of ", source.nbytes(),
+              " bytes, which is not a multiple of the element size ", itemsize);
+  const int64_t numel = static_cast<int64_t>(source.nbytes()) / itemsize;
+  return set_storage(self, std::move(source), 0, {numel}, {1});
+}
+
+at::Tensor& set_source_tensor(at::Tensor& self, const at::Tensor& source) {
+  TORCH_CHECK(self.dtype() == source.dtype(), "brick: set_ got a source of dtype ",
+              source.dtype(), " for a tensor of dtype ", self.dtype());
+  if (self.is_same(source)) return self;
+  return set_storage(self, source.storage(), source.storage_offset(), source.sizes(),
+                     source.strides());
+}
+
+at::Tensor& set_empty(at::Tensor& self) {
+  c10::Storage empty(c10::Storage::use_byte_size_t(), 0, brick_allocator(), /*resizable=*/true);
+  return set_storage(self, std::move(empty), 0, {0}, {});
+}
+
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  TORCH_CHECK(self.defined() && dst.defined(), "brick: copy_ got an undefined tensor");
+  const at::Tensor source = self.is_privateuseone() ? make_backing_alias(self) : self;
+  const at::Tensor target = dst.is_privateuseone() ? make_backing_alias(dst) : dst;
+  const auto device = dst.is_privateuseone() ? dst.device().index() : self.device().index();
+  DeviceScope scope(device);
+  target.copy_(source, non_blocking);
+  return dst;
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  dst.resize_(self.sizes());
+  return copy_from(self, dst, /*non_blocking=*/false);
+}
+
+void record_stream(at::Tensor& self, c10::Stream stream) {
+  TORCH_CHECK(stream.device_type() == kBrick, "brick: record_stream expected a brick stream, got ",
+              stream);
+  TORCH_CHECK(stream.device() == self.device(), "brick: record_stream got a stream of ",
+              stream.device(), " for a tensor on ", self.device());
+  // Host runtime: work on every stream has completed when its op returns, so the memory may be
+  // reused as soon as the tensor dies.
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", empty_memory_format);
+  m.impl("empty_strided", empty_strided);
+  m.impl("as_strided", at::native::as_strided_tensorimpl);
+  m.impl("view", at::native::view);
+  m.impl("_reshape_alias", at::native::_reshape_alias);
+  m.impl("resize_", resize_);
+  m.impl("set_.source_Storage", set_source_storage);
+  m.impl("set_.source_Storage_storage_offset", set_source_storage_offset);
+  m.impl("set_.source_Tensor", set_source_tensor);
+  m.impl("set_", set_empty);
+  m.impl("_copy_from", copy_from);
+  m.impl("_copy_from_and_resize", copy_from_and_resize);
+  m.impl("record_stream", record_stream);
+}
+
+}  // namespace brick::backend

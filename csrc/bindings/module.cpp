@@ -1,0 +1,75 @@
+// torch_brickdev._C: the Python view of the brick backend and runtime.
+#include <pybind11/pybind11.h>
+#include <torch/csrc/Generator.h>
+
+#include "backend/backend.h"
+#include "backend/errors.h"
+#include "backend/generator.h"
+
+namespace py = pybind11;
+
+namespace {
+
+using brick::backend::resolve_device_index;
+using brick::backend::rt;
+using brick::backend::runtime_call;
+
+py::dict memory_stats(int device) {
+  const auto stats = runtime_call([&] { return rt().memory_stats(resolve_device_index(device)); });
+  py::dict out;
+  out["allocated_bytes.all.current"] = stats.allocated_bytes;
+  out["allocated_bytes.all.peak"] = stats.peak_allocated_bytes;
+  out["allocated_bytes.all.allocated"] = stats.allocated_bytes_total;
+  out["allocated_bytes.all.freed"] = stats.freed_bytes_total;
+  out["allocation.all.current"] = stats.allocations;
+  out["allocation.all.peak"] = stats.peak_allocations;
+  out["allocation.all.allocated"] = stats.total_allocations;
+  out["allocation.all.freed"] = stats.total_frees;
+  out["adopted_bytes.all.current"] = stats.adopted_bytes;
+  return out;
+}
+
+py::tuple stream_tuple(int device, int64_t stream_id) {
+  return py::make_tuple(stream_id, device, static_cast<int>(brick::backend::kBrick));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "torch_brickdev native module";
+  brick::backend::ensure_registered();
+
+  m.def("_runtime_name", [] { return std::string(rt().name()); });
+  m.def("_backing_device_type", [] {
+    return std::string(
+        c10::DeviceTypeName(brick::backend::backing_device_type(), /*lower_case=*/true));
+  });
+  m.def("_device_count", [] { return rt().device_count(); });
+  m.def("_current_device", [] { return rt().current_device(); });
+  m.def("_set_device", [](int device) {
+    brick::backend::check_device_index(static_cast<c10::DeviceIndex>(device));
+    rt().set_current_device(device);
+  });
+  m.def("_synchronize", [](int device) {
+    BRICK_RUNTIME_CALL(rt().synchronize_device(resolve_device_index(device)));
+  });
+  m.def("_memory_stats", &memory_stats);
+  m.def("_reset_peak_memory_stats", [](int device) {
+    BRICK_RUNTIME_CALL(rt().reset_peak_memory_stats(resolve_device_index(device)));
+  });
+  m.def("_default_generator", [](int device) {
+    const auto& generator = brick::backend::brick_default_generator(
+        static_cast<c10::DeviceIndex>(device));
+    return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(generator));
+  });
+  m.def("_current_stream", [](int device) {
+    const auto index = resolve_device_index(device);
+    return stream_tuple(index, runtime_call([&] { return rt().current_stream(index); }));
+  });
+  m.def("_default_stream", [](int device) {
+    return stream_tuple(resolve_device_index(device), brick::runtime::kDefaultStream);
+  });
+  m.def("_set_stream", [](int64_t stream_id, int device) {
+    BRICK_RUNTIME_CALL(rt().set_current_stream(resolve_device_index(device), stream_id));
+  });
+}

@@ -1,0 +1,50 @@
+"""torch_brickdev: the ``brick`` device for PyTorch.
+
+Importing this package registers PyTorch's PrivateUse1 device under the name ``brick``: ops on
+``device="brick"`` run on a real backing device (the host CPU, or a CUDA GPU where the runtime
+supports one) on the same memory, and ``torch.brick`` mirrors ``torch.cuda``.
+"""
+
+import torch
+
+from . import _C  # noqa: F401  (loads the backend and registers it with PyTorch)
+
+__all__ = ["BACKEND_NAME", "runtime_name", "backing_device_type"]
+
+BACKEND_NAME = "brick"
+
+
+def _register() -> None:
+    current = torch._C._get_privateuse1_backend_name()
+    if current == BACKEND_NAME:
+        return  # already registered (autoload followed by an explicit import)
+    if current != "privateuseone":
+        raise RuntimeError(
+            f"torch_brickdev: PrivateUse1 is already registered as {current!r}; "
+            f"only one PrivateUse1 backend can be loaded per process"
+        )
+    torch.utils.rename_privateuse1_backend(BACKEND_NAME)
+    from . import brick as _device_module
+
+    torch._register_device_module(BACKEND_NAME, _device_module)
+    torch.utils.generate_methods_for_privateuse1_backend(
+        for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
+    )
+
+
+def runtime_name() -> str:
+    """Name of the runtime behind the brick devices (``"host"``)."""
+    return _C._runtime_name()
+
+
+def backing_device_type() -> str:
+    """Device type whose kernels execute brick ops (``"cpu"`` for the host runtime)."""
+    return _C._backing_device_type()
+
+
+def _autoload() -> None:
+    """Entry point of the ``torch.backends`` group: ``import torch`` loads brick through it."""
+    # Importing this module already registered everything.
+
+
+_register()

@@ -1,0 +1,72 @@
+"""``torch.brick``: the brick device module, mirroring ``torch.cuda`` where it makes sense."""
+
+from .device import (
+    current_device,
+    device,
+    device_count,
+    device_of,
+    is_available,
+    is_initialized,
+    set_device,
+    synchronize,
+)
+from .memory import (
+    max_memory_allocated,
+    memory_allocated,
+    memory_stats,
+    reset_peak_memory_stats,
+)
+from .random import (
+    default_generators,
+    get_rng_state,
+    get_rng_state_all,
+    initial_seed,
+    manual_seed,
+    manual_seed_all,
+    seed,
+    seed_all,
+    set_rng_state,
+    set_rng_state_all,
+)
+from .streams import Event, Stream, current_stream, default_stream, set_stream, stream
+
+__all__ = [
+    "Event",
+    "Stream",
+    "current_device",
+    "current_stream",
+    "default_generators",
+    "default_stream",
+    "device",
+    "device_count",
+    "device_of",
+    "get_rng_state",
+    "get_rng_state_all",
+    "initial_seed",
+    "is_available",
+    "is_initialized",
+    "manual_seed",
+    "manual_seed_all",
+    "max_memory_allocated",
+    "memory_allocated",
+    "memory_stats",
+    "reset_peak_memory_stats",
+    "seed",
+    "seed_all",
+    "set_device",
+    "set_rng_state",
+    "set_rng_state_all",
+    "set_stream",
+    "stream",
+    "synchronize",
+]
+
+
+def _is_in_bad_fork() -> bool:
+    # The host runtime holds no state a fork could corrupt.
+    return False
+
+
+def _lazy_init() -> None:
+    # Initialised at import; kept for code written against torch.cuda.
+    pass
