@@ -7,7 +7,15 @@ supports one) on the same memory, and ``torch.brick`` mirrors ``torch.cuda``.
 
 import torch
 
-from . import _C  # noqa: F401  (loads the backend and registers it with PyTorch)
+try:
+    from . import _C  # loads the backend and registers it with PyTorch
+except ImportError as error:  # pragma: no cover - only on a broken install
+    raise ImportError(
+        "torch_brickdev: the native module torch_brickdev._C is missing or does not match the "
+        f"installed torch ({torch.__version__}); rebuild with "
+        "`pip install --no-build-isolation --no-deps -e .` (import torch with "
+        "TORCH_DEVICE_BACKEND_AUTOLOAD=0 to skip loading brick)"
+    ) from error
 
 __all__ = ["BACKEND_NAME", "runtime_name", "backing_device_type"]
 
