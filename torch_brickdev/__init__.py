@@ -5,7 +5,16 @@ Importing this package registers PyTorch's PrivateUse1 device under the name ``b
 supports one) on the same memory, and ``torch.brick`` mirrors ``torch.cuda``.
 """
 
-import torch
+
+def _autoload() -> None:
+    """Entry point of the ``torch.backends`` group: ``import torch`` loads brick through it.
+
+    Defined before ``import torch``: when this package is imported first, torch's autoload
+    re-enters it while it is still initialising, and must find this function.
+    """
+
+
+import torch  # noqa: E402
 
 try:
     from . import _C  # loads the backend and registers it with PyTorch
@@ -48,11 +57,6 @@ def runtime_name() -> str:
 def backing_device_type() -> str:
     """Device type whose kernels execute brick ops (``"cpu"`` for the host runtime)."""
     return _C._backing_device_type()
-
-
-def _autoload() -> None:
-    """Entry point of the ``torch.backends`` group: ``import torch`` loads brick through it."""
-    # Importing this module already registered everything.
 
 
 _register()

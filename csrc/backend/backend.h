@@ -47,9 +47,9 @@ at::Tensor make_backing_alias(const at::Tensor& brick_tensor);
 // A brick tensor on `brick_storage` with the dtype and geometry of the backing tensor `like`.
 at::Tensor make_brick_tensor(c10::Storage brick_storage, const at::Tensor& like);
 
-// Takes over the memory of a backing-device storage that nothing else owns (a fresh kernel
-// result) as a new brick storage on `device`, without copying.
-c10::Storage adopt_storage(c10::StorageImpl* backing_storage, c10::DeviceIndex device);
+// Makes a backing-device storage that nothing else owns (a fresh kernel result) brick memory on
+// `device`, in place and without copying. A no-op for a storage that is brick already.
+void adopt_storage_in_place(c10::StorageImpl* storage, c10::DeviceIndex device);
 
 // Resizes a brick storage to `new_nbytes`, keeping the common prefix of its bytes.
 void resize_brick_storage_bytes(const c10::Storage& storage, size_t new_nbytes);

@@ -191,28 +191,17 @@ class FallbackCall {
            c10::TypeKind::GeneratorType;
   }
 
+  // The brick storage for a storage a kernel pointed a mutable argument at.
   c10::Storage brick_storage_for(c10::StorageImpl* backing_storage) {
-    for (const auto* pairs : {&storages_, &adopted_}) {
-      for (const StoragePair& pair : *pairs) {
-        if (pair.backing.unsafeGetStorageImpl() == backing_storage) return pair.brick;
-      }
+    for (const StoragePair& pair : storages_) {
+      if (pair.backing.unsafeGetStorageImpl() == backing_storage) return pair.brick;
     }
-    c10::Storage brick;
-    if (std::find(foreign_storages_.begin(), foreign_storages_.end(), backing_storage) !=
-        foreign_storages_.end()) {
-      // A backing tensor passed in came back out: copy it, its owner keeps its memory.
-      brick = c10::Storage(c10::Storage::use_byte_size_t(), backing_storage->nbytes(),
-                           brick_allocator(), /*resizable=*/true);
-      BRICK_RUNTIME_CALL(rt().copy(brick.mutable_data(), device_,
-                                   backing_storage->data_ptr().get(), -1,
-                                   backing_storage->nbytes()));
-    } else {
-      brick = adopt_storage(backing_storage, device_);
-    }
-    adopted_.push_back(
-        {c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(backing_storage)),
-         brick});
-    return brick;
+    TORCH_CHECK(std::find(foreign_storages_.begin(), foreign_storages_.end(), backing_storage) ==
+                    foreign_storages_.end(),
+                "brick: ", schema_.name(), " pointed a brick tensor at the memory of a ",
+                backing_device_type(), " tensor, which brick cannot share");
+    adopt_storage_in_place(backing_storage, device_);
+    return c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(backing_storage));
   }
 
   // Moves what a kernel did to a mutable argument's storage and geometry into the brick tensor.
@@ -256,7 +245,24 @@ class FallbackCall {
     for (const Alias& alias : aliases_) {
       if (alias.backing.unsafeGetTensorImpl() == impl) return alias.brick;
     }
-    return make_brick_tensor(brick_storage_for(result.storage().unsafeGetStorageImpl()), result);
+    c10::StorageImpl* storage = impl->storage().unsafeGetStorageImpl();
+    for (const StoragePair& pair : storages_) {
+      if (pair.backing.unsafeGetStorageImpl() == storage) return make_brick_tensor(pair.brick, result);
+    }
+    if (std::find(foreign_storages_.begin(), foreign_storages_.end(), storage) !=
+        foreign_storages_.end()) {
+      // A backing tensor passed in came back out: copy it, its owner keeps its memory.
+      c10::Storage copy(c10::Storage::use_byte_size_t(), storage->nbytes(), brick_allocator(),
+                        /*resizable=*/true);
+      BRICK_RUNTIME_CALL(rt().copy(copy.mutable_data(), device_, storage->data_ptr().get(), -1,
+                                   storage->nbytes()));
+      return make_brick_tensor(std::move(copy), result);
+    }
+    // A fresh result: relabel it as brick in place, no copy and no new tensor.
+    adopt_storage_in_place(storage, device_);
+    impl->set_storage_keep_dtype(impl->storage());
+    impl->_change_backend_component_keys(c10::Device(kBrick, device_));
+    return result;
   }
 
   void convert_result(c10::IValue& value) {
@@ -276,7 +282,6 @@ class FallbackCall {
   c10::DeviceIndex device_ = -1;
   c10::SmallVector<Alias, 4> aliases_;
   c10::SmallVector<StoragePair, 4> storages_;
-  c10::SmallVector<StoragePair, 4> adopted_;
   c10::SmallVector<c10::StorageImpl*, 2> foreign_storages_;
   c10::SmallVector<size_t, 1> pending_generators_;
 };

@@ -52,7 +52,7 @@ class BrickAllocator final : public c10::Allocator {
 };
 
 // Backs the storages of backing aliases, so that a backing-device kernel that grows an out=
-// argument allocates brick memory, which `sync_from_alias` then hands to the brick tensor.
+// argument allocates brick memory, which the fallback then hands to the brick tensor.
 class AliasAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(size_t nbytes) override {
@@ -152,14 +152,12 @@ at::Tensor make_brick_tensor(c10::Storage brick_storage, const at::Tensor& like)
   return at::Tensor(std::move(impl));
 }
 
-c10::Storage adopt_storage(c10::StorageImpl* backing_storage, c10::DeviceIndex device) {
-  const size_t nbytes = backing_storage->nbytes();
-  c10::DataPtr data =
-      backing_storage->set_data_ptr(c10::DataPtr(nullptr, backing_storage->device()));
-  return c10::Storage(c10::make_intrusive<c10::StorageImpl>(
-      c10::StorageImpl::use_byte_size_t(), nbytes,
-      to_brick_data_ptr(std::move(data), nbytes, device), &g_brick_allocator,
-      /*resizable=*/true));
+void adopt_storage_in_place(c10::StorageImpl* storage, c10::DeviceIndex device) {
+  if (storage->device().type() == kBrick) return;
+  const size_t nbytes = storage->nbytes();
+  c10::DataPtr data = storage->set_data_ptr(c10::DataPtr(nullptr, storage->device()));
+  storage->set_data_ptr_noswap(to_brick_data_ptr(std::move(data), nbytes, device));
+  storage->set_allocator(&g_brick_allocator);
 }
 
 void resize_brick_storage_bytes(const c10::Storage& storage, size_t new_nbytes) {

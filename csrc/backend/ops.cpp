@@ -189,3 +189,20 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 }
 
 }  // namespace brick::backend
+
+namespace brick::backend {
+
+// The conjugate and negative-bit fallbacks would materialise a lazily conjugated source by
+// cloning it, and the clone copies through _copy_from again: endless recursion. Brick's copy
+// hands the bits to the backing kernel, which resolves them itself.
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+
+TORCH_LIBRARY_IMPL(aten, Negative, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+
+}  // namespace brick::backend

@@ -3,40 +3,54 @@ import torch
 from .. import _C
 from ._utils import device_index
 
-_BRICK = None  # filled lazily: the brick torch.device type needs the backend renamed first
-
-
 def _as_stream(stream_tuple) -> "torch.Stream":
     stream_id, index, device_type = stream_tuple
     return torch.Stream(stream_id=stream_id, device_index=index, device_type=device_type)
 
 
-class Stream(torch.Stream):
-    """A brick stream (``torch.Stream`` on a brick device), like ``torch.cuda.Stream``.
+class _BrickKind(type):
+    """Makes ``isinstance(x, torch.brick.Stream)`` true for any brick ``torch.Stream``."""
+
+    _base: type
+
+    def __instancecheck__(cls, obj) -> bool:
+        return isinstance(obj, cls._base) and obj.device.type == "brick"
+
+
+class Stream(metaclass=_BrickKind):
+    """A brick stream, like ``torch.cuda.Stream``: returns a ``torch.Stream`` on a brick device.
 
     Args:
         device: brick device of the stream (default: the current one).
         priority: 0 or negative; lower is higher priority.
     """
 
-    def __new__(cls, device=None, priority: int = 0, **kwargs):
-        if kwargs:  # internal construction from ids, as torch.Stream supports
-            return super().__new__(cls, **kwargs)
+    _base = torch.Stream
+
+    def __new__(cls, device=None, priority: int = 0) -> torch.Stream:
         if isinstance(priority, bool) or not isinstance(priority, int):
-            raise TypeError(f"torch.brick.Stream: priority must be an int, got {type(priority).__name__}")
-        index = device_index(device)
-        return super().__new__(cls, device=torch.device("brick", index), priority=priority)
+            raise TypeError(
+                f"torch.brick.Stream: priority must be an int, got {type(priority).__name__}"
+            )
+        return torch.Stream(device=torch.device("brick", device_index(device)), priority=priority)
 
 
-class Event(torch.Event):
-    """A brick event (``torch.Event`` on a brick device), like ``torch.cuda.Event``."""
+class Event(metaclass=_BrickKind):
+    """A brick event, like ``torch.cuda.Event``: returns a ``torch.Event`` on the current brick
+    device. (Plain ``torch.Event`` objects are returned because PyTorch's event methods accept
+    no subclasses.)"""
 
-    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+    _base = torch.Event
+
+    def __new__(
+        cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False
+    ) -> torch.Event:
         if interprocess:
             raise ValueError("torch.brick.Event: interprocess events are not supported")
-        return super().__new__(
-            cls, device=torch.device("brick", _C._current_device()), enable_timing=enable_timing,
-            blocking=blocking,
+        return torch.Event(
+            device=torch.device("brick", _C._current_device()),
+            enable_timing=bool(enable_timing),
+            blocking=bool(blocking),
         )
 
 

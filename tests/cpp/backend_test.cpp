@@ -1,0 +1,444 @@
+// GoogleTest suite for the brick backend driven from C++ (ATen), without Python.
+//
+// Uses the process-wide runtime (brick::backend::rt()), so memory checks compare against a
+// baseline taken inside each test rather than against zero.
+#include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/DeviceType.h>
+#include <c10/util/Exception.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+
+// gtest without gmock: substring checks through the IsSubstring predicate formatter.
+#define EXPECT_CONTAINS(haystack, needle) \
+  EXPECT_PRED_FORMAT2(::testing::IsSubstring, std::string(needle), std::string(haystack))
+
+namespace {
+
+using brick::backend::rt;
+
+c10::Device brick(int index) {
+  return c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(index));
+}
+const c10::Device kCpu(c10::DeviceType::CPU);
+
+at::TensorOptions on(c10::Device device, at::ScalarType dtype = at::kFloat) {
+  return at::TensorOptions().device(device).dtype(dtype);
+}
+
+// A CPU tensor with distinct, reproducible values.
+at::Tensor cpu_values(at::IntArrayRef sizes, double offset = 0.0) {
+  int64_t numel = 1;
+  for (const int64_t s : sizes) numel *= s;
+  return (at::arange(numel, on(kCpu)) * 0.25 + offset).sin().reshape(sizes);
+}
+
+// Runs `fn`, expects a c10::Error (or a subclass) and returns its message without backtrace.
+template <typename Fn>
+std::string c10_error_message(Fn&& fn) {
+  try {
+    fn();
+  } catch (const c10::Error& error) {
+    return error.what_without_backtrace();
+  } catch (const std::exception& other) {
+    ADD_FAILURE() << "expected c10::Error, got another exception: " << other.what();
+    return {};
+  }
+  ADD_FAILURE() << "expected c10::Error, nothing was thrown";
+  return {};
+}
+
+class BrickEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    // Two devices unless the caller chose otherwise; must be set before the runtime exists.
+    setenv("BRICK_HOST_DEVICES", "2", /*overwrite=*/0);
+    c10::register_privateuse1_backend("brick");
+    brick::backend::ensure_registered();
+  }
+};
+
+[[maybe_unused]] const auto* const kEnvironment =
+    ::testing::AddGlobalTestEnvironment(new BrickEnvironment);
+
+class BackendTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(rt().current_device(), 0) << "a previous test left another brick device current";
+  }
+  void TearDown() override { rt().set_current_device(0); }
+
+  // Skips the test when the runtime has fewer than `n` devices (BRICK_HOST_DEVICES=1).
+  bool has_devices(int n) { return rt().device_count() >= n; }
+};
+
+#define REQUIRE_DEVICES(n)                                                           \
+  if (!has_devices(n)) {                                                             \
+    GTEST_SKIP() << "needs " << (n) << " brick devices, have " << rt().device_count(); \
+  }
+
+// ---------------------------------------------------------------------------------------------
+// Registration and creation
+
+TEST_F(BackendTest, RegisteredAsBrick) {
+  EXPECT_EQ(c10::get_privateuse1_backend(), "brick");
+  EXPECT_EQ(brick(0).str(), "brick:0");
+  EXPECT_TRUE(at::globalContext().hasPrivateUse1());  // hooks installed
+  EXPECT_GE(rt().device_count(), 1);
+  EXPECT_NO_THROW(brick::backend::ensure_registered());  // idempotent
+}
+
+TEST_F(BackendTest, EmptyCreatesABrickTensor) {
+  const at::Tensor t = at::empty({3, 4}, on(brick(0)));
+  EXPECT_TRUE(t.is_privateuseone());
+  EXPECT_EQ(t.device(), brick(0));
+  EXPECT_EQ(t.sizes(), at::IntArrayRef({3, 4}));
+  EXPECT_EQ(t.scalar_type(), at::kFloat);
+  EXPECT_TRUE(t.is_contiguous());
+  EXPECT_EQ(t.storage().device(), brick(0));
+  EXPECT_TRUE(brick::backend::is_brick_allocation(t.storage().data_ptr()));
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(t.data_ptr()) % 64, 0u);
+}
+
+TEST_F(BackendTest, OnesCreatesABrickTensorOfOnes) {
+  const at::Tensor t = at::ones({2, 5}, on(brick(0), at::kDouble));
+  EXPECT_EQ(t.device(), brick(0));
+  EXPECT_EQ(t.scalar_type(), at::kDouble);
+  EXPECT_TRUE(at::equal(t.cpu(), at::ones({2, 5}, on(kCpu, at::kDouble))));
+}
+
+TEST_F(BackendTest, EmptyStridedAndZeroSizedTensors) {
+  const at::Tensor strided = at::empty_strided({2, 3}, {1, 2}, on(brick(0)));
+  EXPECT_EQ(strided.device(), brick(0));
+  EXPECT_EQ(strided.strides(), at::IntArrayRef({1, 2}));
+  const at::Tensor none = at::empty({0, 7}, on(brick(0)));
+  EXPECT_EQ(none.device(), brick(0));
+  EXPECT_EQ(none.numel(), 0);
+  EXPECT_EQ(none.cpu().sizes(), at::IntArrayRef({0, 7}));
+}
+
+TEST_F(BackendTest, DeviceWithoutIndexUsesTheCurrentDevice) {
+  REQUIRE_DEVICES(2);
+  {
+    c10::DeviceGuard guard(brick(1));
+    EXPECT_EQ(rt().current_device(), 1);
+    const at::Tensor t = at::empty({4}, on(c10::Device(c10::DeviceType::PrivateUse1)));
+    EXPECT_EQ(t.device(), brick(1));
+  }
+  EXPECT_EQ(rt().current_device(), 0) << "the device guard did not restore the device";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ops match the CPU
+
+TEST_F(BackendTest, AddMatchesCpu) {
+  const at::Tensor a = cpu_values({4, 5});
+  const at::Tensor b = cpu_values({4, 5}, 1.0);
+  const at::Tensor result = at::add(a.to(brick(0)), b.to(brick(0)), /*alpha=*/2);
+  EXPECT_EQ(result.device(), brick(0));
+  EXPECT_TRUE(at::equal(result.cpu(), at::add(a, b, 2)));
+}
+
+TEST_F(BackendTest, MmMatchesCpu) {
+  const at::Tensor a = cpu_values({7, 5});
+  const at::Tensor b = cpu_values({5, 3}, 2.0);
+  const at::Tensor result = at::mm(a.to(brick(0)), b.to(brick(0)));
+  EXPECT_EQ(result.device(), brick(0));
+  EXPECT_EQ(result.sizes(), at::IntArrayRef({7, 3}));
+  EXPECT_TRUE(at::allclose(result.cpu(), at::mm(a, b)));
+}
+
+TEST_F(BackendTest, OpsOnNonContiguousInputsMatchCpu) {
+  const at::Tensor a = cpu_values({5, 7});
+  const at::Tensor b = cpu_values({5, 3}, 2.0);
+  // a.t() is a transposed (non-contiguous) brick view.
+  const at::Tensor result = at::mm(a.to(brick(0)).t(), b.to(brick(0)));
+  EXPECT_TRUE(at::allclose(result.cpu(), at::mm(a.t(), b)));
+  const at::Tensor sum = a.to(brick(0)).t().sum(/*dim=*/1);
+  EXPECT_EQ(sum.device(), brick(0));
+  EXPECT_TRUE(at::allclose(sum.cpu(), a.t().sum(1)));
+}
+
+TEST_F(BackendTest, OpsOnTheSecondDeviceStayThere) {
+  REQUIRE_DEVICES(2);
+  const at::Tensor a = cpu_values({3, 3});
+  const at::Tensor result = at::mm(a.to(brick(1)), a.to(brick(1)));
+  EXPECT_EQ(result.device(), brick(1));
+  EXPECT_TRUE(at::allclose(result.cpu(), at::mm(a, a)));
+  EXPECT_EQ(rt().current_device(), 0) << "running an op on brick:1 changed the current device";
+}
+
+TEST_F(BackendTest, CpuScalarTensorMixesWithBrick) {
+  const at::Tensor a = cpu_values({2, 3});
+  const at::Tensor scalar = at::scalar_tensor(3.0, on(kCpu));
+  const at::Tensor result = at::mul(a.to(brick(0)), scalar);
+  EXPECT_EQ(result.device(), brick(0));
+  EXPECT_TRUE(at::equal(result.cpu(), at::mul(a, scalar)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Copies
+
+TEST_F(BackendTest, ToCpuCopies) {
+  at::Tensor b = at::ones({6}, on(brick(0)));
+  const at::Tensor c = b.to(kCpu);
+  EXPECT_TRUE(c.device().is_cpu());
+  EXPECT_NE(c.data_ptr(), b.data_ptr());
+  b.fill_(5.0);  // later writes to the brick tensor do not reach the copy
+  EXPECT_TRUE(at::equal(c, at::ones({6}, on(kCpu))));
+  EXPECT_TRUE(at::equal(b.cpu(), at::full({6}, 5.0, on(kCpu))));
+}
+
+TEST_F(BackendTest, CpuBrickCpuRoundTrip) {
+  for (const auto dtype : {at::kFloat, at::kDouble, at::kInt, at::kLong, at::kBool, at::kHalf}) {
+    const at::Tensor original = (cpu_values({3, 4, 5}) * 10).to(dtype);
+    const at::Tensor on_brick = original.to(brick(0));
+    EXPECT_EQ(on_brick.device(), brick(0)) << dtype;
+    EXPECT_EQ(on_brick.scalar_type(), dtype);
+    const at::Tensor back = on_brick.to(kCpu);
+    EXPECT_TRUE(at::equal(back, original)) << dtype;
+  }
+}
+
+TEST_F(BackendTest, NonContiguousRoundTrip) {
+  const at::Tensor original = cpu_values({4, 6});
+  const at::Tensor on_brick = original.t().to(brick(0));  // non-contiguous source
+  EXPECT_TRUE(at::equal(on_brick.cpu(), original.t()));
+  EXPECT_TRUE(at::equal(original.to(brick(0)).t().cpu(), original.t()));  // non-contiguous brick
+}
+
+TEST_F(BackendTest, CopyBetweenBrickDevices) {
+  REQUIRE_DEVICES(2);
+  const at::Tensor original = cpu_values({8, 3});
+  const at::Tensor on0 = original.to(brick(0));
+  const at::Tensor on1 = on0.to(brick(1));
+  EXPECT_EQ(on1.device(), brick(1));
+  EXPECT_EQ(on1.storage().device(), brick(1));
+  EXPECT_NE(on1.data_ptr(), on0.data_ptr());
+  EXPECT_TRUE(at::equal(on1.cpu(), original));
+
+  // copy_ into an existing tensor on the other device, and back.
+  at::Tensor dst = at::zeros({8, 3}, on(brick(1)));
+  dst.copy_(on0);
+  EXPECT_EQ(dst.device(), brick(1));
+  EXPECT_TRUE(at::equal(dst.cpu(), original));
+  at::Tensor back = at::zeros({8, 3}, on(brick(0)));
+  back.copy_(dst);
+  EXPECT_TRUE(at::equal(back.cpu(), original));
+  EXPECT_EQ(rt().current_device(), 0);
+}
+
+TEST_F(BackendTest, CopyToBrickDeviceCountsOnTheTargetDevice) {
+  REQUIRE_DEVICES(2);
+  const auto before = rt().memory_stats(1).allocated_bytes;
+  const at::Tensor on1 = at::ones({256}, on(brick(0))).to(brick(1));
+  EXPECT_GE(rt().memory_stats(1).allocated_bytes, before + 256 * 4);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Views share storage
+
+TEST_F(BackendTest, ViewSharesStorage) {
+  const at::Tensor base = cpu_values({4, 6}).to(brick(0));
+  const at::Tensor v = base.view({6, 4});
+  EXPECT_EQ(v.device(), brick(0));
+  EXPECT_EQ(v.data_ptr(), base.data_ptr());
+  EXPECT_TRUE(v.storage().is_alias_of(base.storage()));
+  EXPECT_TRUE(v.is_view());
+  EXPECT_TRUE(at::equal(v.cpu(), base.cpu().view({6, 4})));
+}
+
+TEST_F(BackendTest, TransposeSharesStorage) {
+  const at::Tensor cpu = cpu_values({4, 6});
+  const at::Tensor base = cpu.to(brick(0));
+  const at::Tensor t = base.transpose(0, 1);
+  EXPECT_EQ(t.device(), brick(0));
+  EXPECT_EQ(t.data_ptr(), base.data_ptr());
+  EXPECT_TRUE(t.storage().is_alias_of(base.storage()));
+  EXPECT_EQ(t.strides(), at::IntArrayRef({1, 6}));
+  EXPECT_FALSE(t.is_contiguous());
+  EXPECT_TRUE(at::equal(t.cpu(), cpu.transpose(0, 1)));
+}
+
+TEST_F(BackendTest, AsStridedSharesStorage) {
+  const at::Tensor cpu = cpu_values({4, 6});
+  const at::Tensor base = cpu.to(brick(0));
+  const at::Tensor s = base.as_strided({2, 3}, {6, 2}, /*storage_offset=*/1);
+  EXPECT_EQ(s.device(), brick(0));
+  EXPECT_TRUE(s.storage().is_alias_of(base.storage()));
+  EXPECT_EQ(s.storage_offset(), 1);
+  EXPECT_EQ(static_cast<char*>(s.data_ptr()), static_cast<char*>(base.data_ptr()) + sizeof(float));
+  EXPECT_TRUE(at::equal(s.cpu(), cpu.as_strided({2, 3}, {6, 2}, 1)));
+}
+
+TEST_F(BackendTest, ViewOpsThroughTheFallbackShareStorage) {
+  const at::Tensor cpu = cpu_values({4, 6});
+  const at::Tensor base = cpu.to(brick(0));
+  for (const at::Tensor& v : {base.select(0, 2), base.narrow(1, 1, 3), base.unsqueeze(0),
+                              base.reshape({24}), base.flatten()}) {
+    EXPECT_EQ(v.device(), brick(0));
+    EXPECT_TRUE(v.storage().is_alias_of(base.storage())) << v.sizes();
+  }
+  EXPECT_TRUE(at::equal(base.select(0, 2).cpu(), cpu.select(0, 2)));
+  EXPECT_TRUE(at::equal(base.narrow(1, 1, 3).cpu(), cpu.narrow(1, 1, 3)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// In-place and out=
+
+TEST_F(BackendTest, InPlaceOpMutatesTheBrickTensor) {
+  at::Tensor t = at::ones({3, 4}, on(brick(0)));
+  void* const data = t.data_ptr();
+  const auto version = t._version();
+  at::Tensor& same = t.add_(2.0);
+  EXPECT_TRUE(same.is_same(t));
+  EXPECT_EQ(t.data_ptr(), data) << "in-place op moved the storage";
+  EXPECT_EQ(t.device(), brick(0));
+  EXPECT_GT(t._version(), version);
+  EXPECT_TRUE(at::equal(t.cpu(), at::full({3, 4}, 3.0, on(kCpu))));
+}
+
+TEST_F(BackendTest, InPlaceOpOnAViewMutatesTheBase) {
+  const at::Tensor base = at::zeros({4, 6}, on(brick(0)));
+  base.transpose(0, 1).select(0, 2).fill_(7.0);  // column 2
+  at::Tensor expected = at::zeros({4, 6}, on(kCpu));
+  expected.select(1, 2).fill_(7.0);
+  EXPECT_TRUE(at::equal(base.cpu(), expected));
+  base.view({24}).mul_(2.0);
+  EXPECT_TRUE(at::equal(base.cpu(), expected * 2));
+}
+
+TEST_F(BackendTest, OutVariantWithWrongSizedOutResizesIt) {
+  const at::Tensor a = cpu_values({4, 5});
+  const at::Tensor b = cpu_values({4, 5}, 1.0);
+  at::Tensor out = at::empty({1}, on(brick(0)));
+  at::Tensor& returned = at::add_out(out, a.to(brick(0)), b.to(brick(0)));
+  EXPECT_TRUE(returned.is_same(out));
+  EXPECT_EQ(out.device(), brick(0));
+  EXPECT_EQ(out.storage().device(), brick(0));
+  EXPECT_EQ(out.sizes(), at::IntArrayRef({4, 5}));
+  EXPECT_GE(out.storage().nbytes(), 20 * sizeof(float));
+  EXPECT_TRUE(brick::backend::is_brick_allocation(out.storage().data_ptr()));
+  EXPECT_TRUE(at::equal(out.cpu(), a + b));
+}
+
+TEST_F(BackendTest, MmOutWithWrongSizedOutResizesIt) {
+  const at::Tensor a = cpu_values({6, 4});
+  const at::Tensor b = cpu_values({4, 2}, 3.0);
+  at::Tensor out = at::empty({0}, on(brick(0)));
+  at::mm_out(out, a.to(brick(0)), b.to(brick(0)));
+  EXPECT_EQ(out.device(), brick(0));
+  EXPECT_EQ(out.sizes(), at::IntArrayRef({6, 2}));
+  EXPECT_TRUE(at::allclose(out.cpu(), at::mm(a, b)));
+}
+
+TEST_F(BackendTest, ResizeKeepsThePrefix) {
+  at::Tensor t = at::arange(4, on(brick(0)));
+  t.resize_({10});
+  EXPECT_EQ(t.device(), brick(0));
+  EXPECT_EQ(t.numel(), 10);
+  EXPECT_TRUE(at::equal(t.narrow(0, 0, 4).cpu(), at::arange(4, on(kCpu))));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory statistics
+
+TEST_F(BackendTest, MemoryStatsFollowATensorsLifetime) {
+  const auto before = rt().memory_stats(0);
+  {
+    const at::Tensor t = at::empty({1024}, on(brick(0)));
+    const auto during = rt().memory_stats(0);
+    EXPECT_EQ(during.allocated_bytes, before.allocated_bytes + 4096);
+    EXPECT_EQ(during.allocations, before.allocations + 1);
+    EXPECT_EQ(during.total_allocations, before.total_allocations + 1);
+    EXPECT_GE(during.peak_allocated_bytes, during.allocated_bytes);
+  }
+  const auto after = rt().memory_stats(0);
+  EXPECT_EQ(after.allocated_bytes, before.allocated_bytes);
+  EXPECT_EQ(after.allocations, before.allocations);
+  EXPECT_EQ(after.total_frees, before.total_frees + 1);
+}
+
+TEST_F(BackendTest, MemoryStatsCountOpResultsUntilFreed) {
+  const at::Tensor a = at::ones({512}, on(brick(0)));
+  const at::Tensor b = at::ones({512}, on(brick(0)));
+  const auto before = rt().memory_stats(0);
+  {
+    const at::Tensor c = at::add(a, b);  // a fresh result adopted from the backing kernel
+    EXPECT_TRUE(brick::backend::is_brick_allocation(c.storage().data_ptr()));
+    const auto during = rt().memory_stats(0);
+    EXPECT_GE(during.allocated_bytes, before.allocated_bytes + 512 * 4);
+    EXPECT_GE(during.allocations, before.allocations + 1);
+  }
+  const auto after = rt().memory_stats(0);
+  EXPECT_EQ(after.allocated_bytes, before.allocated_bytes);
+  EXPECT_EQ(after.allocations, before.allocations);
+  EXPECT_EQ(after.adopted_bytes, before.adopted_bytes);
+}
+
+TEST_F(BackendTest, MemoryStatsAfterOutResizeReturnToBaseline) {
+  const auto before = rt().memory_stats(0);
+  {
+    const at::Tensor a = at::ones({64, 64}, on(brick(0)));
+    at::Tensor out = at::empty({1}, on(brick(0)));
+    at::add_out(out, a, a);
+    EXPECT_GE(rt().memory_stats(0).allocated_bytes, before.allocated_bytes + 2 * 64 * 64 * 4);
+  }
+  const auto after = rt().memory_stats(0);
+  EXPECT_EQ(after.allocated_bytes, before.allocated_bytes);
+  EXPECT_EQ(after.allocations, before.allocations);
+  EXPECT_EQ(after.adopted_bytes, before.adopted_bytes);
+}
+
+TEST_F(BackendTest, MemoryStatsAreKeptPerDevice) {
+  REQUIRE_DEVICES(2);
+  const auto before0 = rt().memory_stats(0).allocated_bytes;
+  const auto before1 = rt().memory_stats(1).allocated_bytes;
+  {
+    const at::Tensor t = at::empty({100}, on(brick(1)));
+    EXPECT_EQ(rt().memory_stats(0).allocated_bytes, before0);
+    EXPECT_EQ(rt().memory_stats(1).allocated_bytes, before1 + 400);
+  }
+  EXPECT_EQ(rt().memory_stats(1).allocated_bytes, before1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors
+
+TEST_F(BackendTest, MixingBrickDevicesThrows) {
+  REQUIRE_DEVICES(2);
+  const at::Tensor a = at::ones({3}, on(brick(0)));
+  const at::Tensor b = at::ones({3}, on(brick(1)));
+  const std::string message = c10_error_message([&] { (void)at::add(a, b); });
+  EXPECT_CONTAINS(message, "brick:0");
+  EXPECT_CONTAINS(message, "brick:1");
+  EXPECT_CONTAINS(message, "same device");
+  EXPECT_EQ(rt().current_device(), 0) << "a failed op left another device current";
+}
+
+TEST_F(BackendTest, MixingBrickAndCpuThrows) {
+  const at::Tensor a = at::ones({3}, on(brick(0)));
+  const at::Tensor b = at::ones({3}, on(kCpu));
+  const std::string message = c10_error_message([&] { (void)at::add(a, b); });
+  EXPECT_CONTAINS(message, "brick:0");
+  EXPECT_CONTAINS(message, "cpu");
+}
+
+TEST_F(BackendTest, DeviceIndexOutOfRangeThrows) {
+  const int bad = rt().device_count();
+  const std::string expected = "device index " + std::to_string(bad) + " is out of range";
+  EXPECT_CONTAINS(c10_error_message([&] { (void)at::empty({2}, on(brick(bad))); }), expected);
+  EXPECT_CONTAINS(c10_error_message([&] { (void)at::ones({2}, on(brick(bad))); }), expected);
+  const at::Tensor cpu = at::ones({2}, on(kCpu));
+  EXPECT_CONTAINS(c10_error_message([&] { (void)cpu.to(brick(bad)); }), expected);
+  EXPECT_CONTAINS(c10_error_message([&] { c10::DeviceGuard guard(brick(bad)); }), expected);
+  EXPECT_THROW((void)at::empty({2}, on(brick(bad))), c10::IndexError);
+  EXPECT_EQ(rt().current_device(), 0);
+}
+
+}  // namespace
