@@ -51,6 +51,9 @@ at::Tensor make_brick_tensor(c10::Storage brick_storage, const at::Tensor& like)
 // `device`, in place and without copying. A no-op for a storage that is brick already.
 void adopt_storage_in_place(c10::StorageImpl* storage, c10::DeviceIndex device);
 
+// Turns a fresh result of a backing-device kernel into a brick tensor on `device`, in place.
+at::Tensor adopt_result(at::Tensor result, c10::DeviceIndex device);
+
 // Resizes a brick storage to `new_nbytes`, keeping the common prefix of its bytes.
 void resize_brick_storage_bytes(const c10::Storage& storage, size_t new_nbytes);
 

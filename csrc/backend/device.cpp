@@ -27,7 +27,7 @@ c10::Device backing_device(c10::DeviceIndex brick_index) {
 
 void check_device_index(c10::DeviceIndex index) {
   const int count = rt().device_count();
-  TORCH_CHECK_INDEX(index >= 0 && index < count, "brick: device index ", static_cast<int>(index),
+  TORCH_CHECK(index >= 0 && index < count, "brick: device index ", static_cast<int>(index),
                     " is out of range: there are ", count,
                     " brick device(s), valid indices are 0..", count - 1,
                     " (the host runtime's count is set by BRICK_HOST_DEVICES)");

@@ -259,10 +259,7 @@ class FallbackCall {
       return make_brick_tensor(std::move(copy), result);
     }
     // A fresh result: relabel it as brick in place, no copy and no new tensor.
-    adopt_storage_in_place(storage, device_);
-    impl->set_storage_keep_dtype(impl->storage());
-    impl->_change_backend_component_keys(c10::Device(kBrick, device_));
-    return result;
+    return adopt_result(result, device_);
   }
 
   void convert_result(c10::IValue& value) {

@@ -160,6 +160,15 @@ void adopt_storage_in_place(c10::StorageImpl* storage, c10::DeviceIndex device) 
   storage->set_allocator(&g_brick_allocator);
 }
 
+at::Tensor adopt_result(at::Tensor result, c10::DeviceIndex device) {
+  if (!result.defined()) return result;
+  c10::TensorImpl* impl = result.unsafeGetTensorImpl();
+  adopt_storage_in_place(impl->storage().unsafeGetStorageImpl(), device);
+  impl->set_storage_keep_dtype(impl->storage());
+  impl->_change_backend_component_keys(c10::Device(kBrick, device));
+  return result;
+}
+
 void resize_brick_storage_bytes(const c10::Storage& storage, size_t new_nbytes) {
   c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
   TORCH_CHECK(impl->resizable(), "brick: trying to resize storage that is not resizable");

@@ -4,6 +4,8 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/TensorUtils.h>
 #include <ATen/native/Resize.h>
+#include <ATen/ops/convolution.h>
+#include <ATen/ops/convolution_backward.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/view_native.h>
@@ -32,10 +34,16 @@ class DeviceScope {
   int previous_;
 };
 
-c10::DeviceIndex target_device(std::optional<c10::Device> device) {
-  if (!device.has_value()) return static_cast<c10::DeviceIndex>(rt().current_device());
-  TORCH_CHECK(device->type() == kBrick, "brick: expected a brick device, got ", *device);
-  return resolve_device_index(device->index());
+c10::DeviceIndex target_device(std::optional<c10::Device> device, const char* op) {
+  if (!device.has_value() || device->index() < 0) {
+    return static_cast<c10::DeviceIndex>(rt().current_device());
+  }
+  TORCH_CHECK(device->type() == kBrick, "brick: ", op, " expected a brick device, got ", *device);
+  const int count = rt().device_count();
+  TORCH_CHECK(device->index() < count, "brick: ", op, " on ", *device,
+              ": device index out of range, there are ", count,
+              " brick device(s), valid indices are 0..", count - 1);
+  return device->index();
 }
 
 void check_strided(std::optional<c10::Layout> layout, const char* op) {
@@ -49,7 +57,7 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarT
                                std::optional<bool> /*pin_memory*/,
                                std::optional<c10::MemoryFormat> memory_format) {
   check_strided(layout, "empty");
-  const auto index = target_device(device);
+  const auto index = target_device(device, "aten::empty");
   DeviceScope scope(index);
   return at::detail::empty_generic(size, brick_allocator(),
                                    c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
@@ -60,7 +68,7 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
                          std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
                          std::optional<c10::Device> device, std::optional<bool> /*pin_memory*/) {
   check_strided(layout, "empty_strided");
-  const auto index = target_device(device);
+  const auto index = target_device(device, "aten::empty_strided");
   DeviceScope scope(index);
   return at::detail::empty_strided_generic(size, stride, brick_allocator(),
                                            c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
@@ -170,9 +178,47 @@ void record_stream(at::Tensor& self, c10::Stream stream) {
   // reused as soon as the tensor dies.
 }
 
+at::Tensor backing_or_undefined(const std::optional<at::Tensor>& tensor) {
+  return tensor.has_value() && tensor->defined() ? make_backing_alias(*tensor) : at::Tensor();
+}
+
+// PyTorch routes convolutions of devices other than CPU/CUDA to these two ops.
+at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& weight,
+                                    const std::optional<at::Tensor>& bias,
+                                    c10::IntArrayRef stride, c10::IntArrayRef padding,
+                                    c10::IntArrayRef dilation, bool transposed,
+                                    c10::IntArrayRef output_padding, int64_t groups) {
+  TORCH_CHECK(input.device() == weight.device(), "brick: convolution got input on ",
+              input.device(), " and weight on ", weight.device());
+  DeviceScope scope(input.device().index());
+  at::Tensor out = at::convolution(make_backing_alias(input), make_backing_alias(weight),
+                                   backing_or_undefined(bias), stride, padding, dilation,
+                                   transposed, output_padding, groups);
+  return adopt_result(std::move(out), input.device().index());
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable(
+    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
+    c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation,
+    bool transposed, c10::IntArrayRef output_padding, int64_t groups,
+    std::array<bool, 3> output_mask) {
+  const auto device = input.device().index();
+  DeviceScope scope(device);
+  const int64_t bias_channels = transposed ? weight.size(1) * groups : weight.size(0);
+  auto [grad_input, grad_weight, grad_bias] = at::convolution_backward(
+      make_backing_alias(grad_output), make_backing_alias(input), make_backing_alias(weight),
+      c10::IntArrayRef(bias_channels), stride, padding, dilation, transposed, output_padding,
+      groups, output_mask);
+  return {adopt_result(std::move(grad_input), device),
+          adopt_result(std::move(grad_weight), device),
+          adopt_result(std::move(grad_bias), device)};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("convolution_overrideable", convolution_overrideable);
+  m.impl("convolution_backward_overrideable", convolution_backward_overrideable);
   m.impl("empty.memory_format", empty_memory_format);
   m.impl("empty_strided", empty_strided);
   m.impl("as_strided", at::native::as_strided_tensorimpl);

@@ -3,13 +3,21 @@
 // Uses the process-wide runtime (brick::backend::rt()), so memory checks compare against a
 // baseline taken inside each test rather than against zero.
 #include <ATen/ATen.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/core/DeviceType.h>
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -88,7 +96,7 @@ class BackendTest : public ::testing::Test {
 TEST_F(BackendTest, RegisteredAsBrick) {
   EXPECT_EQ(c10::get_privateuse1_backend(), "brick");
   EXPECT_EQ(brick(0).str(), "brick:0");
-  EXPECT_TRUE(at::globalContext().hasPrivateUse1());  // hooks installed
+  EXPECT_TRUE(at::isPrivateUse1HooksRegistered());
   EXPECT_GE(rt().device_count(), 1);
   EXPECT_NO_THROW(brick::backend::ensure_registered());  // idempotent
 }
@@ -345,6 +353,204 @@ TEST_F(BackendTest, ResizeKeepsThePrefix) {
   EXPECT_TRUE(at::equal(t.narrow(0, 0, 4).cpu(), at::arange(4, on(kCpu))));
 }
 
+TEST_F(BackendTest, InPlaceAndOutOnTheSecondDeviceStayThere) {
+  REQUIRE_DEVICES(2);
+  const auto before0 = rt().memory_stats(0);
+  const auto before1 = rt().memory_stats(1);
+  {
+    at::Tensor t = at::ones({16}, on(brick(1)));
+    t.mul_(4.0);
+    EXPECT_EQ(t.device(), brick(1));
+    EXPECT_TRUE(at::equal(t.cpu(), at::full({16}, 4.0, on(kCpu))));
+
+    at::Tensor out = at::empty({1}, on(brick(1)));
+    at::add_out(out, t, t);  // grows out's storage while brick:0 is current
+    EXPECT_EQ(out.device(), brick(1));
+    EXPECT_EQ(out.storage().device(), brick(1));
+    EXPECT_TRUE(at::equal(out.cpu(), at::full({16}, 8.0, on(kCpu))));
+    EXPECT_GE(rt().memory_stats(1).allocated_bytes, before1.allocated_bytes + 2 * 16 * 4);
+    EXPECT_EQ(rt().memory_stats(0).allocated_bytes, before0.allocated_bytes)
+        << "brick:1 work was counted on brick:0";
+  }
+  EXPECT_EQ(rt().memory_stats(1).allocated_bytes, before1.allocated_bytes);
+  EXPECT_EQ(rt().memory_stats(1).allocations, before1.allocations);
+  EXPECT_EQ(rt().current_device(), 0);
+}
+
+TEST_F(BackendTest, ConjugateAndNegativeViewsCopyResolved) {
+  const at::Tensor cpu = at::complex(cpu_values({2, 3}), cpu_values({2, 3}, 1.0));
+  const at::Tensor b = cpu.to(brick(0));
+  const at::Tensor conj = b.conj();
+  EXPECT_TRUE(conj.is_conj());
+  EXPECT_TRUE(conj.storage().is_alias_of(b.storage()));
+  EXPECT_TRUE(at::equal(conj.cpu(), cpu.conj().resolve_conj()));
+  EXPECT_TRUE(at::equal(conj.resolve_conj().cpu(), cpu.conj().resolve_conj()));
+  const at::Tensor neg = b._neg_view();
+  EXPECT_TRUE(at::equal(neg.cpu(), -cpu));
+  EXPECT_TRUE(at::equal(at::mul(conj, b).cpu(), at::mul(cpu.conj(), cpu)));
+}
+
+TEST_F(BackendTest, Conv2dForwardAndBackwardMatchCpu) {
+  const at::Tensor input = cpu_values({2, 3, 8, 8});
+  const at::Tensor weight = cpu_values({4, 3, 3, 3}, 0.5);
+  const at::Tensor bias = cpu_values({4}, 1.5);
+
+  const at::Tensor cpu_in = input.clone().requires_grad_();
+  const at::Tensor cpu_w = weight.clone().requires_grad_();
+  const at::Tensor cpu_b = bias.clone().requires_grad_();
+  const at::Tensor cpu_out = at::conv2d(cpu_in, cpu_w, cpu_b, {1, 1}, {1, 1});
+  cpu_out.sum().backward();
+
+  const at::Tensor b_in = input.to(brick(0)).requires_grad_();
+  const at::Tensor b_w = weight.to(brick(0)).requires_grad_();
+  const at::Tensor b_b = bias.to(brick(0)).requires_grad_();
+  const at::Tensor b_out = at::conv2d(b_in, b_w, b_b, {1, 1}, {1, 1});
+  EXPECT_EQ(b_out.device(), brick(0));
+  EXPECT_TRUE(at::allclose(b_out.detach().cpu(), cpu_out.detach(), 1e-5, 1e-5));
+  b_out.sum().backward();
+  ASSERT_TRUE(b_in.grad().defined());
+  EXPECT_EQ(b_in.grad().device(), brick(0));
+  EXPECT_EQ(b_w.grad().device(), brick(0));
+  EXPECT_EQ(b_b.grad().device(), brick(0));
+  EXPECT_TRUE(at::allclose(b_in.grad().cpu(), cpu_in.grad(), 1e-4, 1e-4));
+  EXPECT_TRUE(at::allclose(b_w.grad().cpu(), cpu_w.grad(), 1e-4, 1e-4));
+  EXPECT_TRUE(at::allclose(b_b.grad().cpu(), cpu_b.grad(), 1e-4, 1e-4));
+}
+
+TEST_F(BackendTest, AutogradThroughFallbackOpsMatchesCpu) {
+  const at::Tensor a = cpu_values({4, 3});
+  const at::Tensor w = cpu_values({3, 2}, 0.3);
+  const at::Tensor cpu_w = w.clone().requires_grad_();
+  at::mm(a, cpu_w).tanh().sum().backward();
+  const at::Tensor b_w = w.to(brick(0)).requires_grad_();
+  at::mm(a.to(brick(0)), b_w).tanh().sum().backward();
+  ASSERT_TRUE(b_w.grad().defined());
+  EXPECT_EQ(b_w.grad().device(), brick(0));
+  EXPECT_TRUE(at::allclose(b_w.grad().cpu(), cpu_w.grad(), 1e-5, 1e-5));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Generators
+
+TEST_F(BackendTest, SeededRandomIsReproducible) {
+  auto generator = at::globalContext().defaultGenerator(brick(0));
+  auto draw = [&] {
+    {
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      generator.set_current_seed(1234);
+    }
+    return at::randn({64}, on(brick(0)));
+  };
+  const at::Tensor first = draw();
+  const at::Tensor second = draw();
+  EXPECT_EQ(first.device(), brick(0));
+  EXPECT_TRUE(at::equal(first.cpu(), second.cpu()));
+  const at::Tensor third = at::randn({64}, on(brick(0)));
+  EXPECT_FALSE(at::equal(third.cpu(), second.cpu())) << "the generator did not advance";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Streams and events through PyTorch's device guard
+
+TEST_F(BackendTest, GuardStreamsAreBrickStreams) {
+  c10::impl::VirtualGuardImpl guard(c10::DeviceType::PrivateUse1);
+  EXPECT_EQ(guard.deviceCount(), rt().device_count());
+  const c10::Stream current = guard.getStream(brick(0));
+  EXPECT_EQ(current.device(), brick(0));
+  EXPECT_EQ(current.id(), 0);
+  EXPECT_EQ(guard.getDefaultStream(brick(0)).id(), 0);
+  const c10::Stream fresh = guard.getNewStream(brick(0));
+  const c10::Stream fresh2 = guard.getNewStream(brick(0));
+  EXPECT_NE(fresh.id(), 0);
+  EXPECT_NE(fresh.id(), fresh2.id());
+  {
+    c10::StreamGuard stream_guard(fresh);
+    EXPECT_EQ(guard.getStream(brick(0)).id(), fresh.id());
+    EXPECT_EQ(rt().current_stream(0), fresh.id());
+    // Ops still work with a non-default current stream.
+    EXPECT_TRUE(at::equal(at::add(at::ones({2}, on(brick(0))), 1).cpu(),
+                          at::full({2}, 2.0, on(kCpu))));
+  }
+  EXPECT_EQ(rt().current_stream(0), 0) << "StreamGuard did not restore the default stream";
+  EXPECT_TRUE(guard.queryStream(fresh));
+  EXPECT_NO_THROW(guard.synchronizeStream(fresh));
+  EXPECT_NO_THROW(guard.synchronizeDevice(0));
+}
+
+TEST_F(BackendTest, GuardRejectsUnknownStreams) {
+  const c10::Stream bogus(c10::Stream::UNSAFE, brick(0), 1 << 30);
+  const std::string message = c10_error_message([&] { c10::StreamGuard stream_guard(bogus); });
+  EXPECT_CONTAINS(message, std::to_string(1 << 30));
+  EXPECT_EQ(rt().current_stream(0), 0);
+}
+
+TEST_F(BackendTest, EventsMeasureElapsedTime) {
+  const c10::Stream stream =
+      c10::impl::VirtualGuardImpl(c10::DeviceType::PrivateUse1).getStream(brick(0));
+  c10::Event start(c10::DeviceType::PrivateUse1, c10::EventFlag::BACKEND_DEFAULT);
+  c10::Event end(c10::DeviceType::PrivateUse1, c10::EventFlag::BACKEND_DEFAULT);
+  start.record(stream);
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  end.record(stream);
+  EXPECT_TRUE(start.query());
+  EXPECT_NO_THROW(end.synchronize());
+  const double ms = start.elapsedTime(end);
+  EXPECT_GE(ms, 4.5);
+  EXPECT_LE(ms, 50.0);
+}
+
+TEST_F(BackendTest, ElapsedTimeOfUnrecordedEventsThrows) {
+  c10::Event start(c10::DeviceType::PrivateUse1, c10::EventFlag::BACKEND_DEFAULT);
+  c10::Event end(c10::DeviceType::PrivateUse1, c10::EventFlag::BACKEND_DEFAULT);
+  const std::string message = c10_error_message([&] { (void)start.elapsedTime(end); });
+  EXPECT_CONTAINS(message, "recorded");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Threads
+
+TEST_F(BackendTest, CurrentDeviceIsPerThread) {
+  REQUIRE_DEVICES(2);
+  c10::Device seen_default = kCpu;
+  c10::Device seen_guarded = kCpu;
+  std::thread worker([&] {
+    seen_default = at::empty({1}, on(c10::Device(c10::DeviceType::PrivateUse1))).device();
+    c10::DeviceGuard guard(brick(1));
+    seen_guarded = at::empty({1}, on(c10::Device(c10::DeviceType::PrivateUse1))).device();
+  });
+  {
+    c10::DeviceGuard guard(brick(1));
+    worker.join();
+  }
+  EXPECT_EQ(seen_default, brick(0)) << "a new thread starts on brick:0";
+  EXPECT_EQ(seen_guarded, brick(1));
+  EXPECT_EQ(rt().current_device(), 0);
+}
+
+TEST_F(BackendTest, ConcurrentOpsOnBothDevices) {
+  REQUIRE_DEVICES(2);
+  const auto before0 = rt().memory_stats(0);
+  const auto before1 = rt().memory_stats(1);
+  const at::Tensor a = cpu_values({16, 16});
+  const at::Tensor expected = at::mm(a, a);
+  std::vector<int> failures(4, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      const c10::Device device = brick(t % 2);
+      for (int i = 0; i < 50; ++i) {
+        const at::Tensor x = a.to(device);
+        const at::Tensor y = at::mm(x, x);
+        if (y.device() != device || !at::allclose(y.cpu(), expected)) ++failures[t];
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (int t = 0; t < 4; ++t) EXPECT_EQ(failures[t], 0) << "thread " << t;
+  EXPECT_EQ(rt().memory_stats(0).allocated_bytes, before0.allocated_bytes);
+  EXPECT_EQ(rt().memory_stats(1).allocated_bytes, before1.allocated_bytes);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Memory statistics
 
@@ -407,6 +613,17 @@ TEST_F(BackendTest, MemoryStatsAreKeptPerDevice) {
   EXPECT_EQ(rt().memory_stats(1).allocated_bytes, before1);
 }
 
+TEST_F(BackendTest, ViewsAllocateNothing) {
+  const at::Tensor base = at::ones({8, 8}, on(brick(0)));
+  const auto before = rt().memory_stats(0);
+  const at::Tensor views[] = {base.view({64}), base.t(), base.as_strided({4}, {9}),
+                              base.select(1, 3), base.reshape({2, 32})};
+  const auto after = rt().memory_stats(0);
+  EXPECT_EQ(after.allocated_bytes, before.allocated_bytes);
+  EXPECT_EQ(after.total_allocations, before.total_allocations);
+  for (const at::Tensor& v : views) EXPECT_TRUE(v.storage().is_alias_of(base.storage()));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Errors
 
@@ -429,15 +646,34 @@ TEST_F(BackendTest, MixingBrickAndCpuThrows) {
   EXPECT_CONTAINS(message, "cpu");
 }
 
+TEST_F(BackendTest, MixingCpuFirstWithTheSecondBrickDeviceNamesIt) {
+  REQUIRE_DEVICES(2);
+  const at::Tensor cpu = at::ones({3}, on(kCpu));
+  const at::Tensor b = at::ones({3}, on(brick(1)));
+  const std::string message = c10_error_message([&] { (void)at::add(cpu, b); });
+  EXPECT_CONTAINS(message, "cpu");
+  EXPECT_CONTAINS(message, "brick:1");
+}
+
 TEST_F(BackendTest, DeviceIndexOutOfRangeThrows) {
-  const int bad = rt().device_count();
-  const std::string expected = "device index " + std::to_string(bad) + " is out of range";
-  EXPECT_CONTAINS(c10_error_message([&] { (void)at::empty({2}, on(brick(bad))); }), expected);
-  EXPECT_CONTAINS(c10_error_message([&] { (void)at::ones({2}, on(brick(bad))); }), expected);
+  const int count = rt().device_count();
+  const int bad = count;
   const at::Tensor cpu = at::ones({2}, on(kCpu));
-  EXPECT_CONTAINS(c10_error_message([&] { (void)cpu.to(brick(bad)); }), expected);
-  EXPECT_CONTAINS(c10_error_message([&] { c10::DeviceGuard guard(brick(bad)); }), expected);
-  EXPECT_THROW((void)at::empty({2}, on(brick(bad))), c10::IndexError);
+  const std::vector<std::pair<const char*, std::string>> cases = {
+      {"empty", c10_error_message([&] { (void)at::empty({2}, on(brick(bad))); })},
+      {"ones", c10_error_message([&] { (void)at::ones({2}, on(brick(bad))); })},
+      {"empty_strided",
+       c10_error_message([&] { (void)at::empty_strided({2}, {1}, on(brick(bad))); })},
+      {"to", c10_error_message([&] { (void)cpu.to(brick(bad)); })},
+      {"DeviceGuard", c10_error_message([&] { c10::DeviceGuard guard(brick(bad)); })},
+  };
+  for (const auto& [what, message] : cases) {
+    SCOPED_TRACE(what);
+    // Names the offending index and the valid range, whatever the exact wording.
+    EXPECT_CONTAINS(message, std::to_string(bad));
+    EXPECT_CONTAINS(message, "out of range");
+    EXPECT_CONTAINS(message, "0.." + std::to_string(count - 1));
+  }
   EXPECT_EQ(rt().current_device(), 0);
 }
 

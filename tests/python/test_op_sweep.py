@@ -23,7 +23,7 @@ import torch
 from torch.testing._internal.common_methods_invocations import op_db
 from torch.testing._internal.opinfo.core import SampleInput
 
-from op_sweep_skips import SKIPS, XFAILS
+from op_sweep_skips import CPU_ARGS, NO_BACKWARD, SKIPS, TOLERANCES, XFAILS
 
 BRICK = "brick"
 # Samples per op and dtype: enough to cover the usual shapes, few enough for a quick sweep.
@@ -39,6 +39,8 @@ UNDEFINED_OUTPUT = {
     "new_empty_strided",
     "torch.empty",
 }
+# Layouts brick does not take: sparse, quantized and nested tensors.
+OUT_OF_SCOPE_MARKERS = ("sparse", "quantize", "nested", "njt")
 # Random ops: compared under the same seed on both devices.
 RANDOM_MARKERS = (
     "rand",
@@ -104,48 +106,62 @@ def _marks(op_id, dtype=None):
     return []
 
 
-# --- moving samples to brick ----------------------------------------------------------------
+# --- moving samples to a device ---------------------------------------------------------------
 
 
-def _to_brick_tensor(t):
+def _copy_tensor(t, device):
+    """A fresh leaf on ``device`` with ``t``'s values, strides, storage offset and storage size."""
     with torch.no_grad():
         src = t.detach()
         if src.is_conj():
             src = src.resolve_conj()
         if src.is_neg():
             src = src.resolve_neg()
-        if src.is_contiguous() or src.numel() == 0 or src.layout != torch.strided:
-            out = src.to(BRICK)
-        else:
-            # Keep the exact geometry (overlap, offsets, gaps) so views and expanded inputs are
-            # exercised on brick as they are on the CPU.
-            itemsize = src.element_size()
-            numel = src.untyped_storage().nbytes() // itemsize
-            flat = src.as_strided((numel,), (1,), 0).to(BRICK)
-            out = flat.as_strided(src.size(), src.stride(), src.storage_offset())
+        if src.layout != torch.strided:
+            pytest.skip(f"{src.layout} inputs: only strided tensors are in scope")
+        # Copy the whole storage and view it the same way, so offsets, gaps and overlaps (expanded
+        # inputs) reach the op as they do on the CPU.
+        itemsize = src.element_size()
+        numel = src.untyped_storage().nbytes() // itemsize
+        flat = src.as_strided((numel,), (1,), 0).to(device, copy=True)
+        out = flat.as_strided(src.size(), src.stride(), src.storage_offset())
     if t.requires_grad:
         out.requires_grad_(True)
     return out
 
 
-def _to_brick(value, key=None):
+def _copy(value, device, key=None):
+    """``value`` (a sample's input, args or kwargs) with every tensor copied to ``device``."""
     if isinstance(value, torch.Tensor):
-        return _to_brick_tensor(value)
-    if isinstance(value, torch.device):
-        return torch.device(BRICK) if value.type == "cpu" else value
-    if isinstance(value, str) and key == "device" and value == "cpu":
-        return BRICK
+        return _copy_tensor(value, device)
+    if device == BRICK:
+        if isinstance(value, torch.device):
+            return torch.device(BRICK) if value.type == "cpu" else value
+        if isinstance(value, str) and value == "cpu":
+            return BRICK
     if isinstance(value, list):
-        return [_to_brick(v) for v in value]
+        return [_copy(v, device) for v in value]
     if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        return tuple(_to_brick(v) for v in value)
+        return tuple(_copy(v, device) for v in value)
     if isinstance(value, dict):
-        return {k: _to_brick(v, k) for k, v in value.items()}
+        return {k: _copy(v, device, k) for k, v in value.items()}
     return value
 
 
+def _copy_sample(op, sample, device):
+    args = list(_copy(sample.args, device))
+    kwargs = _copy(sample.kwargs, device)
+    if device == BRICK:
+        for index in CPU_ARGS.get(_op_id(op), ()):  # arguments that must stay on the CPU
+            args[index] = _copy(sample.args[index], "cpu")
+        if op.is_factory_function and "device" not in kwargs:
+            kwargs["device"] = BRICK
+    return SampleInput(_copy(sample.input, device), args=tuple(args), kwargs=kwargs,
+                       output_process_fn_grad=sample.output_process_fn_grad)
+
+
 def _flatten(value):
-    """Tensors (and other leaves) of a nested output, in a fixed order."""
+    """Leaves of a nested output, in a fixed order."""
     if isinstance(value, (list, tuple)):
         return [leaf for v in value for leaf in _flatten(v)]
     if isinstance(value, dict):
@@ -187,52 +203,70 @@ def _differentiable_outputs(out):
             and (t.is_floating_point() or t.is_complex())]
 
 
-def _compare(actual, expected, what):
+def _compare(actual, expected, what, tolerance):
     actual, expected = _to_cpu(actual), _to_cpu(expected)
-    torch.testing.assert_close(actual, expected, equal_nan=True, msg=lambda m: f"{what}: {m}")
+    torch.testing.assert_close(actual, expected, equal_nan=True, **tolerance,
+                               msg=lambda m: f"{what}: {m}")
 
 
-def _run_sample(op, sample, backward):
-    brick_sample = SampleInput(_to_brick(sample.input), args=_to_brick(sample.args),
-                               kwargs=_to_brick(sample.kwargs),
-                               output_process_fn_grad=sample.output_process_fn_grad)
+def _run_sample(op, sample, backward, tolerance):
+    """Compares one sample; returns why it could not run on the CPU, or None."""
+    cpu_sample = _copy_sample(op, sample, "cpu")
+    brick_sample = _copy_sample(op, sample, BRICK)
     seed = 1234 if _is_random(op) else None
 
     try:
-        expected = _call(op, sample, seed)
+        expected = _call(op, cpu_sample, seed)
     except Exception as error:  # the CPU itself rejects the sample: nothing to compare
         return f"CPU run raised {type(error).__name__}: {str(error).splitlines()[0][:120]}"
 
     actual = _call(op, brick_sample, seed)
     _check_on_brick(actual, "output")
-    _compare(actual, expected, "forward output")
+    _compare(actual, expected, "forward output", tolerance)
 
     if not backward:
         return None
-    expected_outs = _differentiable_outputs(sample.output_process_fn_grad(expected))
-    cpu_inputs = _grad_inputs(sample)
+    expected_outs = _differentiable_outputs(cpu_sample.output_process_fn_grad(expected))
+    cpu_inputs = _grad_inputs(cpu_sample)
     if not expected_outs or not cpu_inputs:
         return None
     actual_outs = _differentiable_outputs(brick_sample.output_process_fn_grad(actual))
     brick_inputs = _grad_inputs(brick_sample)
-    assert len(actual_outs) == len(expected_outs), "brick differentiable outputs differ"
+    assert len(actual_outs) == len(expected_outs), "brick has other differentiable outputs"
     assert len(brick_inputs) == len(cpu_inputs)
 
+    # A fixed random output gradient (not ones), so every element of the backward pass matters.
     generator = torch.Generator().manual_seed(0)
     grad_outs = [torch.randn(o.shape, dtype=o.dtype, generator=generator) for o in expected_outs]
+    if seed is not None:
+        torch.manual_seed(seed + 1)
     expected_grads = torch.autograd.grad(expected_outs, cpu_inputs, grad_outs, allow_unused=True)
+    if seed is not None:
+        torch.manual_seed(seed + 1)
     actual_grads = torch.autograd.grad(actual_outs, brick_inputs,
                                        [g.to(BRICK) for g in grad_outs], allow_unused=True)
     _check_on_brick(actual_grads, "grad")
-    _compare(list(actual_grads), list(expected_grads), "input grads")
+    _compare(list(actual_grads), list(expected_grads), "input grads", tolerance)
+    return None
+
+
+def _skip_reason(op):
+    op_id = _op_id(op)
+    if op.name in UNDEFINED_OUTPUT:
+        return "output is uninitialised memory"
+    if any(marker in op_id for marker in OUT_OF_SCOPE_MARKERS):
+        return "sparse/quantized/nested layouts are out of brick's scope"
     return None
 
 
 def _run_op(op, dtype):
-    if op.name in UNDEFINED_OUTPUT:
-        pytest.skip("output is uninitialised memory")
+    reason = _skip_reason(op)
+    if reason:
+        pytest.skip(reason)
+    op_id = _op_id(op)
     backward = (op.supports_autograd and (dtype.is_floating_point or dtype.is_complex)
-                and dtype in op.supported_backward_dtypes("cpu"))
+                and dtype in op.supported_backward_dtypes("cpu") and op_id not in NO_BACKWARD)
+    tolerance = TOLERANCES.get(op_id, {})
     try:
         samples = list(itertools.islice(
             op.sample_inputs("cpu", dtype, requires_grad=backward), MAX_SAMPLES))
@@ -243,7 +277,7 @@ def _run_op(op, dtype):
     ran = 0
     cpu_errors = []
     for sample in samples:
-        cpu_error = _run_sample(op, sample, backward)
+        cpu_error = _run_sample(op, sample, backward, tolerance)
         if cpu_error is None:
             ran += 1
         else:

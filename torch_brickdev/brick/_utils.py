@@ -36,7 +36,7 @@ def device_index(device, *, optional: bool = True, arg: str = "device") -> int:
         index = device.index
     count = _C._device_count()
     if not 0 <= index < count:
-        raise IndexError(
+        raise RuntimeError(
             f"torch.brick: device index {index} is out of range: there are {count} brick "
             f"device(s), valid indices are 0..{count - 1} (BRICK_HOST_DEVICES sets the count "
             f"for the host runtime)"
