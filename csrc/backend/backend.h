@@ -57,6 +57,10 @@ at::Tensor adopt_result(at::Tensor result, c10::DeviceIndex device);
 // Resizes a brick storage to `new_nbytes`, keeping the common prefix of its bytes.
 void resize_brick_storage_bytes(const c10::Storage& storage, size_t new_nbytes);
 
+// Registers the fallback as brick's own kernel for ops PyTorch would otherwise decompose into
+// an allocation plus their out= form; returns how many. Called by ensure_registered().
+int register_direct_fallback_kernels();
+
 // Registered once: hooks, device guard, generator, allocator. Safe to call repeatedly.
 void ensure_registered();
 

@@ -270,6 +270,7 @@ void ensure_registered() {
     // Hooks must outlive every user: intentionally never freed.
     at::RegisterPrivateUse1HooksInterface(new BrickHooks());
     c10::SetAllocator(kBrick, brick_allocator());
+    register_direct_fallback_kernels();
     return true;
   }();
   (void)registered;

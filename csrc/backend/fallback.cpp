@@ -10,6 +10,8 @@
 #include <c10/util/SmallVector.h>
 
 #include <algorithm>
+#include <memory>
+#include <string>
 #include <torch/library.h>
 
 #include "backend/backend.h"
@@ -289,6 +291,34 @@ void brick_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*key_set
 }
 
 }  // namespace
+
+int register_direct_fallback_kernels() {
+  // Ops with a CompositeExplicitAutogradNonFunctional kernel (the functional and in-place forms
+  // of structured ops such as add.Tensor) would otherwise be decomposed for brick into an
+  // allocation plus the out= form, checking and computing the output geometry twice. Running
+  // the backing device's own kernel for them directly halves the cost of small ops.
+  static std::unique_ptr<torch::Library> library;
+  static int registered = 0;
+  if (library) return registered;
+  library = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
+                                             c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  auto& dispatcher = c10::Dispatcher::singleton();
+  const auto backing_key = c10::computeDispatchKey(std::nullopt, c10::kStrided, backing_device_type());
+  for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
+    if (name.name.rfind("aten::", 0) != 0) continue;
+    const auto op = dispatcher.findOp(name);
+    if (!op.has_value() || op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
+        !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
+        !op->hasKernelForDispatchKey(backing_key)) {
+      continue;
+    }
+    const std::string qualified =
+        name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
+    library->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&brick_fallback>());
+    ++registered;
+  }
+  return registered;
+}
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&brick_fallback>());

@@ -1,22 +1,31 @@
 """Op sweep: every OpInfo in PyTorch's ``op_db``, run on brick and on the CPU, compared.
 
-Each test takes the first few sample inputs an OpInfo generates on the CPU, copies them to brick
-(keeping each tensor's exact strides, storage offset and aliasing), runs the op on both devices and
-compares the outputs with ``torch.testing.assert_close``; every tensor brick returns must live on
-brick. Where the op is differentiable in the dtype under test, the gradients of the inputs under a
-fixed random output gradient are compared as well.
+For each op the sample inputs its OpInfo generates on the CPU are copied to brick and to fresh CPU
+tensors alike (same values, strides, storage offset and storage size, so views, gaps and expanded
+inputs reach the op identically), the op runs on both, and brick must match the CPU:
 
-Random ops are compared too: brick's generators run the CPU's Philox/MT streams, so the same seed
-must give the same numbers. Ops whose result is undefined memory (``empty*``) are skipped, and so
-is every op whose CPU run itself fails.
+* ``test_op``: the function variant, on every OpInfo, in float32 (or, for ops without float32,
+  the first of a few other dtypes they support). Outputs are compared with
+  ``torch.testing.assert_close``; every tensor brick returns must be on brick, have the CPU's
+  strides and storage offset, and alias the same input as on the CPU (views stay views). Inputs
+  must come out unchanged exactly as on the CPU. Where the op is differentiable, the gradients of
+  the inputs under a fixed random output gradient are compared too.
+* ``test_op_dtype``: the same on a set of common ops in every other dtype they support.
+* ``test_op_inplace``: the in-place variant (``add_``...), which must mutate and return its input.
+* ``test_op_out``: the ``out=`` variant, with out tensors that must be resized (empty) or already
+  have the right size; the out tensors must be returned and hold the result.
 
-``test_op`` sweeps the whole database in float32 (or, for ops without float32, the first of a few
-other dtypes they support); ``test_op_dtype`` runs a smaller set of common ops in other dtypes.
-Known brick failures are listed, each with its category, in ``op_sweep_skips.py``.
+Random ops are compared too: brick's generators run the CPU's streams, so the same seed must give
+the same numbers. Ops whose result is uninitialised memory (``empty*``) and sparse, quantized and
+nested layouts are skipped, as is every op whose CPU run itself fails. Known brick failures and
+harness adjustments live in ``op_sweep_skips.py``, each with its reason.
+
+``BRICK_OP_SWEEP_SAMPLES`` limits the samples per op (default: all of them).
 """
 
 import itertools
 import os
+import warnings
 
 import pytest
 import torch
@@ -26,8 +35,9 @@ from torch.testing._internal.opinfo.core import SampleInput
 from op_sweep_skips import CPU_ARGS, NO_BACKWARD, SKIPS, TOLERANCES, XFAILS
 
 BRICK = "brick"
-# Samples per op and dtype: enough to cover the usual shapes, few enough for a quick sweep.
-MAX_SAMPLES = int(os.environ.get("BRICK_OP_SWEEP_SAMPLES", "3"))
+MAX_SAMPLES = int(os.environ.get("BRICK_OP_SWEEP_SAMPLES", "0")) or None
+# The in-place and out= variants run on the first few samples only.
+MAX_VARIANT_SAMPLES = 4
 
 # Ops whose outputs are uninitialised memory: nothing to compare.
 UNDEFINED_OUTPUT = {
@@ -37,7 +47,6 @@ UNDEFINED_OUTPUT = {
     "empty_permuted",
     "new_empty",
     "new_empty_strided",
-    "torch.empty",
 }
 # Layouts brick does not take: sparse, quantized and nested tensors.
 OUT_OF_SCOPE_MARKERS = ("sparse", "quantize", "nested", "njt")
@@ -62,15 +71,21 @@ RANDOM_MARKERS = (
 FALLBACK_DTYPES = (torch.int64, torch.bool, torch.complex64, torch.float64, torch.int32,
                    torch.uint8)
 
-# Common ops that the dtype sweep runs in every dtype they support on the CPU.
+# Common ops (and ops sensitive to element size: views across dtypes, resizing outputs) that the
+# dtype sweep runs in every dtype of DTYPE_SWEEP_DTYPES they support on the CPU.
 DTYPE_SWEEP_OPS = (
-    "add", "sub", "mul", "div.no_rounding_mode", "div.floor_rounding", "neg", "abs", "exp", "log", "sqrt", "sin", "tanh", "sigmoid",
-    "pow", "maximum", "where", "clamp", "sum", "mean", "prod", "amax", "argmax", "cumsum",
-    "sort", "topk", "matmul", "mm", "cat", "stack", "index_select", "gather", "scatter",
-    "masked_fill", "eq", "lt", "logical_and", "nn.functional.relu", "softmax",
-    "nn.functional.linear", "transpose", "reshape", "flip", "roll", "tril", "nonzero",
+    "add", "sub", "mul", "div.no_rounding_mode", "div.floor_rounding", "neg", "abs", "exp",
+    "log", "sqrt", "sin", "tanh", "sigmoid", "pow", "maximum", "where", "clamp", "sum", "mean",
+    "prod", "amax", "argmax", "cumsum", "sort", "topk", "matmul", "mm", "cat", "stack",
+    "index_select", "gather", "scatter", "index_put", "index_add", "masked_fill",
+    "masked_select", "eq", "lt", "logical_and", "nn.functional.relu", "softmax",
+    "nn.functional.linear", "transpose", "reshape", "flip", "roll", "tril", "nonzero", "unique",
+    "view_as_real", "real", "imag", "conj", "view", "unfold", "as_strided", "expand", "narrow",
+    "diagonal", "chunk", "split", "unbind", "to", "view_as", "view_as_complex", "contiguous", "clone", "fill",
+    "zeros_like", "full_like", "repeat", "bincount",
 )
-DTYPE_SWEEP_DTYPES = (torch.float64, torch.int64, torch.bool, torch.complex64, torch.float16,
+DTYPE_SWEEP_DTYPES = (torch.float64, torch.int64, torch.int32, torch.int8, torch.uint8,
+                      torch.bool, torch.complex64, torch.complex128, torch.float16,
                       torch.bfloat16)
 
 
@@ -79,8 +94,7 @@ def _op_id(op):
 
 
 def _is_random(op):
-    name = _op_id(op)
-    return any(marker in name for marker in RANDOM_MARKERS)
+    return any(marker in _op_id(op) for marker in RANDOM_MARKERS)
 
 
 def _main_dtype(op):
@@ -91,38 +105,31 @@ def _main_dtype(op):
     return None
 
 
+def _dtype_name(dtype):
+    return str(dtype).replace("torch.", "")
+
+
 OPS = {}
 for _op in op_db:
     OPS.setdefault(_op_id(_op), _op)
 
 
-def _marks(op_id, dtype=None):
-    keys = [op_id] if dtype is None else [f"{op_id}:{dtype}".replace("torch.", ""), op_id]
-    for key in keys:
-        if key in SKIPS:
-            return [pytest.mark.skip(reason=SKIPS[key])]
-        if key in XFAILS:
-            return [pytest.mark.xfail(reason=XFAILS[key], strict=False)]
-    return []
-
-
-# --- moving samples to a device ---------------------------------------------------------------
+# --- copying samples to a device ------------------------------------------------------------
 
 
 def _copy_tensor(t, device):
     """A fresh leaf on ``device`` with ``t``'s values, strides, storage offset and storage size."""
     with torch.no_grad():
         src = t.detach()
+        if src.layout != torch.strided:
+            pytest.skip(f"{src.layout} inputs: only strided tensors are in scope")
         if src.is_conj():
             src = src.resolve_conj()
         if src.is_neg():
             src = src.resolve_neg()
-        if src.layout != torch.strided:
-            pytest.skip(f"{src.layout} inputs: only strided tensors are in scope")
         # Copy the whole storage and view it the same way, so offsets, gaps and overlaps (expanded
         # inputs) reach the op as they do on the CPU.
-        itemsize = src.element_size()
-        numel = src.untyped_storage().nbytes() // itemsize
+        numel = src.untyped_storage().nbytes() // src.element_size()
         flat = src.as_strided((numel,), (1,), 0).to(device, copy=True)
         out = flat.as_strided(src.size(), src.stride(), src.storage_offset())
     if t.requires_grad:
@@ -130,43 +137,52 @@ def _copy_tensor(t, device):
     return out
 
 
-def _copy(value, device, key=None):
+def _copy(value, device, requires_grad=True):
     """``value`` (a sample's input, args or kwargs) with every tensor copied to ``device``."""
     if isinstance(value, torch.Tensor):
-        return _copy_tensor(value, device)
+        out = _copy_tensor(value, device)
+        return out if requires_grad else out.detach()
     if device == BRICK:
         if isinstance(value, torch.device):
             return torch.device(BRICK) if value.type == "cpu" else value
         if isinstance(value, str) and value == "cpu":
             return BRICK
     if isinstance(value, list):
-        return [_copy(v, device) for v in value]
+        return [_copy(v, device, requires_grad) for v in value]
     if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        return tuple(_copy(v, device) for v in value)
+        return tuple(_copy(v, device, requires_grad) for v in value)
     if isinstance(value, dict):
-        return {k: _copy(v, device, k) for k, v in value.items()}
+        return {k: _copy(v, device, requires_grad) for k, v in value.items()}
     return value
 
 
-def _copy_sample(op, sample, device):
-    args = list(_copy(sample.args, device))
-    kwargs = _copy(sample.kwargs, device)
+def _copy_sample(op, sample, device, requires_grad=True):
+    args = list(_copy(sample.args, device, requires_grad))
+    kwargs = _copy(sample.kwargs, device, requires_grad)
     if device == BRICK:
-        for index in CPU_ARGS.get(_op_id(op), ()):  # arguments that must stay on the CPU
-            args[index] = _copy(sample.args[index], "cpu")
+        for index in CPU_ARGS.get(_op_id(op), ()):  # arguments the op takes on the CPU only
+            args[index] = _copy(sample.args[index], "cpu", requires_grad)
         if op.is_factory_function and "device" not in kwargs:
             kwargs["device"] = BRICK
-    return SampleInput(_copy(sample.input, device), args=tuple(args), kwargs=kwargs,
-                       output_process_fn_grad=sample.output_process_fn_grad)
+    return SampleInput(_copy(sample.input, device, requires_grad), args=tuple(args),
+                       kwargs=kwargs, output_process_fn_grad=sample.output_process_fn_grad)
 
 
 def _flatten(value):
-    """Leaves of a nested output, in a fixed order."""
+    """Leaves of a nested value, in a fixed order."""
     if isinstance(value, (list, tuple)):
         return [leaf for v in value for leaf in _flatten(v)]
     if isinstance(value, dict):
         return [leaf for k in sorted(value) for leaf in _flatten(value[k])]
     return [value]
+
+
+def _tensors(value):
+    return [leaf for leaf in _flatten(value) if isinstance(leaf, torch.Tensor)]
+
+
+def _sample_tensors(sample):
+    return _tensors([sample.input, list(sample.args), sample.kwargs])
 
 
 def _to_cpu(value):
@@ -177,30 +193,7 @@ def _to_cpu(value):
     return value
 
 
-def _check_on_brick(value, what):
-    for i, leaf in enumerate(_flatten(value)):
-        if isinstance(leaf, torch.Tensor):
-            assert leaf.device.type == BRICK, f"{what}[{i}] is on {leaf.device}, not brick"
-
-
-# --- running one sample -----------------------------------------------------------------------
-
-
-def _call(op, sample, seed):
-    if seed is not None:
-        torch.manual_seed(seed)
-    return op(sample.input, *sample.args, **sample.kwargs)
-
-
-def _grad_inputs(sample):
-    return [t for t in _flatten([sample.input, list(sample.args), sample.kwargs])
-            if isinstance(t, torch.Tensor) and t.requires_grad]
-
-
-def _differentiable_outputs(out):
-    return [t for t in _flatten(out)
-            if isinstance(t, torch.Tensor) and t.requires_grad
-            and (t.is_floating_point() or t.is_complex())]
+# --- checks ---------------------------------------------------------------------------------
 
 
 def _compare(actual, expected, what, tolerance):
@@ -209,8 +202,58 @@ def _compare(actual, expected, what, tolerance):
                                msg=lambda m: f"{what}: {m}")
 
 
+def _check_on_brick(value, what):
+    for i, t in enumerate(_tensors(value)):
+        assert t.device.type == BRICK, f"{what}[{i}] is on {t.device}, not brick"
+
+
+def _aliased_input(t, inputs):
+    """Index of the first input whose storage ``t`` shares, or None."""
+    if t.untyped_storage().nbytes() == 0:
+        return None
+    ptr = t.untyped_storage().data_ptr()
+    for i, inp in enumerate(inputs):
+        if inp.untyped_storage().nbytes() and inp.untyped_storage().data_ptr() == ptr:
+            return i
+    return None
+
+
+def _check_geometry(actual, expected, brick_inputs, cpu_inputs, what):
+    """brick outputs have the CPU's strides and offset, and alias the same inputs."""
+    actual, expected = _tensors(actual), _tensors(expected)
+    assert len(actual) == len(expected), f"{what}: {len(actual)} tensors, CPU {len(expected)}"
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        if a.numel() > 1 and a.shape == e.shape:
+            assert a.stride() == e.stride(), \
+                f"{what}[{i}]: strides {a.stride()}, CPU {e.stride()}"
+        if a.numel() > 0:
+            assert a.storage_offset() == e.storage_offset(), \
+                f"{what}[{i}]: storage offset {a.storage_offset()}, CPU {e.storage_offset()}"
+        aliased, cpu_aliased = _aliased_input(a, brick_inputs), _aliased_input(e, cpu_inputs)
+        assert aliased == cpu_aliased, (
+            f"{what}[{i}]: shares storage with input {aliased}, on the CPU with {cpu_aliased}")
+
+
+# --- running samples ------------------------------------------------------------------------
+
+
+def _call(fn, sample, seed, **extra):
+    if seed is not None:
+        torch.manual_seed(seed)
+    return fn(sample.input, *sample.args, **sample.kwargs, **extra)
+
+
+def _cpu_failure(error):
+    return f"CPU run raised {type(error).__name__}: {str(error).splitlines()[0][:160]}"
+
+
+def _differentiable_outputs(out):
+    return [t for t in _tensors(out)
+            if t.requires_grad and (t.is_floating_point() or t.is_complex())]
+
+
 def _run_sample(op, sample, backward, tolerance):
-    """Compares one sample; returns why it could not run on the CPU, or None."""
+    """Compares one sample of the function variant; returns why the CPU rejected it, or None."""
     cpu_sample = _copy_sample(op, sample, "cpu")
     brick_sample = _copy_sample(op, sample, BRICK)
     seed = 1234 if _is_random(op) else None
@@ -218,35 +261,95 @@ def _run_sample(op, sample, backward, tolerance):
     try:
         expected = _call(op, cpu_sample, seed)
     except Exception as error:  # the CPU itself rejects the sample: nothing to compare
-        return f"CPU run raised {type(error).__name__}: {str(error).splitlines()[0][:120]}"
-
+        return _cpu_failure(error)
     actual = _call(op, brick_sample, seed)
+
     _check_on_brick(actual, "output")
     _compare(actual, expected, "forward output", tolerance)
+    cpu_inputs, brick_inputs = _sample_tensors(cpu_sample), _sample_tensors(brick_sample)
+    _check_geometry(actual, expected, brick_inputs, cpu_inputs, "output")
+    _compare(brick_inputs, cpu_inputs, "inputs after the op", {})
 
     if not backward:
         return None
     expected_outs = _differentiable_outputs(cpu_sample.output_process_fn_grad(expected))
-    cpu_inputs = _grad_inputs(cpu_sample)
-    if not expected_outs or not cpu_inputs:
+    cpu_leaves = [t for t in cpu_inputs if t.requires_grad]
+    if not expected_outs or not cpu_leaves:
         return None
     actual_outs = _differentiable_outputs(brick_sample.output_process_fn_grad(actual))
-    brick_inputs = _grad_inputs(brick_sample)
+    brick_leaves = [t for t in brick_inputs if t.requires_grad]
     assert len(actual_outs) == len(expected_outs), "brick has other differentiable outputs"
-    assert len(brick_inputs) == len(cpu_inputs)
 
     # A fixed random output gradient (not ones), so every element of the backward pass matters.
     generator = torch.Generator().manual_seed(0)
     grad_outs = [torch.randn(o.shape, dtype=o.dtype, generator=generator) for o in expected_outs]
     if seed is not None:
         torch.manual_seed(seed + 1)
-    expected_grads = torch.autograd.grad(expected_outs, cpu_inputs, grad_outs, allow_unused=True)
+    expected_grads = torch.autograd.grad(expected_outs, cpu_leaves, grad_outs, allow_unused=True)
     if seed is not None:
         torch.manual_seed(seed + 1)
-    actual_grads = torch.autograd.grad(actual_outs, brick_inputs,
+    actual_grads = torch.autograd.grad(actual_outs, brick_leaves,
                                        [g.to(BRICK) for g in grad_outs], allow_unused=True)
     _check_on_brick(actual_grads, "grad")
     _compare(list(actual_grads), list(expected_grads), "input grads", tolerance)
+    return None
+
+
+def _run_inplace_sample(op, sample, tolerance):
+    fn = op.inplace_variant
+    cpu_sample = _copy_sample(op, sample, "cpu", requires_grad=False)
+    brick_sample = _copy_sample(op, sample, BRICK, requires_grad=False)
+    seed = 1234 if _is_random(op) else None
+    try:
+        expected = _call(fn, cpu_sample, seed)
+    except Exception as error:  # e.g. the result dtype cannot be cast to the input's
+        return _cpu_failure(error)
+    actual = _call(fn, brick_sample, seed)
+    assert actual is brick_sample.input, "the in-place variant did not return its input"
+    _check_on_brick(actual, "output")
+    _compare(actual, expected, "in-place result", tolerance)
+    _check_geometry(actual, expected, [brick_sample.input], [cpu_sample.input], "output")
+    _compare(_sample_tensors(brick_sample), _sample_tensors(cpu_sample), "inputs after the op",
+             tolerance)
+    return None
+
+
+def _out_tensors(expected, device, resize):
+    """out= tensors for ``expected``: empty ones (to be resized) or filled ones of its size."""
+    def make(t):
+        if resize:
+            return torch.empty((0,), dtype=t.dtype, device=device)
+        return torch.ones(t.shape, dtype=t.dtype, device=device)
+    if isinstance(expected, torch.Tensor):
+        return make(expected)
+    return tuple(make(t) for t in expected)
+
+
+def _run_out_sample(op, sample, index, tolerance):
+    cpu_sample = _copy_sample(op, sample, "cpu", requires_grad=False)
+    brick_sample = _copy_sample(op, sample, BRICK, requires_grad=False)
+    seed = 1234 if _is_random(op) else None
+    try:
+        expected = _call(op, cpu_sample, seed)
+    except Exception as error:
+        return _cpu_failure(error)
+    if not all(isinstance(t, torch.Tensor) for t in _flatten(expected)) or \
+            not isinstance(expected, (torch.Tensor, tuple)):
+        return "output is not a tensor or tuple of tensors"
+    resize = index % 2 == 0  # alternate between out tensors to resize and right-sized ones
+    cpu_out = _out_tensors(expected, "cpu", resize)
+    brick_out = _out_tensors(expected, BRICK, resize)
+    try:
+        expected_out = _call(op, cpu_sample, seed, out=cpu_out)
+    except Exception as error:
+        return _cpu_failure(error)
+    actual = _call(op, brick_sample, seed, out=brick_out)
+    for a, o in zip(_tensors(actual), _tensors(brick_out)):
+        assert a is o, "the out= variant did not return its out tensor"
+    _check_on_brick(brick_out, "out")
+    _compare(brick_out, cpu_out, "out tensors", tolerance)
+    _compare(actual, expected_out, "out= result", tolerance)
+    _check_geometry(brick_out, cpu_out, [], [], "out")
     return None
 
 
@@ -259,6 +362,28 @@ def _skip_reason(op):
     return None
 
 
+def _samples(op, dtype, requires_grad, limit):
+    try:
+        return list(itertools.islice(
+            op.sample_inputs("cpu", dtype, requires_grad=requires_grad), limit))
+    except Exception as error:
+        pytest.skip(f"CPU sample generation raised {type(error).__name__}: {error}")
+
+
+def _run_all(samples, run_one):
+    if not samples:
+        pytest.skip("OpInfo has no samples for this dtype")
+    cpu_errors = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # deprecations and resize notices, the same on both
+        for index, sample in enumerate(samples):
+            error = run_one(sample, index)
+            if error is not None:
+                cpu_errors.append(error)
+    if len(cpu_errors) == len(samples):
+        pytest.skip(cpu_errors[0])
+
+
 def _run_op(op, dtype):
     reason = _skip_reason(op)
     if reason:
@@ -267,37 +392,53 @@ def _run_op(op, dtype):
     backward = (op.supports_autograd and (dtype.is_floating_point or dtype.is_complex)
                 and dtype in op.supported_backward_dtypes("cpu") and op_id not in NO_BACKWARD)
     tolerance = TOLERANCES.get(op_id, {})
-    try:
-        samples = list(itertools.islice(
-            op.sample_inputs("cpu", dtype, requires_grad=backward), MAX_SAMPLES))
-    except Exception as error:
-        pytest.skip(f"CPU sample generation raised {type(error).__name__}: {error}")
-    if not samples:
-        pytest.skip("OpInfo has no samples for this dtype")
-    ran = 0
-    cpu_errors = []
-    for sample in samples:
-        cpu_error = _run_sample(op, sample, backward, tolerance)
-        if cpu_error is None:
-            ran += 1
-        else:
-            cpu_errors.append(cpu_error)
-    if ran == 0:
-        pytest.skip(cpu_errors[0])
+    samples = _samples(op, dtype, backward, MAX_SAMPLES)
+    _run_all(samples, lambda sample, _: _run_sample(op, sample, backward, tolerance))
 
 
-# --- tests ------------------------------------------------------------------------------------
+def _run_inplace(op, dtype):
+    reason = _skip_reason(op)
+    if reason:
+        pytest.skip(reason)
+    tolerance = TOLERANCES.get(_op_id(op), {})
+    samples = _samples(op, dtype, False, MAX_VARIANT_SAMPLES)
+    _run_all(samples, lambda sample, _: _run_inplace_sample(op, sample, tolerance))
 
 
-def _main_params():
+def _run_out(op, dtype):
+    reason = _skip_reason(op)
+    if reason:
+        pytest.skip(reason)
+    tolerance = TOLERANCES.get(_op_id(op), {})
+    samples = _samples(op, dtype, False, MAX_VARIANT_SAMPLES)
+    _run_all(samples, lambda sample, index: _run_out_sample(op, sample, index, tolerance))
+
+
+# --- tests ----------------------------------------------------------------------------------
+
+
+def _marks(key, *fallback_keys):
+    for k in (key, *fallback_keys):
+        if k in SKIPS:
+            return [pytest.mark.skip(reason=SKIPS[k])]
+        if k in XFAILS:
+            return [pytest.mark.xfail(reason=XFAILS[k], strict=False)]
+    return []
+
+
+def _params(variant, has_variant=lambda op: True):
     params = []
     for op_id, op in OPS.items():
+        if not has_variant(op):
+            continue
         dtype = _main_dtype(op)
         if dtype is None:
-            params.append(pytest.param(op, None, id=op_id,
-                                       marks=pytest.mark.skip(reason="no CPU dtype to test")))
+            marks = [pytest.mark.skip(reason="no CPU dtype to test")]
+        elif variant:
+            marks = _marks(f"{op_id}:{variant}")
         else:
-            params.append(pytest.param(op, dtype, id=op_id, marks=_marks(op_id)))
+            marks = _marks(op_id)
+        params.append(pytest.param(op, dtype, id=op_id, marks=marks))
     return params
 
 
@@ -308,13 +449,13 @@ def _dtype_params():
         supported = op.supported_dtypes("cpu")
         for dtype in DTYPE_SWEEP_DTYPES:
             if dtype in supported:
-                name = str(dtype).replace("torch.", "")
-                params.append(pytest.param(op, dtype, id=f"{op_id}-{name}",
-                                           marks=_marks(op_id, dtype)))
+                key = f"{op_id}:{_dtype_name(dtype)}"
+                params.append(pytest.param(op, dtype, id=f"{op_id}-{_dtype_name(dtype)}",
+                                           marks=_marks(key, op_id)))
     return params
 
 
-@pytest.mark.parametrize("op,dtype", _main_params())
+@pytest.mark.parametrize("op,dtype", _params(None))
 def test_op(op, dtype):
     _run_op(op, dtype)
 
@@ -324,8 +465,19 @@ def test_op_dtype(op, dtype):
     _run_op(op, dtype)
 
 
+@pytest.mark.parametrize("op,dtype", _params("inplace", lambda op: op.inplace_variant))
+def test_op_inplace(op, dtype):
+    _run_inplace(op, dtype)
+
+
+@pytest.mark.parametrize("op,dtype", _params("out", lambda op: op.supports_out))
+def test_op_out(op, dtype):
+    _run_out(op, dtype)
+
+
 def test_sweep_is_broad():
-    """The sweep must keep covering hundreds of ops, not shrink to a handful."""
+    """The sweep keeps covering hundreds of ops, not a handful."""
     runnable = [op_id for op_id, op in OPS.items()
-                if _main_dtype(op) is not None and op_id not in SKIPS]
+                if _main_dtype(op) is not None and _skip_reason(op) is None
+                and op_id not in SKIPS and op_id not in XFAILS]
     assert len(runnable) >= 300, len(runnable)

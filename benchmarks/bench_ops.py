@@ -1,0 +1,98 @@
+"""Per-op time on brick versus the same op on the CPU, same process, same data.
+
+Each case runs both sides interleaved in rounds; the figure is the median per-call time over
+rounds, and the ratio is brick / cpu. Targets (from the brick device issue):
+  tiny elementwise ops (<= 1k elements): brick <= 2.0x cpu
+  1024x1024 matmul, small MLP forward:   brick <= 1.05x cpu
+
+Run: python benchmarks/bench_ops.py [--rounds N] [--json out.json]
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+import torch_brickdev  # noqa: F401
+
+
+def time_per_call(fn, calls: int) -> float:
+    start = time.perf_counter_ns()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter_ns() - start) / calls
+
+
+def measure(cpu_fn, brick_fn, calls: int, rounds: int):
+    for fn in (cpu_fn, brick_fn):  # warm up allocators and caches
+        time_per_call(fn, max(1, calls // 10))
+    cpu, brick = [], []
+    for _ in range(rounds):
+        cpu.append(time_per_call(cpu_fn, calls))
+        brick.append(time_per_call(brick_fn, calls))
+        torch.brick.synchronize()
+    return statistics.median(cpu), statistics.median(brick)
+
+
+def cases():
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(1000, generator=g), torch.randn(1000, generator=g)
+    ab, bb = a.to("brick"), b.to("brick")
+    tiny = [
+        ("add (1k)", lambda x, y: x + y),
+        ("mul (1k)", lambda x, y: x * y),
+        ("relu (1k)", lambda x, y: torch.relu(x)),
+        ("add_ in-place (1k)", lambda x, y: x.add_(y, alpha=0.0)),
+        ("sigmoid (256)", lambda x, y: torch.sigmoid(x[:256])),
+        ("where (1k)", lambda x, y: torch.where(x > 0, x, y)),
+    ]
+    for name, fn in tiny:
+        yield name, "tiny", 2.0, 20000, (lambda fn=fn: fn(a, b)), (lambda fn=fn: fn(ab, bb))
+    m = torch.randn(1024, 1024, generator=g)
+    mb = m.to("brick")
+    yield "matmul 1024x1024", "large", 1.05, 5, (lambda: m @ m), (lambda: mb @ mb)
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(
+        torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512), torch.nn.LayerNorm(512)
+    ).eval()
+    import copy
+
+    mlp_b = copy.deepcopy(mlp).to("brick")
+    x = torch.randn(64, 512, generator=g)
+    xb = x.to("brick")
+    with torch.no_grad():
+        yield "MLP forward 64x512->2048->512", "large", 1.05, 50, (lambda: mlp(x)), (lambda: mlp_b(xb))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args()
+    torch.set_num_threads(torch.get_num_threads())
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, brick runtime "
+          f"{torch_brickdev.runtime_name()}; median of {args.rounds} interleaved rounds\n")
+    print(f"{'case':<32} {'cpu us':>10} {'brick us':>10} {'ratio':>7} {'target':>7}  verdict")
+    rows, failed = [], 0
+    with torch.no_grad():
+        for name, kind, target, calls, cpu_fn, brick_fn in cases():
+            cpu_ns, brick_ns = measure(cpu_fn, brick_fn, calls, args.rounds)
+            ratio = brick_ns / cpu_ns
+            ok = ratio <= target
+            failed += not ok
+            rows.append(dict(case=name, kind=kind, cpu_us=cpu_ns / 1e3, brick_us=brick_ns / 1e3,
+                             ratio=ratio, target=target, ok=ok))
+            print(f"{name:<32} {cpu_ns / 1e3:>10.2f} {brick_ns / 1e3:>10.2f} {ratio:>6.2f}x "
+                  f"{target:>6.2f}x  {'ok' if ok else 'OVER TARGET'}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+    print(f"\n{len(rows) - failed}/{len(rows)} cases within target")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

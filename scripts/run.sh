@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# One entry point for newcomers and CI: sets everything up, then runs a job.
+#
+#   scripts/run.sh demo    set up, build, run the example of a model on brick (the main job)
+#   scripts/run.sh test    set up, build with the C++ tests, run GoogleTest (CTest) and pytest
+#   scripts/run.sh bench   set up, build, run the benchmarks
+#
+# Uses the torch already installed, else installs torch==2.13.0 (never an open-ended torch).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+BUILD_DIR=${BRICK_BUILD_DIR:-build/release}
+export BRICK_BUILD_DIR="$PWD/$BUILD_DIR"
+
+log() { printf '\n== %s\n' "$*"; }
+
+setup_system() {
+  local missing=()
+  command -v cmake >/dev/null || missing+=(cmake)
+  command -v ninja >/dev/null || missing+=(ninja-build)
+  [ -f /usr/include/gtest/gtest.h ] || missing+=(libgtest-dev)
+  [ -f /usr/include/benchmark/benchmark.h ] || missing+=(libbenchmark-dev)
+  if [ ${#missing[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      log "installing system packages: ${missing[*]}"
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    else
+      echo "missing system packages: ${missing[*]} (install them, e.g. with apt-get)" >&2
+      exit 1
+    fi
+  fi
+}
+
+setup_python() {
+  if ! TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PYTHON" -c "import torch" 2>/dev/null; then
+    log "installing torch==2.13.0"
+    "$PYTHON" -m pip install -q torch==2.13.0
+  fi
+  local wanted=()
+  for module in pytest numpy expecttest hypothesis; do
+    TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PYTHON" -c "import $module" 2>/dev/null || wanted+=("$module")
+  done
+  if [ ${#wanted[@]} -gt 0 ]; then
+    log "installing ${wanted[*]}"
+    "$PYTHON" -m pip install -q "${wanted[@]}" || echo "could not install ${wanted[*]}; continuing" >&2
+  fi
+}
+
+build() {
+  log "building torch_brickdev (CMake, $BUILD_DIR)"
+  BRICK_BUILD_TESTS=${1:-0} "$PYTHON" -m pip install -q --no-build-isolation --no-deps -e .
+}
+
+job=${1:-}
+case "$job" in
+  demo)
+    setup_system; setup_python; build 0
+    log "python -m torch_brickdev demo"
+    "$PYTHON" -m torch_brickdev demo "${@:2}"
+    ;;
+  test)
+    setup_system; setup_python; build 1
+    log "GoogleTest (CTest)"
+    ctest --test-dir "$BRICK_BUILD_DIR" --output-on-failure -j 2
+    log "pytest"
+    "$PYTHON" -m pytest tests/python -q "${@:2}"
+    ;;
+  bench)
+    setup_system; setup_python; build 0
+    log "benchmarks"
+    "$PYTHON" benchmarks/bench_ops.py "${@:2}"
+    ;;
+  *)
+    echo "usage: scripts/run.sh demo|test|bench [args...]" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,120 @@
+"""``python -m torch_brickdev``: command-line entry point.
+
+Commands:
+  demo   train a small model on a brick device and on the CPU side by side
+"""
+
+import argparse
+import copy
+import sys
+import time
+
+import torch
+
+import torch_brickdev  # noqa: F401  (registers brick)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
+
+
+def _brick_device(text: str) -> torch.device:
+    try:
+        device = torch.device(text)
+    except RuntimeError as error:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device: {error}") from None
+    if device.type != "brick":
+        raise argparse.ArgumentTypeError(f"expected a brick device such as brick:0, got {text}")
+    index = 0 if device.index is None else device.index
+    if index >= torch.brick.device_count():
+        raise argparse.ArgumentTypeError(
+            f"{text}: there are {torch.brick.device_count()} brick device(s)"
+        )
+    return torch.device("brick", index)
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.up = torch.nn.Linear(width, 4 * width)
+        self.down = torch.nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+
+def _model(width: int, depth: int, classes: int) -> torch.nn.Module:
+    return torch.nn.Sequential(
+        *[_Block(width) for _ in range(depth)], torch.nn.LayerNorm(width), torch.nn.Linear(width, classes)
+    )
+
+
+def _train(model, data, targets, steps):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses, times = [], []
+    for _ in range(steps):
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(data), targets)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())  # .item() waits for the device
+        times.append(time.perf_counter() - start)
+    return losses, times
+
+
+def demo(args) -> int:
+    torch.manual_seed(args.seed)
+    cpu_model = _model(args.width, args.depth, 10)
+    brick_model = copy.deepcopy(cpu_model).to(args.device)
+    data = torch.randn(args.batch, args.width)
+    targets = torch.randint(0, 10, (args.batch,))
+    params = sum(p.numel() for p in cpu_model.parameters())
+    print(f"torch {torch.__version__}; brick runtime: {torch_brickdev.runtime_name()} "
+          f"(backing device: {torch_brickdev.backing_device_type()}), "
+          f"{torch.brick.device_count()} device(s)")
+    print(f"model: {args.depth} residual MLP blocks, width {args.width}, {params:,} parameters; "
+          f"batch {args.batch}; {args.steps} AdamW steps on {args.device} and on cpu")
+    torch.brick.reset_peak_memory_stats(args.device)
+    brick_losses, brick_times = _train(brick_model, data.to(args.device), targets.to(args.device), args.steps)
+    cpu_losses, cpu_times = _train(cpu_model, data, targets, args.steps)
+    print(f"\n{'step':>4}  {'loss (brick)':>12}  {'loss (cpu)':>12}  {'ms (brick)':>10}  {'ms (cpu)':>9}")
+    for step, (lb, lc, tb, tc) in enumerate(zip(brick_losses, cpu_losses, brick_times, cpu_times)):
+        print(f"{step:>4}  {lb:>12.6f}  {lc:>12.6f}  {tb * 1e3:>10.2f}  {tc * 1e3:>9.2f}")
+    worst = max(abs(a - b) for a, b in zip(brick_losses, cpu_losses))
+    steady = slice(1, None) if args.steps > 1 else slice(None)
+    ratio = sum(brick_times[steady]) / sum(cpu_times[steady])
+    stats = torch.brick.memory_stats(args.device)
+    print(f"\nlargest loss difference brick vs cpu: {worst:.2e}")
+    print(f"step time brick / cpu (after the first step): {ratio:.3f}x")
+    print(f"{args.device} memory: {stats['allocated_bytes.all.current'] / 2**20:.2f} MiB allocated, "
+          f"peak {stats['allocated_bytes.all.peak'] / 2**20:.2f} MiB, "
+          f"{stats['allocation.all.allocated']:,} allocations in total")
+    if worst > 1e-3:
+        print("error: brick and cpu diverged", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m torch_brickdev", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    p = commands.add_parser("demo", help="train a small model on brick and on the CPU side by side")
+    p.add_argument("--device", type=_brick_device, default=torch.device("brick", 0))
+    p.add_argument("--width", type=_positive, default=256)
+    p.add_argument("--depth", type=_positive, default=4)
+    p.add_argument("--batch", type=_positive, default=64)
+    p.add_argument("--steps", type=_positive, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(run=demo)
+    args = parser.parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
