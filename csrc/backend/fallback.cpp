@@ -55,6 +55,7 @@ class FallbackCall {
       convert_argument(arguments[i], (*stack)[first + i]);
     }
     if (device_ < 0) device_ = static_cast<c10::DeviceIndex>(rt().current_device());
+    if (mismatch_argument_ != nullptr) device_mismatch(*mismatch_argument_, mismatch_tensor_);
     for (size_t i : pending_generators_) {
       (*stack)[first + i] =
           c10::IValue(generator_backing(brick_default_generator(device_)));
@@ -107,8 +108,12 @@ class FallbackCall {
       const bool allowed = tensor.device().type() == backing_device_type() &&
                            (allow_backing_tensors || tensor.dim() == 0);
       if (!allowed) {
-        if (device_ < 0) device_ = static_cast<c10::DeviceIndex>(rt().current_device());
-        device_mismatch(argument, tensor);
+        // Reported once every argument is seen, so the message names the brick tensors' device.
+        if (mismatch_argument_ == nullptr) {
+          mismatch_argument_ = &argument;
+          mismatch_tensor_ = tensor;
+        }
+        return tensor;
       }
       foreign_storages_.push_back(tensor.storage().unsafeGetStorageImpl());
       return tensor;
@@ -283,6 +288,8 @@ class FallbackCall {
   c10::SmallVector<StoragePair, 4> storages_;
   c10::SmallVector<c10::StorageImpl*, 2> foreign_storages_;
   c10::SmallVector<size_t, 1> pending_generators_;
+  const c10::Argument* mismatch_argument_ = nullptr;
+  at::Tensor mismatch_tensor_;
 };
 
 void brick_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*key_set*/,

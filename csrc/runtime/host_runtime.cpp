@@ -9,7 +9,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "runtime/runtime.h"
 
@@ -41,16 +43,25 @@ int64_t now_ns() noexcept {
 }
 
 struct ThreadState {
-  const void* owner = nullptr;
+  uint64_t owner = 0;  // id of the runtime this state belongs to
   DeviceIndex device = 0;
   StreamId streams[kMaxDevices] = {};
 };
 
-thread_local ThreadState tls_state;
+// Per-thread state of every runtime the thread has used. Runtimes are told apart by a unique
+// id, never by address: a new runtime at a dead one's address must not inherit its state.
+struct ThreadStates {
+  ThreadState* last = nullptr;  // the most recently used: one compare on the hot path
+  std::vector<std::unique_ptr<ThreadState>> all;
+};
+
+thread_local ThreadStates tls_states;
+std::atomic<uint64_t> next_runtime_id{1};
 
 class HostRuntime final : public Runtime {
  public:
-  explicit HostRuntime(int device_count) : device_count_(device_count) {
+  explicit HostRuntime(int device_count)
+      : id_(next_runtime_id.fetch_add(1, std::memory_order_relaxed)), device_count_(device_count) {
     if (device_count < 1 || device_count > kMaxDevices) {
       throw Error("brick: a host runtime needs 1 to " + std::to_string(kMaxDevices) +
                   " devices, got " + std::to_string(device_count));
@@ -63,7 +74,13 @@ class HostRuntime final : public Runtime {
   int device_count() const noexcept override { return device_count_; }
   int backing_device_index(DeviceIndex) const noexcept override { return -1; }
 
-  DeviceIndex current_device() const noexcept override { return state().device; }
+  DeviceIndex current_device() const noexcept override {
+    try {
+      return state().device;
+    } catch (const std::bad_alloc&) {
+      return 0;  // no memory for this thread's first state: it has never left device 0
+    }
+  }
 
   void set_current_device(DeviceIndex device) override {
     check_device(device);
@@ -174,9 +191,15 @@ class HostRuntime final : public Runtime {
   DeviceIndex event_device(const Event* event) const noexcept override { return event->device; }
 
  private:
-  ThreadState& state() const noexcept {
-    if (tls_state.owner != this) tls_state = ThreadState{this, 0, {}};
-    return tls_state;
+  ThreadState& state() const {
+    ThreadState* last = tls_states.last;
+    if (last != nullptr && last->owner == id_) return *last;
+    for (auto& state : tls_states.all) {
+      if (state->owner == id_) return *(tls_states.last = state.get());
+    }
+    tls_states.all.push_back(std::make_unique<ThreadState>());
+    tls_states.all.back()->owner = id_;
+    return *(tls_states.last = tls_states.all.back().get());
   }
 
   void check_stream(DeviceIndex device, StreamId stream) const {
@@ -188,6 +211,7 @@ class HostRuntime final : public Runtime {
     }
   }
 
+  const uint64_t id_;
   const int device_count_;
   mutable std::atomic<StreamId> stream_counts_[kMaxDevices];
 };

@@ -2,13 +2,15 @@
 //
 // Uses the process-wide runtime (brick::backend::rt()), so memory checks compare against a
 // baseline taken inside each test rather than against zero.
+#include "backend/backend.h"
+
 #include <ATen/ATen.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/DeviceType.h>
 #include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
-#include <c10/core/DeviceType.h>
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
@@ -19,8 +21,6 @@
 #include <thread>
 #include <utility>
 #include <vector>
-
-#include "backend/backend.h"
 
 // gtest without gmock: substring checks through the IsSubstring predicate formatter.
 #define EXPECT_CONTAINS(haystack, needle) \
@@ -85,8 +85,8 @@ class BackendTest : public ::testing::Test {
   bool has_devices(int n) { return rt().device_count() >= n; }
 };
 
-#define REQUIRE_DEVICES(n)                                                           \
-  if (!has_devices(n)) {                                                             \
+#define REQUIRE_DEVICES(n)                                                             \
+  if (!has_devices(n)) {                                                               \
     GTEST_SKIP() << "needs " << (n) << " brick devices, have " << rt().device_count(); \
   }
 
@@ -468,8 +468,8 @@ TEST_F(BackendTest, GuardStreamsAreBrickStreams) {
     EXPECT_EQ(guard.getStream(brick(0)).id(), fresh.id());
     EXPECT_EQ(rt().current_stream(0), fresh.id());
     // Ops still work with a non-default current stream.
-    EXPECT_TRUE(at::equal(at::add(at::ones({2}, on(brick(0))), 1).cpu(),
-                          at::full({2}, 2.0, on(kCpu))));
+    EXPECT_TRUE(
+        at::equal(at::add(at::ones({2}, on(brick(0))), 1).cpu(), at::full({2}, 2.0, on(kCpu))));
   }
   EXPECT_EQ(rt().current_stream(0), 0) << "StreamGuard did not restore the default stream";
   EXPECT_TRUE(guard.queryStream(fresh));
@@ -647,6 +647,7 @@ TEST_F(BackendTest, MixingBrickAndCpuThrows) {
 }
 
 TEST_F(BackendTest, MixingCpuFirstWithTheSecondBrickDeviceNamesIt) {
+  // The mismatch must be reported against the brick tensors' device, not the current one.
   REQUIRE_DEVICES(2);
   const at::Tensor cpu = at::ones({3}, on(kCpu));
   const at::Tensor b = at::ones({3}, on(brick(1)));

@@ -2,6 +2,8 @@
 //
 // Every test builds its own runtime with make_host_runtime(n), so memory statistics and stream
 // counts start from zero and no test depends on another's leftovers.
+#include "runtime/runtime.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,8 +16,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include "runtime/runtime.h"
 
 // gtest without gmock: substring checks through the IsSubstring predicate formatter.
 #define EXPECT_CONTAINS(haystack, needle) \
@@ -165,10 +165,6 @@ TEST_F(RuntimeTest, ManyThreadsKeepTheirOwnCurrentDevice) {
 // Each runtime instance is documented as isolated, so the calling thread's current device and
 // streams must belong to the instance, not to whichever instance the thread touched last.
 TEST(RuntimeThreadState, InterleavedRuntimesKeepTheirOwnCurrentDevice) {
-  // BUG (csrc/runtime/host_runtime.cpp, HostRuntime::state()): the per-thread state is one
-  // thread_local slot tagged with the owning runtime; touching runtime B wipes what the thread
-  // set on runtime A, so A's current device silently falls back to 0.
-  GTEST_SKIP() << "known bug: host runtime thread state is shared between runtime instances";
   auto a = make_host_runtime(2);
   auto b = make_host_runtime(2);
   a->set_current_device(1);
@@ -178,10 +174,8 @@ TEST(RuntimeThreadState, InterleavedRuntimesKeepTheirOwnCurrentDevice) {
 }
 
 TEST(RuntimeThreadState, FreshRuntimeDoesNotInheritADeadRuntimesState) {
-  // BUG (same root cause): the thread_local slot is keyed by the runtime's address, so a new
-  // runtime allocated where a destroyed one lived inherits its current device and streams —
-  // including stream ids that do not exist in the new runtime.
-  GTEST_SKIP() << "known bug: host runtime thread state is keyed by address (ABA)";
+  // Thread state is keyed by a unique runtime id: a runtime allocated where a destroyed one
+  // lived must not inherit its current device or streams.
   for (int attempt = 0; attempt < 16; ++attempt) {
     auto first = make_host_runtime(2);
     const void* address = first.get();
@@ -400,7 +394,7 @@ TEST_F(RuntimeTest, CopyValidatesDevices) {
   unsigned char a[8] = {};
   unsigned char b[8] = {};
   EXPECT_CONTAINS(error_message([&] { rt().copy(a, kDevices, b, -1, 8); }),
-              ("device index " + std::to_string(kDevices)));
+                  ("device index " + std::to_string(kDevices)));
   EXPECT_CONTAINS(error_message([&] { rt().copy(a, -1, b, 9, 8); }), ("device index 9"));
 }
 
@@ -547,21 +541,18 @@ TEST_F(EventTest, ElapsedTimeNeedsTimingEvents) {
   rt().record_event(timed.get(), 0, kDefaultStream);
   rt().record_event(untimed.get(), 0, kDefaultStream);
   EXPECT_CONTAINS(error_message([&] { rt().elapsed_ms(timed.get(), untimed.get()); }),
-              ("enable_timing"));
+                  ("enable_timing"));
   EXPECT_CONTAINS(error_message([&] { rt().elapsed_ms(untimed.get(), timed.get()); }),
-              ("enable_timing"));
+                  ("enable_timing"));
 }
 
 TEST_F(EventTest, ElapsedTimeNeedsBothEventsRecorded) {
   auto start = make_event(0, true);
   auto end = make_event(0, true);
-  EXPECT_CONTAINS(error_message([&] { rt().elapsed_ms(start.get(), end.get()); }),
-              ("recorded"));
+  EXPECT_CONTAINS(error_message([&] { rt().elapsed_ms(start.get(), end.get()); }), ("recorded"));
   rt().record_event(start.get(), 0, kDefaultStream);
-  EXPECT_CONTAINS(error_message([&] { rt().elapsed_ms(start.get(), end.get()); }),
-              ("recorded"));
-  EXPECT_CONTAINS(error_message([&] { rt().elapsed_ms(end.get(), start.get()); }),
-              ("recorded"));
+  EXPECT_CONTAINS(error_message([&] { rt().elapsed_ms(start.get(), end.get()); }), ("recorded"));
+  EXPECT_CONTAINS(error_message([&] { rt().elapsed_ms(end.get(), start.get()); }), ("recorded"));
 }
 
 TEST_F(EventTest, QueryAndSynchronize) {
@@ -591,7 +582,7 @@ TEST_F(EventTest, RecordingOnAnotherDevicesStreamThrows) {
 TEST_F(EventTest, RecordingOnAnInvalidStreamThrows) {
   auto event = make_event(0, false);
   EXPECT_CONTAINS(error_message([&] { rt().record_event(event.get(), 0, 42); }),
-              ("stream 42 does not exist"));
+                  ("stream 42 does not exist"));
   EXPECT_THROW(rt().record_event(event.get(), kDevices, kDefaultStream), Error);
 }
 
