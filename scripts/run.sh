@@ -20,6 +20,7 @@ setup_system() {
   command -v ninja >/dev/null || missing+=(ninja-build)
   [ -f /usr/include/gtest/gtest.h ] || missing+=(libgtest-dev)
   [ -f /usr/include/benchmark/benchmark.h ] || missing+=(libbenchmark-dev)
+  command -v clang-format >/dev/null || missing+=(clang-format)
   if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
       log "installing system packages: ${missing[*]}"
@@ -59,7 +60,10 @@ case "$job" in
     "$PYTHON" -m torch_brickdev demo "${@:2}"
     ;;
   test)
-    setup_system; setup_python; build 1
+    setup_system; setup_python
+    log "clang-format check"
+    clang-format --dry-run -Werror csrc/*/*.h csrc/*/*.cpp tests/cpp/*.cpp
+    build 1
     log "GoogleTest (CTest)"
     ctest --test-dir "$BRICK_BUILD_DIR" --output-on-failure -j 2
     log "pytest"

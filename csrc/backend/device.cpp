@@ -28,9 +28,8 @@ c10::Device backing_device(c10::DeviceIndex brick_index) {
 void check_device_index(c10::DeviceIndex index) {
   const int count = rt().device_count();
   TORCH_CHECK(index >= 0 && index < count, "brick: device index ", static_cast<int>(index),
-                    " is out of range: there are ", count,
-                    " brick device(s), valid indices are 0..", count - 1,
-                    " (the host runtime's count is set by BRICK_HOST_DEVICES)");
+              " is out of range: there are ", count, " brick device(s), valid indices are 0..",
+              count - 1, " (the host runtime's count is set by BRICK_HOST_DEVICES)");
 }
 
 c10::DeviceIndex resolve_device_index(c10::DeviceIndex index) {
@@ -164,7 +163,8 @@ class BrickGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     // op has completed by the time it returns.
   }
 
-  double elapsedTime(void* start, void* end, const c10::DeviceIndex /*device_index*/) const override {
+  double elapsedTime(void* start, void* end,
+                     const c10::DeviceIndex /*device_index*/) const override {
     TORCH_CHECK(start != nullptr && end != nullptr,
                 "brick: elapsed_time needs both events to be recorded first");
     return runtime_call([&] { return rt().elapsed_ms(as_event(start), as_event(end)); });
@@ -218,8 +218,7 @@ struct BrickHooks final : public at::PrivateUse1HooksInterface {
   }
 
   at::Device getDeviceFromPtr(void* /*data*/) const override {
-    TORCH_CHECK(false,
-                "brick: cannot infer the device of a raw pointer; pass device= explicitly");
+    TORCH_CHECK(false, "brick: cannot infer the device of a raw pointer; pass device= explicitly");
   }
 
   bool isPinnedPtr(const void* /*data*/) const override { return false; }

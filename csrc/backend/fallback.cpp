@@ -8,11 +8,11 @@
 //   - an adopted brick storage, for fresh results (the backing allocation is relabelled).
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/SmallVector.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <memory>
 #include <string>
-#include <torch/library.h>
 
 #include "backend/backend.h"
 #include "backend/errors.h"
@@ -57,8 +57,7 @@ class FallbackCall {
     if (device_ < 0) device_ = static_cast<c10::DeviceIndex>(rt().current_device());
     if (mismatch_argument_ != nullptr) device_mismatch(*mismatch_argument_, mismatch_tensor_);
     for (size_t i : pending_generators_) {
-      (*stack)[first + i] =
-          c10::IValue(generator_backing(brick_default_generator(device_)));
+      (*stack)[first + i] = c10::IValue(generator_backing(brick_default_generator(device_)));
     }
 
     CurrentDeviceScope scope(device_);
@@ -217,8 +216,8 @@ class FallbackCall {
     c10::TensorImpl* backing = alias.backing.unsafeGetTensorImpl();
     c10::StorageImpl* backing_storage = backing->storage().unsafeGetStorageImpl();
     c10::StorageImpl* brick_storage = brick->storage().unsafeGetStorageImpl();
-    const bool same_storage = std::any_of(
-        storages_.begin(), storages_.end(), [&](const StoragePair& pair) {
+    const bool same_storage =
+        std::any_of(storages_.begin(), storages_.end(), [&](const StoragePair& pair) {
           return pair.backing.unsafeGetStorageImpl() == backing_storage &&
                  pair.brick.unsafeGetStorageImpl() == brick_storage;
         });
@@ -241,8 +240,7 @@ class FallbackCall {
     }
     if (brick->sizes() != backing->sizes() || brick->strides() != backing->strides() ||
         brick->storage_offset() != backing->storage_offset()) {
-      brick->set_sizes_and_strides(backing->sizes(), backing->strides(),
-                                   backing->storage_offset());
+      brick->set_sizes_and_strides(backing->sizes(), backing->strides(), backing->storage_offset());
     }
   }
 
@@ -254,7 +252,8 @@ class FallbackCall {
     }
     c10::StorageImpl* storage = impl->storage().unsafeGetStorageImpl();
     for (const StoragePair& pair : storages_) {
-      if (pair.backing.unsafeGetStorageImpl() == storage) return make_brick_tensor(pair.brick, result);
+      if (pair.backing.unsafeGetStorageImpl() == storage)
+        return make_brick_tensor(pair.brick, result);
     }
     if (std::find(foreign_storages_.begin(), foreign_storages_.end(), storage) !=
         foreign_storages_.end()) {
@@ -310,7 +309,8 @@ int register_direct_fallback_kernels() {
   library = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
                                              c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
   auto& dispatcher = c10::Dispatcher::singleton();
-  const auto backing_key = c10::computeDispatchKey(std::nullopt, c10::kStrided, backing_device_type());
+  const auto backing_key =
+      c10::computeDispatchKey(std::nullopt, c10::kStrided, backing_device_type());
   for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
     if (name.name.rfind("aten::", 0) != 0) continue;
     const auto op = dispatcher.findOp(name);

@@ -35,8 +35,8 @@ c10::DataPtr allocate_brick_memory(size_t nbytes, c10::Device label) {
     TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
   }
   if (ptr != nullptr) report_to_profiler(ptr, static_cast<int64_t>(nbytes), device);
-  return {ptr, ptr, &delete_brick_memory, label.type() == kBrick ? c10::Device(kBrick, device)
-                                                                 : backing_device(device)};
+  return {ptr, ptr, &delete_brick_memory,
+          label.type() == kBrick ? c10::Device(kBrick, device) : backing_device(device)};
 }
 
 class BrickAllocator final : public c10::Allocator {
@@ -113,8 +113,8 @@ c10::Storage make_backing_storage(const c10::Storage& brick_storage) {
   // Non-owning: the brick storage keeps the memory alive for the alias's lifetime.
   c10::DataPtr view(storage->data_ptr().get(), backing_device(storage->device().index()));
   return c10::Storage(c10::make_intrusive<c10::StorageImpl>(
-      c10::StorageImpl::use_byte_size_t(), storage->nbytes(), std::move(view),
-      &g_alias_allocator, /*resizable=*/true));
+      c10::StorageImpl::use_byte_size_t(), storage->nbytes(), std::move(view), &g_alias_allocator,
+      /*resizable=*/true));
 }
 
 namespace {

@@ -4,10 +4,10 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/TensorUtils.h>
 #include <ATen/native/Resize.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/convolution.h>
 #include <ATen/ops/convolution_backward.h>
-#include <ATen/ops/as_strided_native.h>
-#include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/view_native.h>
 #include <c10/core/Stream.h>
 #include <torch/library.h>
@@ -52,8 +52,7 @@ void check_strided(std::optional<c10::Layout> layout, const char* op) {
 }
 
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
-                               std::optional<c10::Layout> layout,
-                               std::optional<c10::Device> device,
+                               std::optional<c10::Layout> layout, std::optional<c10::Device> device,
                                std::optional<bool> /*pin_memory*/,
                                std::optional<c10::MemoryFormat> memory_format) {
   check_strided(layout, "empty");
@@ -103,8 +102,8 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
 }
 
 void check_set_source(const at::Tensor& self, const c10::Storage& source) {
-  TORCH_CHECK(source.device().type() == kBrick, "brick: set_ expected a storage on ",
-              self.device(), " but got one on ", source.device());
+  TORCH_CHECK(source.device().type() == kBrick, "brick: set_ expected a storage on ", self.device(),
+              " but got one on ", source.device());
   TORCH_CHECK(source.device() == self.device(), "brick: set_ got a storage on ", source.device(),
               " for a tensor on ", self.device());
 }
@@ -127,9 +126,8 @@ at::Tensor& set_storage(at::Tensor& self, c10::Storage source, int64_t storage_o
   return self;
 }
 
-at::Tensor& set_source_storage_offset(at::Tensor& self, c10::Storage source,
-                                      int64_t storage_offset, c10::IntArrayRef size,
-                                      c10::IntArrayRef stride) {
+at::Tensor& set_source_storage_offset(at::Tensor& self, c10::Storage source, int64_t storage_offset,
+                                      c10::IntArrayRef size, c10::IntArrayRef stride) {
   return set_storage(self, std::move(source), storage_offset, size, stride);
 }
 
@@ -142,8 +140,8 @@ at::Tensor& set_source_storage(at::Tensor& self, c10::Storage source) {
 }
 
 at::Tensor& set_source_tensor(at::Tensor& self, const at::Tensor& source) {
-  TORCH_CHECK(self.dtype() == source.dtype(), "brick: set_ got a source of dtype ",
-              source.dtype(), " for a tensor of dtype ", self.dtype());
+  TORCH_CHECK(self.dtype() == source.dtype(), "brick: set_ got a source of dtype ", source.dtype(),
+              " for a tensor of dtype ", self.dtype());
   if (self.is_same(source)) return self;
   return set_storage(self, source.storage(), source.storage_offset(), source.sizes(),
                      source.strides());
@@ -184,12 +182,12 @@ at::Tensor backing_or_undefined(const std::optional<at::Tensor>& tensor) {
 
 // PyTorch routes convolutions of devices other than CPU/CUDA to these two ops.
 at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& weight,
-                                    const std::optional<at::Tensor>& bias,
-                                    c10::IntArrayRef stride, c10::IntArrayRef padding,
-                                    c10::IntArrayRef dilation, bool transposed,
-                                    c10::IntArrayRef output_padding, int64_t groups) {
-  TORCH_CHECK(input.device() == weight.device(), "brick: convolution got input on ",
-              input.device(), " and weight on ", weight.device());
+                                    const std::optional<at::Tensor>& bias, c10::IntArrayRef stride,
+                                    c10::IntArrayRef padding, c10::IntArrayRef dilation,
+                                    bool transposed, c10::IntArrayRef output_padding,
+                                    int64_t groups) {
+  TORCH_CHECK(input.device() == weight.device(), "brick: convolution got input on ", input.device(),
+              " and weight on ", weight.device());
   DeviceScope scope(input.device().index());
   at::Tensor out = at::convolution(make_backing_alias(input), make_backing_alias(weight),
                                    backing_or_undefined(bias), stride, padding, dilation,
@@ -199,18 +197,16 @@ at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& w
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable(
     const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
-    c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation,
-    bool transposed, c10::IntArrayRef output_padding, int64_t groups,
-    std::array<bool, 3> output_mask) {
+    c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
+    c10::IntArrayRef output_padding, int64_t groups, std::array<bool, 3> output_mask) {
   const auto device = input.device().index();
   DeviceScope scope(device);
   const int64_t bias_channels = transposed ? weight.size(1) * groups : weight.size(0);
-  auto [grad_input, grad_weight, grad_bias] = at::convolution_backward(
-      make_backing_alias(grad_output), make_backing_alias(input), make_backing_alias(weight),
-      c10::IntArrayRef(bias_channels), stride, padding, dilation, transposed, output_padding,
-      groups, output_mask);
-  return {adopt_result(std::move(grad_input), device),
-          adopt_result(std::move(grad_weight), device),
+  auto [grad_input, grad_weight, grad_bias] =
+      at::convolution_backward(make_backing_alias(grad_output), make_backing_alias(input),
+                               make_backing_alias(weight), c10::IntArrayRef(bias_channels), stride,
+                               padding, dilation, transposed, output_padding, groups, output_mask);
+  return {adopt_result(std::move(grad_input), device), adopt_result(std::move(grad_weight), device),
           adopt_result(std::move(grad_bias), device)};
 }
 

@@ -58,8 +58,8 @@ PYBIND11_MODULE(_C, m) {
     BRICK_RUNTIME_CALL(rt().reset_peak_memory_stats(resolve_device_index(device)));
   });
   m.def("_default_generator", [](int device) {
-    const auto& generator = brick::backend::brick_default_generator(
-        static_cast<c10::DeviceIndex>(device));
+    const auto& generator =
+        brick::backend::brick_default_generator(static_cast<c10::DeviceIndex>(device));
     return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(generator));
   });
   m.def("_current_stream", [](int device) {

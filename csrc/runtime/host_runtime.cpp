@@ -8,8 +8,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <new>
 #include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -177,8 +177,7 @@ class HostRuntime final : public Runtime {
 
   double elapsed_ms(Event* start, Event* end) override {
     if (!start->timing || !end->timing) {
-      throw Error(
-          "brick: elapsed time needs both events created with enable_timing=True");
+      throw Error("brick: elapsed time needs both events created with enable_timing=True");
     }
     const int64_t t0 = start->recorded_ns.load(std::memory_order_acquire);
     const int64_t t1 = end->recorded_ns.load(std::memory_order_acquire);
