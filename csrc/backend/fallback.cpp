@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "backend/backend.h"
@@ -299,10 +300,14 @@ void brick_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*key_set
 }  // namespace
 
 int register_direct_fallback_kernels() {
-  // Ops with a CompositeExplicitAutogradNonFunctional kernel (the functional and in-place forms
-  // of structured ops such as add.Tensor) would otherwise be decomposed for brick into an
-  // allocation plus the out= form, checking and computing the output geometry twice. Running
-  // the backing device's own kernel for them directly halves the cost of small ops.
+  // PyTorch prefers a composite kernel to a backend fallback, which costs brick twice:
+  //  - ops with a CompositeExplicitAutogradNonFunctional kernel (functional and in-place forms of
+  //    structured ops such as add.Tensor) decompose into an allocation plus the out= form,
+  //    checking and computing the output geometry twice;
+  //  - ops with a CompositeExplicitAutograd kernel beside a backing-device kernel (layer and
+  //    group norm, addr, ...) would run a generic decomposition that differs numerically from
+  //    the backing device's kernel.
+  // For both, brick runs the backing device's own kernel through the fallback.
   static std::unique_ptr<torch::Library> library;
   static int registered = 0;
   if (library) return registered;
@@ -311,18 +316,24 @@ int register_direct_fallback_kernels() {
   auto& dispatcher = c10::Dispatcher::singleton();
   const auto backing_key =
       c10::computeDispatchKey(std::nullopt, c10::kStrided, backing_device_type());
+  // Composite kernels that refuse devices other than CPU/CUDA/XPU; on the backing device they
+  // are fine.
+  const std::set<std::string> device_checking_composites = {"mode.values"};
   for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
     if (name.name.rfind("aten::", 0) != 0) continue;
     const auto op = dispatcher.findOp(name);
-    if (!op.has_value() || op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
-        !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
-        !op->hasKernelForDispatchKey(backing_key)) {
-      continue;
-    }
+    if (!op.has_value() || op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) continue;
     const std::string qualified =
         name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
-    library->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&brick_fallback>());
-    ++registered;
+    const bool backing_kernel = op->hasKernelForDispatchKey(backing_key);
+    const bool decomposed =
+        op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd);
+    if ((backing_kernel && decomposed) || device_checking_composites.count(qualified) != 0) {
+      library->impl(qualified.c_str(),
+                    torch::CppFunction::makeFromBoxedFunction<&brick_fallback>());
+      ++registered;
+    }
   }
   return registered;
 }

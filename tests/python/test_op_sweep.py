@@ -14,6 +14,9 @@ inputs reach the op identically), the op runs on both, and brick must match the 
 * ``test_op_inplace``: the in-place variant (``add_``...), which must mutate and return its input.
 * ``test_op_out``: the ``out=`` variant, with out tensors that must be resized (empty) or already
   have the right size; the out tensors must be returned and hold the result.
+* ``test_op_second_device``: the dtype sweep's ops on brick:1 while brick:0 is current.
+
+The first samples also run as noncontiguous copies (NaN in the gaps between elements).
 
 Random ops are compared too: brick's generators run the CPU's streams, so the same seed must give
 the same numbers. Ops whose result is uninitialised memory (``empty*``) and sparse, quantized and
@@ -117,8 +120,14 @@ for _op in op_db:
 # --- copying samples to a device ------------------------------------------------------------
 
 
-def _copy_tensor(t, device):
-    """A fresh leaf on ``device`` with ``t``'s values, strides, storage offset and storage size."""
+def _copy_tensor(t, device, memo):
+    """A leaf on ``device`` with ``t``'s values, strides, storage offset and storage size.
+
+    ``memo`` keeps aliasing across one sample: the same tensor copies to the same tensor, and
+    tensors sharing a storage copy to views of one storage.
+    """
+    if id(t) in memo:
+        return memo[id(t)]
     with torch.no_grad():
         src = t.detach()
         if src.layout != torch.strided:
@@ -129,43 +138,50 @@ def _copy_tensor(t, device):
             src = src.resolve_neg()
         # Copy the whole storage and view it the same way, so offsets, gaps and overlaps (expanded
         # inputs) reach the op as they do on the CPU.
-        numel = src.untyped_storage().nbytes() // src.element_size()
-        flat = src.as_strided((numel,), (1,), 0).to(device, copy=True)
-        out = flat.as_strided(src.size(), src.stride(), src.storage_offset())
+        storage = src.untyped_storage()
+        key = (storage.data_ptr(), storage.nbytes(), src.dtype)
+        if key not in memo or not storage.nbytes():
+            numel = storage.nbytes() // src.element_size()
+            memo[key] = src.as_strided((numel,), (1,), 0).to(device, copy=True)
+        out = memo[key].as_strided(src.size(), src.stride(), src.storage_offset())
     if t.requires_grad:
         out.requires_grad_(True)
+    memo[id(t)] = out
     return out
 
 
-def _copy(value, device, requires_grad=True):
+def _copy(value, device, requires_grad=True, memo=None):
     """``value`` (a sample's input, args or kwargs) with every tensor copied to ``device``."""
+    memo = {} if memo is None else memo
     if isinstance(value, torch.Tensor):
-        out = _copy_tensor(value, device)
+        out = _copy_tensor(value, device, memo)
         return out if requires_grad else out.detach()
-    if device == BRICK:
+    if device != "cpu":
         if isinstance(value, torch.device):
-            return torch.device(BRICK) if value.type == "cpu" else value
+            return torch.device(device) if value.type == "cpu" else value
         if isinstance(value, str) and value == "cpu":
-            return BRICK
+            return device
     if isinstance(value, list):
-        return [_copy(v, device, requires_grad) for v in value]
+        return [_copy(v, device, requires_grad, memo) for v in value]
     if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        return tuple(_copy(v, device, requires_grad) for v in value)
+        return tuple(_copy(v, device, requires_grad, memo) for v in value)
     if isinstance(value, dict):
-        return {k: _copy(v, device, requires_grad) for k, v in value.items()}
+        return {k: _copy(v, device, requires_grad, memo) for k, v in value.items()}
     return value
 
 
 def _copy_sample(op, sample, device, requires_grad=True):
-    args = list(_copy(sample.args, device, requires_grad))
-    kwargs = _copy(sample.kwargs, device, requires_grad)
-    if device == BRICK:
+    memo = {}
+    tensor_input = _copy(sample.input, device, requires_grad, memo)
+    args = list(_copy(sample.args, device, requires_grad, memo))
+    kwargs = _copy(sample.kwargs, device, requires_grad, memo)
+    if device != "cpu":
         for index in CPU_ARGS.get(_op_id(op), ()):  # arguments the op takes on the CPU only
             args[index] = _copy(sample.args[index], "cpu", requires_grad)
         if op.is_factory_function and "device" not in kwargs:
-            kwargs["device"] = BRICK
-    return SampleInput(_copy(sample.input, device, requires_grad), args=tuple(args),
-                       kwargs=kwargs, output_process_fn_grad=sample.output_process_fn_grad)
+            kwargs["device"] = device
+    return SampleInput(tensor_input, args=tuple(args), kwargs=kwargs,
+                       output_process_fn_grad=sample.output_process_fn_grad)
 
 
 def _flatten(value):
@@ -202,9 +218,11 @@ def _compare(actual, expected, what, tolerance):
                                msg=lambda m: f"{what}: {m}")
 
 
-def _check_on_brick(value, what):
+def _check_on_brick(value, what, target):
+    target = torch.device(target)
     for i, t in enumerate(_tensors(value)):
-        assert t.device.type == BRICK, f"{what}[{i}] is on {t.device}, not brick"
+        assert t.device.type == BRICK and target.index in (None, t.device.index), \
+            f"{what}[{i}] is on {t.device}, not {target}"
 
 
 def _aliased_input(t, inputs):
@@ -234,6 +252,13 @@ def _check_geometry(actual, expected, brick_inputs, cpu_inputs, what):
             f"{what}[{i}]: shares storage with input {aliased}, on the CPU with {cpu_aliased}")
 
 
+def _check_versions(actual, expected):
+    """Autograd saw the same writes: version counters moved as on the CPU."""
+    versions = [t._version for t in actual]
+    cpu_versions = [t._version for t in expected]
+    assert versions == cpu_versions, f"versions {versions}, CPU {cpu_versions}"
+
+
 # --- running samples ------------------------------------------------------------------------
 
 
@@ -252,10 +277,10 @@ def _differentiable_outputs(out):
             if t.requires_grad and (t.is_floating_point() or t.is_complex())]
 
 
-def _run_sample(op, sample, backward, tolerance):
+def _run_sample(op, sample, backward, tolerance, target=BRICK):
     """Compares one sample of the function variant; returns why the CPU rejected it, or None."""
     cpu_sample = _copy_sample(op, sample, "cpu")
-    brick_sample = _copy_sample(op, sample, BRICK)
+    brick_sample = _copy_sample(op, sample, target)
     seed = 1234 if _is_random(op) else None
 
     try:
@@ -264,11 +289,12 @@ def _run_sample(op, sample, backward, tolerance):
         return _cpu_failure(error)
     actual = _call(op, brick_sample, seed)
 
-    _check_on_brick(actual, "output")
+    _check_on_brick(actual, "output", target)
     _compare(actual, expected, "forward output", tolerance)
     cpu_inputs, brick_inputs = _sample_tensors(cpu_sample), _sample_tensors(brick_sample)
     _check_geometry(actual, expected, brick_inputs, cpu_inputs, "output")
     _compare(brick_inputs, cpu_inputs, "inputs after the op", {})
+    _check_versions(brick_inputs, cpu_inputs)
 
     if not backward:
         return None
@@ -289,8 +315,8 @@ def _run_sample(op, sample, backward, tolerance):
     if seed is not None:
         torch.manual_seed(seed + 1)
     actual_grads = torch.autograd.grad(actual_outs, brick_leaves,
-                                       [g.to(BRICK) for g in grad_outs], allow_unused=True)
-    _check_on_brick(actual_grads, "grad")
+                                       [g.to(target) for g in grad_outs], allow_unused=True)
+    _check_on_brick(actual_grads, "grad", target)
     _compare(list(actual_grads), list(expected_grads), "input grads", tolerance)
     return None
 
@@ -306,23 +332,22 @@ def _run_inplace_sample(op, sample, tolerance):
         return _cpu_failure(error)
     actual = _call(fn, brick_sample, seed)
     assert actual is brick_sample.input, "the in-place variant did not return its input"
-    _check_on_brick(actual, "output")
+    _check_on_brick(actual, "output", BRICK)
     _compare(actual, expected, "in-place result", tolerance)
     _check_geometry(actual, expected, [brick_sample.input], [cpu_sample.input], "output")
     _compare(_sample_tensors(brick_sample), _sample_tensors(cpu_sample), "inputs after the op",
              tolerance)
+    _check_versions(_sample_tensors(brick_sample), _sample_tensors(cpu_sample))
     return None
 
 
 def _out_tensors(expected, device, resize):
-    """out= tensors for ``expected``: empty ones (to be resized) or filled ones of its size."""
-    def make(t):
-        if resize:
-            return torch.empty((0,), dtype=t.dtype, device=device)
-        return torch.ones(t.shape, dtype=t.dtype, device=device)
+    """out= tensors shaped like ``expected``: empty (to be resized) or filled, of its size."""
     if isinstance(expected, torch.Tensor):
-        return make(expected)
-    return tuple(make(t) for t in expected)
+        if resize:
+            return torch.empty((0,), dtype=expected.dtype, device=device)
+        return torch.ones(expected.shape, dtype=expected.dtype, device=device)
+    return type(expected)(_out_tensors(t, device, resize) for t in expected)
 
 
 def _run_out_sample(op, sample, index, tolerance):
@@ -333,9 +358,10 @@ def _run_out_sample(op, sample, index, tolerance):
         expected = _call(op, cpu_sample, seed)
     except Exception as error:
         return _cpu_failure(error)
-    if not all(isinstance(t, torch.Tensor) for t in _flatten(expected)) or \
-            not isinstance(expected, (torch.Tensor, tuple)):
-        return "output is not a tensor or tuple of tensors"
+    if not all(isinstance(t, torch.Tensor) for t in _flatten(expected)):
+        return "output is not made of tensors"
+    if isinstance(expected, tuple) and type(expected) is not tuple:
+        expected = tuple(expected)  # torch.return_types
     resize = index % 2 == 0  # alternate between out tensors to resize and right-sized ones
     cpu_out = _out_tensors(expected, "cpu", resize)
     brick_out = _out_tensors(expected, BRICK, resize)
@@ -346,9 +372,11 @@ def _run_out_sample(op, sample, index, tolerance):
     actual = _call(op, brick_sample, seed, out=brick_out)
     for a, o in zip(_tensors(actual), _tensors(brick_out)):
         assert a is o, "the out= variant did not return its out tensor"
-    _check_on_brick(brick_out, "out")
+    _check_on_brick(brick_out, "out", BRICK)
     _compare(brick_out, cpu_out, "out tensors", tolerance)
     _compare(actual, expected_out, "out= result", tolerance)
+    # (No version check: resize_output resizes CPU tensors behind autograd's back, so out
+    # tensors' versions legitimately differ between devices.)
     _check_geometry(brick_out, cpu_out, [], [], "out")
     return None
 
@@ -367,12 +395,12 @@ def _samples(op, dtype, requires_grad, limit):
         return list(itertools.islice(
             op.sample_inputs("cpu", dtype, requires_grad=requires_grad), limit))
     except Exception as error:
-        pytest.skip(f"CPU sample generation raised {type(error).__name__}: {error}")
+        pytest.skip(f"{_op_id(op)}: CPU sample generation raised {type(error).__name__}: {error}")
 
 
-def _run_all(samples, run_one):
+def _run_all(op, samples, run_one):
     if not samples:
-        pytest.skip("OpInfo has no samples for this dtype")
+        pytest.skip(f"{_op_id(op)}: OpInfo has no samples for this dtype")
     cpu_errors = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # deprecations and resize notices, the same on both
@@ -381,37 +409,42 @@ def _run_all(samples, run_one):
             if error is not None:
                 cpu_errors.append(error)
     if len(cpu_errors) == len(samples):
-        pytest.skip(cpu_errors[0])
+        pytest.skip(f"{_op_id(op)}: {cpu_errors[0]}")
 
 
-def _run_op(op, dtype):
+def _run_op(op, dtype, target=BRICK):
     reason = _skip_reason(op)
     if reason:
-        pytest.skip(reason)
+        pytest.skip(f"{_op_id(op)}: {reason}")
     op_id = _op_id(op)
     backward = (op.supports_autograd and (dtype.is_floating_point or dtype.is_complex)
                 and dtype in op.supported_backward_dtypes("cpu") and op_id not in NO_BACKWARD)
     tolerance = TOLERANCES.get(op_id, {})
     samples = _samples(op, dtype, backward, MAX_SAMPLES)
-    _run_all(samples, lambda sample, _: _run_sample(op, sample, backward, tolerance))
+    # Noncontiguous copies of the first samples too: NaN-filled gaps between the elements must
+    # never reach the result.
+    samples += [sample.noncontiguous() for sample in samples[:MAX_VARIANT_SAMPLES]]
+    _run_all(op, samples, lambda sample, _: _run_sample(op, sample, backward, tolerance, target))
 
 
 def _run_inplace(op, dtype):
     reason = _skip_reason(op)
     if reason:
-        pytest.skip(reason)
+        pytest.skip(f"{_op_id(op)}: {reason}")
     tolerance = TOLERANCES.get(_op_id(op), {})
     samples = _samples(op, dtype, False, MAX_VARIANT_SAMPLES)
-    _run_all(samples, lambda sample, _: _run_inplace_sample(op, sample, tolerance))
+    samples += [sample.noncontiguous() for sample in samples]  # in place on strided views
+    _run_all(op, samples, lambda sample, _: _run_inplace_sample(op, sample, tolerance))
 
 
 def _run_out(op, dtype):
     reason = _skip_reason(op)
     if reason:
-        pytest.skip(reason)
+        pytest.skip(f"{_op_id(op)}: {reason}")
     tolerance = TOLERANCES.get(_op_id(op), {})
     samples = _samples(op, dtype, False, MAX_VARIANT_SAMPLES)
-    _run_all(samples, lambda sample, index: _run_out_sample(op, sample, index, tolerance))
+    samples += [sample.noncontiguous() for sample in samples]
+    _run_all(op, samples, lambda sample, index: _run_out_sample(op, sample, index, tolerance))
 
 
 # --- tests ----------------------------------------------------------------------------------
@@ -433,7 +466,7 @@ def _params(variant, has_variant=lambda op: True):
             continue
         dtype = _main_dtype(op)
         if dtype is None:
-            marks = [pytest.mark.skip(reason="no CPU dtype to test")]
+            marks = [pytest.mark.skip(reason=f"{op_id}: no CPU dtype to test")]
         elif variant:
             marks = _marks(f"{op_id}:{variant}")
         else:
@@ -463,6 +496,14 @@ def test_op(op, dtype):
 @pytest.mark.parametrize("op,dtype", _dtype_params())
 def test_op_dtype(op, dtype):
     _run_op(op, dtype)
+
+
+@pytest.mark.skipif(torch.brick.device_count() < 2, reason="needs two brick devices")
+@pytest.mark.parametrize("op", [OPS[op_id] for op_id in DTYPE_SWEEP_OPS], ids=DTYPE_SWEEP_OPS)
+def test_op_second_device(op):
+    """brick:1 while brick:0 is current: results, grads and generators stay on brick:1."""
+    assert torch.brick.current_device() == 0
+    _run_op(op, _main_dtype(op), target="brick:1")
 
 
 @pytest.mark.parametrize("op,dtype", _params("inplace", lambda op: op.inplace_variant))
