@@ -32,8 +32,10 @@ import warnings
 
 import pytest
 import torch
-from torch.testing._internal.common_methods_invocations import op_db
-from torch.testing._internal.opinfo.core import SampleInput
+
+pytest.importorskip("expecttest", reason="PyTorch's OpInfo database needs expecttest")
+from torch.testing._internal.common_methods_invocations import op_db  # noqa: E402
+from torch.testing._internal.opinfo.core import SampleInput  # noqa: E402
 
 from op_sweep_skips import CPU_ARGS, NO_BACKWARD, SKIPS, TOLERANCES, XFAILS
 
