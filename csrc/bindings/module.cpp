@@ -8,6 +8,10 @@
 
 namespace py = pybind11;
 
+namespace brick::bindings {
+void bind_profiler(py::module_& parent);
+}
+
 namespace {
 
 using brick::backend::resolve_device_index;
@@ -72,4 +76,5 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_stream", [](int64_t stream_id, int device) {
     BRICK_RUNTIME_CALL(rt().set_current_stream(resolve_device_index(device), stream_id));
   });
+  brick::bindings::bind_profiler(m);
 }

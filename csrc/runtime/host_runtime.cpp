@@ -189,6 +189,10 @@ class HostRuntime final : public Runtime {
 
   DeviceIndex event_device(const Event* event) const noexcept override { return event->device; }
 
+  int64_t event_host_time_ns(Event* event) override {
+    return event->recorded_ns.load(std::memory_order_acquire);
+  }
+
  private:
   ThreadState& state() const {
     ThreadState* last = tls_states.last;

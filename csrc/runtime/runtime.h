@@ -112,6 +112,9 @@ class Runtime {
   // Milliseconds from `start` to `end`; both must be timing events that were recorded.
   virtual double elapsed_ms(Event* start, Event* end) = 0;
   virtual DeviceIndex event_device(const Event* event) const noexcept = 0;
+  // When a recorded timing event completed, in steady_clock nanoseconds of the host (so device
+  // timelines can be placed beside CPU ones); -1 if it was not recorded or has not completed.
+  virtual int64_t event_host_time_ns(Event* event) = 0;
 
   // Memory statistics (allocations made through `allocate` plus adopted bytes).
   MemoryStats memory_stats(DeviceIndex device) const;

@@ -1,0 +1,76 @@
+// The brick profiler: the RecordFunction observer that feeds the registry, PyTorch's
+// ProfilerStubs for the legacy autograd profiler, and the device timeline they record.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "registry/registry.h"
+
+namespace brick::profiler {
+
+// ---- the native registry -------------------------------------------------------------------
+
+// The process-wide registry every brick op and range is recorded into.
+registry::Registry& brick_registry();
+
+// Registers the RecordFunction observer (ops, record_function ranges, autograd nodes). While
+// disabled no callback is registered: the op path pays nothing. Throws if already enabled.
+void enable();
+void disable();  // throws if not enabled
+bool is_enabled() noexcept;
+// Throws while enabled: a profiled region is timed in one mode from start to end.
+void set_sync_mode(registry::SyncMode mode);
+registry::SyncMode sync_mode() noexcept;
+// Resolves outstanding device events, then merges every thread's figures.
+std::vector<registry::BrickStats> snapshot();
+void reset();
+
+// Counters of what the observer could not time (shown in reports, never silently lost).
+struct Health {
+  uint64_t unbalanced_exits = 0;  // exits with no open brick on the thread (started earlier)
+  uint64_t timing_failures = 0;   // a runtime call failed while timing; the brick was dropped
+  uint64_t pending_events = 0;    // event pairs recorded but not yet resolved
+};
+Health health();
+
+// ---- ProfilerStubs and the device timeline ------------------------------------------------
+
+// Registers brick's ProfilerStubs with PyTorch (once; the object lives for the process).
+void register_profiler_stubs();
+
+// One call of ProfilerStubs::record, in call order per thread.
+struct StubRecord {
+  uint64_t thread;     // at::RecordFunction::currentThreadId() of the recording thread
+  int64_t cpu_ns;      // c10::getTime() when recorded (the profiler's time base)
+  int64_t device_ns;   // when the device reached the event, host steady_clock ns (-1: unknown)
+  int device;
+  int64_t stream;
+};
+
+// A mark or a pushed/popped range on brick's own timeline.
+struct Annotation {
+  std::string name;
+  uint64_t thread;
+  int64_t start_cpu_ns;  // c10::getTime()
+  int64_t end_cpu_ns;    // == start for a mark
+  bool is_range;
+};
+
+struct TimelineSnapshot {
+  std::vector<StubRecord> records;
+  std::vector<Annotation> annotations;
+  uint64_t dropped_records = 0;  // beyond the log's capacity
+  // c10::getTime() minus steady_clock, sampled now, to place device times on the CPU time base.
+  int64_t steady_to_cpu_offset_ns = 0;
+};
+TimelineSnapshot timeline();
+void clear_timeline();
+
+// The stubs' annotation entry points, also exposed to Python.
+void mark(const char* name);
+void range_push(const char* name);
+void range_pop();  // throws if the calling thread has no open range
+
+}  // namespace brick::profiler

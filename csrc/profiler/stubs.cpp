@@ -1,0 +1,235 @@
+// Brick's ProfilerStubs for PyTorch's legacy autograd profiler, and the device timeline.
+//
+// With torch.autograd.profiler.profile(use_device="brick"), PyTorch calls record() at the start
+// and end of every op and range it observes and elapsed() on each pair when it builds its
+// events. record() puts a pooled timing event on the current brick stream and logs the call, so
+// a trace can place every op's device interval on a per-stream track. No exception may escape
+// record(): PyTorch does not catch one there, and it would break the user's op.
+#include <ATen/record_function.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/util/ApproximateClock.h>
+#include <torch/csrc/profiler/stubs/base.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <vector>
+
+#include "runtime/runtime.h"
+#include "profiler/profiler.h"
+
+namespace brick::profiler {
+
+namespace {
+
+constexpr size_t kMaxRecords = 8u << 20;  // 8M records (~320 MB): beyond, records are counted
+
+// Events handed to PyTorch; returned here by the stub's deleter (possibly on another thread).
+class SharedEventPool {
+ public:
+  runtime::Event* acquire(int device) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (device < static_cast<int>(free_.size()) && !free_[device].empty()) {
+        runtime::Event* event = free_[device].back();
+        free_[device].pop_back();
+        return event;
+      }
+    }
+    return runtime::get().create_event(device, /*enable_timing=*/true);
+  }
+
+  void release(int device, runtime::Event* event) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (device >= static_cast<int>(free_.size())) free_.resize(device + 1);
+    free_[device].push_back(event);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::vector<runtime::Event*>> free_;
+};
+
+struct StubEvent {
+  runtime::Event* event;
+  int device;
+};
+
+class Timeline {
+ public:
+  void add(const StubRecord& record) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (records_.size() >= kMaxRecords) {
+      ++dropped_;
+      return;
+    }
+    records_.push_back(record);
+  }
+
+  void annotate(Annotation annotation) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    annotations_.push_back(std::move(annotation));
+  }
+
+  TimelineSnapshot snapshot() {
+    TimelineSnapshot out;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      out.records = records_;
+      out.annotations = annotations_;
+      out.dropped_records = dropped_;
+    }
+    out.steady_to_cpu_offset_ns = steady_to_cpu_offset_ns();
+    return out;
+  }
+
+  void clear() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    records_.clear();
+    records_.shrink_to_fit();
+    annotations_.clear();
+    dropped_ = 0;
+  }
+
+ private:
+  static int64_t steady_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+
+  // The tightest of a few bracketed samples of (c10::getTime() - steady_clock).
+  static int64_t steady_to_cpu_offset_ns() {
+    int64_t best_width = INT64_MAX;
+    int64_t offset = 0;
+    for (int i = 0; i < 16; ++i) {
+      const int64_t before = steady_ns();
+      const int64_t cpu = c10::getTime();
+      const int64_t after = steady_ns();
+      if (after - before < best_width) {
+        best_width = after - before;
+        offset = cpu - (before + (after - before) / 2);
+      }
+    }
+    return offset;
+  }
+
+  std::mutex mutex_;
+  std::vector<StubRecord> records_;
+  std::vector<Annotation> annotations_;
+  uint64_t dropped_ = 0;
+};
+
+SharedEventPool& event_pool() {
+  static auto* pool = new SharedEventPool();  // stub events may be released at exit
+  return *pool;
+}
+
+Timeline& the_timeline() {
+  static auto* timeline = new Timeline();
+  return *timeline;
+}
+
+std::atomic<uint64_t> g_record_failures{0};
+
+thread_local std::vector<std::pair<std::string, int64_t>> tls_ranges;
+
+class BrickProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
+ public:
+  void record(c10::DeviceIndex* device, torch::profiler::impl::ProfilerVoidEventStub* event,
+              int64_t* cpu_ns) const override {
+    try {
+      auto& rt = runtime::get();
+      const int index = rt.current_device();
+      if (device != nullptr) *device = static_cast<c10::DeviceIndex>(index);
+      const runtime::StreamId stream = rt.current_stream(index);
+      runtime::Event* raw = event_pool().acquire(index);
+      auto* stub = new StubEvent{raw, index};
+      *event = torch::profiler::impl::ProfilerVoidEventStub(stub, [](void* p) {
+        auto* s = static_cast<StubEvent*>(p);
+        event_pool().release(s->device, s->event);
+        delete s;
+      });
+      rt.record_event(raw, index, stream);
+      const int64_t now = c10::getTime();
+      if (cpu_ns != nullptr) *cpu_ns = now;
+      the_timeline().add(StubRecord{at::RecordFunction::currentThreadId(), now,
+                                    rt.event_host_time_ns(raw), index, stream});
+    } catch (...) {
+      g_record_failures.fetch_add(1, std::memory_order_relaxed);
+      if (event != nullptr) event->reset();
+      if (cpu_ns != nullptr) *cpu_ns = c10::getTime();
+    }
+  }
+
+  float elapsed(const torch::profiler::impl::ProfilerVoidEventStub* start,
+                const torch::profiler::impl::ProfilerVoidEventStub* end) const override {
+    if (start == nullptr || end == nullptr || !*start || !*end) return 0.0f;
+    auto* a = static_cast<StubEvent*>(start->get());
+    auto* b = static_cast<StubEvent*>(end->get());
+    auto& rt = runtime::get();
+    rt.synchronize_event(a->event);
+    rt.synchronize_event(b->event);
+    return static_cast<float>(rt.elapsed_ms(a->event, b->event) * 1000.0);  // microseconds
+  }
+
+  void mark(const char* name) const override { brick::profiler::mark(name); }
+  void rangePush(const char* name) const override { brick::profiler::range_push(name); }
+  void rangePop() const override {
+    if (!tls_ranges.empty()) brick::profiler::range_pop();
+  }
+
+  bool enabled() const override { return true; }
+
+  void onEachDevice(std::function<void(int)> op) const override {
+    const int count = runtime::get().device_count();
+    for (int index = 0; index < count; ++index) {
+      c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(index)));
+      op(index);
+    }
+  }
+
+  void synchronize() const override {
+    auto& rt = runtime::get();
+    for (int index = 0; index < rt.device_count(); ++index) rt.synchronize_device(index);
+  }
+};
+
+}  // namespace
+
+void register_profiler_stubs() {
+  static BrickProfilerStubs* stubs = [] {
+    auto* instance = new BrickProfilerStubs();  // PyTorch keeps the raw pointer for the process
+    torch::profiler::impl::registerPrivateUse1Methods(instance);
+    return instance;
+  }();
+  (void)stubs;
+}
+
+TimelineSnapshot timeline() { return the_timeline().snapshot(); }
+
+void clear_timeline() { the_timeline().clear(); }
+
+void mark(const char* name) {
+  TORCH_CHECK(name != nullptr && *name != '\0', "brick profiler: mark() needs a non-empty name");
+  const int64_t now = c10::getTime();
+  the_timeline().annotate(
+      Annotation{name, at::RecordFunction::currentThreadId(), now, now, /*is_range=*/false});
+}
+
+void range_push(const char* name) {
+  TORCH_CHECK(name != nullptr && *name != '\0',
+              "brick profiler: range_push() needs a non-empty name");
+  tls_ranges.emplace_back(name, c10::getTime());
+}
+
+void range_pop() {
+  TORCH_CHECK(!tls_ranges.empty(),
+              "brick profiler: range_pop() without a matching range_push() on this thread");
+  auto [name, start] = std::move(tls_ranges.back());
+  tls_ranges.pop_back();
+  the_timeline().annotate(Annotation{std::move(name), at::RecordFunction::currentThreadId(),
+                                     start, c10::getTime(), /*is_range=*/true});
+}
+
+}  // namespace brick::profiler

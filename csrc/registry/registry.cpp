@@ -1,0 +1,734 @@
+// The brick registry: interned call-tree nodes, lock-free per-thread shards, merged snapshots.
+//
+// Layout
+//   Registry::Impl holds the node table (under nodes_mutex) and the list of shards (under
+//   shards_mutex). A shard belongs to one thread at a time and holds that thread's figures for
+//   every node it recorded, in chunks of kChunkNodes slots that are allocated on demand and never
+//   moved or freed while the registry lives, so a snapshot can read them concurrently.
+//
+// Concurrency
+//   Single writer per shard: the owning thread updates its slots with plain loads and stores (no
+//   read-modify-write) and publishes each record by storing the slot's count last; a snapshot
+//   loads the count first, so a count it sees is backed by the figures of at least that many
+//   records (a live snapshot's other figures may also include records completed while it read
+//   the slot; once recording stops, snapshots are exact). Counts only grow between resets, so
+//   successive snapshots see non-decreasing counts.
+//
+// Memory order
+//   The owner loads its own figures relaxed and stores every figure with release; snapshots load
+//   them with acquire. On x86 both are plain moves. Release stores order the owner's earlier
+//   writes (in particular the kZeroing marker below) before each figure, so a snapshot that
+//   reads any figure written after a zeroing began also sees the marker: a seqlock without
+//   standalone fences (which ThreadSanitizer does not model).
+//
+// Reset
+//   reset() bumps the registry generation. A shard whose generation is stale is ignored by
+//   snapshots; its owner zeroes it on its next record (a seqlock-style write: the shard's
+//   generation is first set to kZeroing, so a snapshot that overlapped the zeroing discards the
+//   shard). A record racing a reset is either zeroed away or lands in the new generation: it may
+//   be dropped, never counted twice.
+//
+// Thread-local lookup
+//   Each thread keeps (registry id -> shard) entries; registry ids come from a global counter and
+//   are never reused, unlike addresses. The last used entry is cached in a trivially
+//   destructible thread_local, the fast path. A thread that exits gives its shards back (they
+//   keep their figures); the next thread that first records into that registry adopts one.
+#include "registry/registry.h"
+
+#include <algorithm>
+#include <bit>
+#include <cassert>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <thread>
+#include <unordered_map>
+
+#include "registry/clock.h"
+
+namespace brick::registry {
+
+// ---------------------------------------------------------------------------------------------
+// Names
+
+const char* kind_name(Kind kind) noexcept {
+  switch (kind) {
+    case Kind::Op:
+      return "op";
+    case Kind::Range:
+      return "range";
+  }
+  return "unknown";
+}
+
+const char* sync_mode_name(SyncMode mode) noexcept {
+  switch (mode) {
+    case SyncMode::Immediate:
+      return "immediate";
+    case SyncMode::Deferred:
+      return "deferred";
+    case SyncMode::Event:
+      return "event";
+  }
+  return "unknown";
+}
+
+SyncMode parse_sync_mode(std::string_view text) {
+  std::string lower(text);
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) {
+    return static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+  });
+  for (SyncMode mode : {SyncMode::Immediate, SyncMode::Deferred, SyncMode::Event}) {
+    if (lower == sync_mode_name(mode)) return mode;
+  }
+  throw std::invalid_argument("brick registry: invalid sync mode '" + std::string(text) +
+                              "' (valid: immediate, deferred, event)");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Histogram
+//
+// Buckets 0..15 hold the values 0..15 exactly. From 16 on, the values [2^p, 2^(p+1)) (p >= 4)
+// are split into 8 buckets of width 2^(p-3): bucket 16 + 8 * (p - 4) + the three bits below the
+// leading one. The last bucket (p = 43) also takes everything from 2^44 up.
+
+namespace {
+
+[[gnu::always_inline]] inline int bucket_index(int64_t ns) noexcept {
+  constexpr int kSub = Histogram::kSubBuckets;
+  if (ns < 16) return ns < 0 ? 0 : static_cast<int>(ns);
+  const int p = std::bit_width(static_cast<uint64_t>(ns)) - 1;  // >= 4
+  if (p >= 44) [[unlikely]]
+    return Histogram::kBuckets - 1;
+  const int sub = static_cast<int>((ns >> (p - 3)) & (kSub - 1));
+  return 16 + (p - 4) * kSub + sub;
+}
+
+}  // namespace
+
+int Histogram::bucket_of(int64_t ns) noexcept { return bucket_index(ns); }
+
+int64_t Histogram::bucket_lower(int bucket) noexcept {
+  bucket = std::clamp(bucket, 0, kBuckets - 1);
+  if (bucket < 16) return bucket;
+  const int p = 4 + (bucket - 16) / kSubBuckets;
+  const int sub = (bucket - 16) % kSubBuckets;
+  return static_cast<int64_t>(kSubBuckets + sub) << (p - 3);
+}
+
+int64_t Histogram::bucket_upper(int bucket) noexcept {
+  bucket = std::clamp(bucket, 0, kBuckets - 1);
+  if (bucket < 16) return bucket + 1;
+  const int p = 4 + (bucket - 16) / kSubBuckets;
+  return bucket_lower(bucket) + (int64_t{1} << (p - 3));
+}
+
+void Histogram::add(const Histogram& other) noexcept {
+  for (int b = 0; b < kBuckets; ++b) counts[b] += other.counts[b];
+}
+
+uint64_t Histogram::total() const noexcept {
+  uint64_t sum = 0;
+  for (uint64_t c : counts) sum += c;
+  return sum;
+}
+
+double Histogram::percentile_ns(double q) const noexcept {
+  const uint64_t total = this->total();
+  if (total == 0) return 0.0;
+  if (!(q > 0.0)) q = 0.0;  // also NaN
+  if (q > 1.0) q = 1.0;
+  // The value of rank ceil(q * total) (1-based); q = 0 asks for the smallest.
+  auto rank = static_cast<uint64_t>(std::ceil(q * static_cast<double>(total)));
+  rank = std::clamp<uint64_t>(rank, 1, total);
+  uint64_t below = 0;
+  for (int b = 0; b < kBuckets; ++b) {
+    const uint64_t c = counts[b];
+    if (c == 0) continue;
+    if (below + c >= rank) {
+      const auto lower = static_cast<double>(bucket_lower(b));
+      const auto width = static_cast<double>(bucket_upper(b) - bucket_lower(b));
+      if (width <= 1.0) return lower;  // an exact bucket
+      // The c values are taken as spread evenly over the bucket, each at the middle of its
+      // 1/c share.
+      const double position = (static_cast<double>(rank - below) - 0.5) / static_cast<double>(c);
+      return lower + width * position;
+    }
+    below += c;
+  }
+  return static_cast<double>(bucket_lower(kBuckets - 1));  // not reached
+}
+
+double BrickStats::avg_us() const noexcept {
+  if (count == 0) return 0.0;
+  return static_cast<double>(total_ns) / static_cast<double>(count) / 1000.0;
+}
+
+double BrickStats::percentile_ns(double q) const noexcept {
+  if (count == 0) return 0.0;
+  return std::clamp(histogram.percentile_ns(q), static_cast<double>(min_ns),
+                    static_cast<double>(max_ns));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Clock
+
+namespace {
+
+int64_t steady_ns() noexcept {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+#if BRICK_REGISTRY_HAS_TSC
+// The calibrated scale, published once: g_tsc's fields first, then g_tsc_mult with release.
+// g_tsc_mult == 0: not calibrated yet, or no usable TSC (steady_clock then).
+constinit detail::TscScale g_tsc{};
+constinit std::atomic<uint64_t> g_tsc_mult{0};
+
+// One (tsc, steady ns) pair: the steady reading bracketed by two TSC reads, the tightest of a
+// few tries, the TSC taken at the middle of the bracket.
+struct ClockPair {
+  uint64_t tsc = 0;
+  int64_t ns = 0;
+};
+
+ClockPair read_clock_pair() noexcept {
+  ClockPair best;
+  uint64_t best_window = UINT64_MAX;
+  for (int i = 0; i < 16; ++i) {
+    const uint64_t before = detail::read_tsc();
+    const int64_t ns = steady_ns();
+    const uint64_t after = detail::read_tsc();
+    if (after >= before && after - before < best_window) {
+      best_window = after - before;
+      best = {before + (after - before) / 2, ns};
+    }
+  }
+  return best;
+}
+
+bool invariant_tsc() {
+  std::ifstream file("/proc/cpuinfo");
+  if (!file) return false;
+  std::ostringstream text;
+  text << file.rdbuf();
+  return detail::cpuinfo_has_invariant_tsc(text.str());
+}
+#endif
+
+// Returns whether the TSC is used; runs once.
+bool calibrate_clock() noexcept {
+#if BRICK_REGISTRY_HAS_TSC
+  try {
+    if (!invariant_tsc()) return false;
+  } catch (...) {
+    return false;
+  }
+  const ClockPair first = read_clock_pair();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const ClockPair second = read_clock_pair();
+  if (second.tsc <= first.tsc || second.ns <= first.ns) return false;
+  const double ns_per_tick =
+      static_cast<double>(second.ns - first.ns) / static_cast<double>(second.tsc - first.tsc);
+  // Anything outside 50 MHz .. 20 GHz is a broken counter: keep steady_clock.
+  if (!(ns_per_tick > 0.05 && ns_per_tick < 20.0)) return false;
+  const auto mult =
+      static_cast<uint64_t>(std::llround(std::ldexp(ns_per_tick, detail::TscScale::kShift)));
+  if (mult == 0) return false;
+  g_tsc.base_tsc = second.tsc;
+  g_tsc.base_ns = second.ns;
+  g_tsc.mult = mult;
+  g_tsc_mult.store(mult, std::memory_order_release);
+  return true;
+#else
+  return false;
+#endif
+}
+
+// The first reads (they calibrate) and every read without a usable TSC.
+[[gnu::noinline]] int64_t clock_slow() noexcept {
+  static const bool use_tsc = calibrate_clock();
+#if BRICK_REGISTRY_HAS_TSC
+  if (use_tsc) return g_tsc.to_ns(detail::read_tsc());
+#else
+  (void)use_tsc;
+#endif
+  return steady_ns();
+}
+
+// Inlined into start(), stop() and record().
+[[gnu::always_inline]] inline int64_t clock_now() noexcept {
+#if BRICK_REGISTRY_HAS_TSC
+  const uint64_t mult = g_tsc_mult.load(std::memory_order_acquire);
+  if (mult != 0) [[likely]] {
+    const detail::TscScale scale{g_tsc.base_tsc, g_tsc.base_ns, mult};
+    return scale.to_ns(detail::read_tsc());
+  }
+#endif
+  return clock_slow();
+}
+
+}  // namespace
+
+int64_t Registry::now_ns() noexcept { return clock_now(); }
+
+// ---------------------------------------------------------------------------------------------
+// Shards
+
+namespace {
+
+constexpr uint32_t kChunkBits = 6;
+constexpr uint32_t kChunkNodes = 1u << kChunkBits;  // slots per chunk
+constexpr uint32_t kMaxChunks = 4096;
+constexpr uint32_t kMaxNodes = kChunkNodes * kMaxChunks;  // 262144 nodes per registry
+constexpr uint64_t kZeroing = UINT64_MAX;                 // a shard generation while zeroing
+
+// One node's figures in one shard. Written by the shard's owner only; read by snapshots.
+struct alignas(64) Slot {
+  std::atomic<uint64_t> count{0};  // stored last, with release: publishes the record
+  std::atomic<int64_t> total_ns{0};
+  std::atomic<int64_t> min_ns{0};  // meaningful once count > 0
+  std::atomic<int64_t> max_ns{0};
+  std::atomic<int64_t> last_ns{0};
+  std::atomic<int64_t> last_at{0};  // clock at the last record's completion: orders last_ns
+  std::atomic<uint64_t> buckets[Histogram::kBuckets]{};
+
+  void zero() noexcept {
+    constexpr auto release = std::memory_order_release;  // see "Memory order" above
+    count.store(0, release);
+    total_ns.store(0, release);
+    min_ns.store(0, release);
+    max_ns.store(0, release);
+    last_ns.store(0, release);
+    last_at.store(0, release);
+    for (auto& bucket : buckets) bucket.store(0, release);
+  }
+};
+
+struct Chunk {
+  Slot slots[kChunkNodes];
+};
+
+struct Frame {
+  NodeId node;
+  int64_t start_ns;
+};
+
+struct Shard {
+  explicit Shard(uint64_t gen)
+      : generation(gen), frames(new Frame[kInitialFrames]), capacity(kInitialFrames) {}
+  ~Shard() {
+    for (auto& chunk : chunks) delete chunk.load(std::memory_order_relaxed);
+  }
+  Shard(const Shard&) = delete;
+  Shard& operator=(const Shard&) = delete;
+
+  // The registry generation these figures belong to; kZeroing while the owner zeroes them.
+  std::atomic<uint64_t> generation;
+  // False once the owning thread has exited; an adopting thread sets it back under the
+  // registry's shards_mutex.
+  std::atomic<bool> owned{true};
+  std::atomic<Chunk*> chunks[kMaxChunks]{};
+  // Open bricks of the owning thread (owner only): a stack that only grows.
+  static constexpr uint32_t kInitialFrames = 256;
+  std::unique_ptr<Frame[]> frames;
+  uint32_t depth = 0;
+  uint32_t capacity;
+
+  Frame& push() noexcept {
+    if (depth == capacity) [[unlikely]]
+      grow();
+    return frames[depth++];
+  }
+
+  [[gnu::noinline]] void grow() noexcept {
+    std::unique_ptr<Frame[]> bigger(new Frame[capacity * 2]);  // bad_alloc terminates
+    std::copy(frames.get(), frames.get() + depth, bigger.get());
+    frames = std::move(bigger);
+    capacity *= 2;
+  }
+
+  Slot& slot(NodeId node) noexcept {
+    std::atomic<Chunk*>& entry = chunks[node >> kChunkBits];
+    Chunk* chunk = entry.load(std::memory_order_relaxed);  // the owner wrote it
+    if (chunk == nullptr) [[unlikely]]
+      chunk = allocate(entry);
+    return chunk->slots[node & (kChunkNodes - 1)];
+  }
+
+  [[gnu::noinline]] static Chunk* allocate(std::atomic<Chunk*>& entry) noexcept {
+    auto* chunk = new Chunk();  // zeroed; bad_alloc terminates (record is noexcept)
+    entry.store(chunk, std::memory_order_release);
+    return chunk;
+  }
+
+  // Zeroes the figures of a stale generation and moves the shard to `gen`.
+  [[gnu::noinline]] void renew(uint64_t gen) noexcept {
+    generation.store(kZeroing, std::memory_order_relaxed);  // ordered by the release stores after
+    for (auto& entry : chunks) {
+      Chunk* chunk = entry.load(std::memory_order_relaxed);
+      if (chunk == nullptr) continue;
+      for (Slot& s : chunk->slots) s.zero();
+    }
+    generation.store(gen, std::memory_order_release);
+  }
+};
+
+std::atomic<uint64_t> g_next_registry_id{1};
+
+// The thread's last used (registry id, shard): the fast path. One trivial thread_local, so an
+// access needs no initialization guard and at most one TLS address lookup.
+struct ThreadCache {
+  uint64_t registry_id;  // 0: none
+  Shard* shard;
+  bool exiting;  // set once the thread's ThreadShards is destroyed
+};
+constinit thread_local ThreadCache t_cache{0, nullptr, false};
+
+struct ThreadShards {
+  struct Entry {
+    uint64_t registry_id;
+    Shard* shard;                // valid while the registry with that id lives
+    std::weak_ptr<Shard> owner;  // the registry's reference, to hand the shard back at exit
+  };
+  std::vector<Entry> entries;
+
+  ThreadShards() = default;
+  ThreadShards(const ThreadShards&) = delete;
+  ThreadShards& operator=(const ThreadShards&) = delete;
+  ~ThreadShards() {
+    t_cache = {0, nullptr, true};  // a later thread_local destructor that records is ignored
+    for (Entry& entry : entries) {
+      if (auto shard = entry.owner.lock()) shard->owned.store(false, std::memory_order_release);
+    }
+  }
+};
+
+thread_local ThreadShards t_shards;
+
+struct NodeInfo {
+  std::string name;
+  std::string path;
+  NodeId parent;
+  int depth;
+  Kind kind;
+  int device;
+};
+
+struct NodeKeyView {
+  NodeId parent;
+  std::string_view name;
+};
+
+struct NodeKey {
+  NodeId parent;
+  std::string name;
+  operator NodeKeyView() const noexcept { return {parent, name}; }
+};
+
+struct NodeKeyHash {
+  using is_transparent = void;
+  size_t operator()(const NodeKeyView& key) const noexcept {
+    return std::hash<std::string_view>{}(key.name) * 31 + key.parent;
+  }
+};
+
+struct NodeKeyEqual {
+  using is_transparent = void;
+  bool operator()(const NodeKeyView& a, const NodeKeyView& b) const noexcept {
+    return a.parent == b.parent && a.name == b.name;
+  }
+};
+
+// One node's figures read from one shard by a snapshot.
+struct SlotCopy {
+  NodeId node;
+  uint64_t count;
+  int64_t total_ns, min_ns, max_ns, last_ns, last_at;
+  Histogram histogram;
+};
+
+}  // namespace
+
+struct Registry::Impl {
+  const uint64_t id = g_next_registry_id.fetch_add(1, std::memory_order_relaxed);
+  // Read by every record; written by reset() only.
+  alignas(64) std::atomic<uint64_t> generation{1};
+  std::atomic<uint32_t> node_count{0};  // published after a node is complete (debug checks)
+
+  alignas(64) std::mutex shards_mutex;
+  std::vector<std::shared_ptr<Shard>> shards;
+
+  std::mutex nodes_mutex;
+  std::vector<NodeInfo> nodes;
+  std::unordered_map<NodeKey, NodeId, NodeKeyHash, NodeKeyEqual> index;
+
+  // The calling thread's shard, created (or adopted) when `create`; null when there is none or
+  // the thread is exiting.
+  Shard* shard(bool create) noexcept {
+    ThreadCache& cache = t_cache;
+    if (cache.registry_id == id) [[likely]]
+      return cache.shard;
+    return shard_slow(create);
+  }
+
+  [[gnu::noinline]] Shard* shard_slow(bool create) noexcept {
+    if (t_cache.exiting) return nullptr;
+    ThreadShards& mine = t_shards;
+    for (const auto& entry : mine.entries) {
+      if (entry.registry_id == id) {
+        t_cache.registry_id = id;
+        t_cache.shard = entry.shard;
+        return entry.shard;
+      }
+    }
+    if (!create) return nullptr;
+    // First record of this thread in this registry (allocation failures terminate: noexcept).
+    std::shared_ptr<Shard> found;
+    {
+      std::lock_guard<std::mutex> lock(shards_mutex);
+      for (const auto& candidate : shards) {
+        if (!candidate->owned.load(std::memory_order_acquire)) {  // its thread has exited
+          candidate->owned.store(true, std::memory_order_relaxed);
+          candidate->depth = 0;
+          found = candidate;
+          break;
+        }
+      }
+      if (!found) {
+        found = std::make_shared<Shard>(generation.load(std::memory_order_relaxed));
+        shards.push_back(found);
+      }
+    }
+    std::erase_if(mine.entries, [](const auto& entry) { return entry.owner.expired(); });
+    mine.entries.push_back({id, found.get(), found});
+    t_cache.registry_id = id;
+    t_cache.shard = found.get();
+    return found.get();
+  }
+
+  void record_into(Shard& shard, NodeId node, int64_t ns, int64_t at) noexcept {
+    const uint64_t gen = generation.load(std::memory_order_relaxed);
+    if (shard.generation.load(std::memory_order_relaxed) != gen) [[unlikely]]
+      shard.renew(gen);
+    if (ns < 0) ns = 0;
+    Slot& slot = shard.slot(node);
+    // The owner's own loads are relaxed; its stores are release (see "Memory order" above).
+    constexpr auto relaxed = std::memory_order_relaxed;
+    constexpr auto release = std::memory_order_release;
+    const uint64_t count = slot.count.load(relaxed);
+    if (count == 0) {
+      slot.min_ns.store(ns, release);
+      slot.max_ns.store(ns, release);
+    } else {
+      if (ns < slot.min_ns.load(relaxed)) slot.min_ns.store(ns, release);
+      if (ns > slot.max_ns.load(relaxed)) slot.max_ns.store(ns, release);
+    }
+    slot.total_ns.store(slot.total_ns.load(relaxed) + ns, release);
+    slot.last_ns.store(ns, release);
+    slot.last_at.store(at, release);
+    std::atomic<uint64_t>& bucket = slot.buckets[bucket_index(ns)];
+    bucket.store(bucket.load(relaxed) + 1, release);
+    slot.count.store(count + 1, release);  // last: publishes the record
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Registry
+
+Registry::Registry() : impl_(std::make_unique<Impl>()) {
+  (void)now_ns();  // calibrate the clock now rather than inside the first timed brick
+}
+
+Registry::~Registry() = default;
+
+NodeId Registry::intern(NodeId parent, std::string_view name, Kind kind, int device) {
+  if (name.empty()) {
+    throw Error("brick registry: intern(): a brick name must not be empty (parent " +
+                (parent == kNoParent ? std::string("none") : std::to_string(parent)) + ")");
+  }
+  Impl& impl = *impl_;
+  std::lock_guard<std::mutex> lock(impl.nodes_mutex);
+  if (parent != kNoParent && parent >= impl.nodes.size()) {
+    throw Error("brick registry: intern(): parent node " + std::to_string(parent) +
+                " does not exist (" + std::to_string(impl.nodes.size()) +
+                " nodes interned) while interning '" + std::string(name) + "'");
+  }
+  if (auto it = impl.index.find(NodeKeyView{parent, name}); it != impl.index.end()) {
+    return it->second;
+  }
+  if (impl.nodes.size() >= kMaxNodes) {
+    throw Error("brick registry: intern(): the node table is full (" + std::to_string(kMaxNodes) +
+                " nodes) while interning '" + std::string(name) + "'");
+  }
+  const auto node = static_cast<NodeId>(impl.nodes.size());
+  NodeInfo info{std::string(name), std::string(), parent, 0, kind, device};
+  if (parent == kNoParent) {
+    info.path = info.name;
+  } else {
+    const NodeInfo& up = impl.nodes[parent];
+    info.path.reserve(up.path.size() + 1 + name.size());
+    info.path.append(up.path).append("/").append(name);
+    info.depth = up.depth + 1;
+  }
+  impl.index.emplace(NodeKey{parent, info.name}, node);
+  impl.nodes.push_back(std::move(info));
+  impl.node_count.store(node + 1, std::memory_order_release);
+  return node;
+}
+
+size_t Registry::node_count() const {
+  std::lock_guard<std::mutex> lock(impl_->nodes_mutex);
+  return impl_->nodes.size();
+}
+
+void Registry::record(NodeId node, int64_t ns) noexcept {
+  // `node` must come from intern() on this registry; only debug builds check.
+  assert(node < impl_->node_count.load(std::memory_order_relaxed));
+  Shard* shard = impl_->shard(true);
+  if (shard == nullptr) [[unlikely]]
+    return;
+  impl_->record_into(*shard, node, ns, clock_now());
+}
+
+void Registry::record(NodeId node, int64_t ns, int64_t end_ns) noexcept {
+  assert(node < impl_->node_count.load(std::memory_order_relaxed));
+  Shard* shard = impl_->shard(true);
+  if (shard == nullptr) [[unlikely]]
+    return;
+  impl_->record_into(*shard, node, ns, end_ns);
+}
+
+void Registry::start(NodeId node) noexcept {
+  assert(node < impl_->node_count.load(std::memory_order_relaxed));
+  Shard* shard = impl_->shard(true);
+  if (shard == nullptr) [[unlikely]]
+    return;
+  Frame& frame = shard->push();
+  frame.node = node;
+  frame.start_ns = clock_now();  // the clock last: the bookkeeping is not timed
+}
+
+NodeId Registry::stop() {
+  const int64_t end = clock_now();  // the clock first
+  Shard* shard = impl_->shard(false);
+  if (shard == nullptr || shard->depth == 0) [[unlikely]] {
+    throw Error(
+        "brick registry: stop() without a matching start() on this thread (no brick is open)");
+  }
+  const Frame frame = shard->frames[--shard->depth];
+  impl_->record_into(*shard, frame.node, end - frame.start_ns, end);
+  return frame.node;
+}
+
+int Registry::depth() const noexcept {
+  const Shard* shard = impl_->shard(false);
+  return shard == nullptr ? 0 : static_cast<int>(shard->depth);
+}
+
+void Registry::unwind() noexcept {
+  if (Shard* shard = impl_->shard(false)) shard->depth = 0;
+}
+
+std::vector<BrickStats> Registry::snapshot() const {
+  Impl& impl = *impl_;
+  std::vector<std::shared_ptr<Shard>> shards;
+  uint64_t gen;
+  {
+    std::lock_guard<std::mutex> lock(impl.shards_mutex);
+    shards = impl.shards;
+    gen = impl.generation.load(std::memory_order_relaxed);
+  }
+  const uint32_t nodes = impl.node_count.load(std::memory_order_acquire);
+  const uint32_t chunks = (nodes + kChunkNodes - 1) / kChunkNodes;
+
+  std::vector<BrickStats> merged;
+  std::vector<int64_t> merged_last_at;
+  std::vector<int32_t> position(nodes, -1);  // node -> index in merged
+  std::vector<SlotCopy> copies;
+  for (const auto& shard : shards) {
+    // A seqlock read: the shard counts only if its generation is current before and after.
+    const uint64_t before = shard->generation.load(std::memory_order_acquire);
+    if (before != gen) continue;  // stale: reset since its owner last recorded
+    copies.clear();
+    for (uint32_t c = 0; c < chunks; ++c) {
+      const Chunk* chunk = shard->chunks[c].load(std::memory_order_acquire);
+      if (chunk == nullptr) continue;
+      for (uint32_t i = 0; i < kChunkNodes; ++i) {
+        const NodeId node = c * kChunkNodes + i;
+        if (node >= nodes) break;
+        const Slot& slot = chunk->slots[i];
+        constexpr auto acquire = std::memory_order_acquire;
+        const uint64_t count = slot.count.load(acquire);
+        if (count == 0) continue;
+        SlotCopy& copy = copies.emplace_back();
+        copy.node = node;
+        copy.count = count;
+        copy.total_ns = slot.total_ns.load(acquire);
+        copy.min_ns = slot.min_ns.load(acquire);
+        copy.max_ns = slot.max_ns.load(acquire);
+        copy.last_ns = slot.last_ns.load(acquire);
+        copy.last_at = slot.last_at.load(acquire);
+        for (int b = 0; b < Histogram::kBuckets; ++b) {
+          copy.histogram.counts[b] = slot.buckets[b].load(acquire);
+        }
+      }
+    }
+    // After the acquire loads above: if any of them saw a store made after the owner began
+    // zeroing, this load sees the zeroing marker or a later generation.
+    if (shard->generation.load(std::memory_order_relaxed) != before) continue;  // zeroed meanwhile
+
+    for (SlotCopy& copy : copies) {
+      int32_t& at = position[copy.node];
+      if (at < 0) {
+        at = static_cast<int32_t>(merged.size());
+        BrickStats& stats = merged.emplace_back();
+        stats.node = copy.node;
+        stats.count = copy.count;
+        stats.total_ns = copy.total_ns;
+        stats.min_ns = copy.min_ns;
+        stats.max_ns = copy.max_ns;
+        stats.last_ns = copy.last_ns;
+        stats.histogram = copy.histogram;
+        merged_last_at.push_back(copy.last_at);
+        continue;
+      }
+      BrickStats& stats = merged[at];
+      stats.count += copy.count;
+      stats.total_ns += copy.total_ns;
+      stats.min_ns = std::min(stats.min_ns, copy.min_ns);
+      stats.max_ns = std::max(stats.max_ns, copy.max_ns);
+      if (copy.last_at > merged_last_at[at]) {
+        merged_last_at[at] = copy.last_at;
+        stats.last_ns = copy.last_ns;
+      }
+      stats.histogram.add(copy.histogram);
+    }
+  }
+
+  std::vector<BrickStats> result;
+  result.reserve(merged.size());
+  std::lock_guard<std::mutex> lock(impl.nodes_mutex);
+  for (uint32_t node = 0; node < nodes; ++node) {
+    if (position[node] < 0) continue;
+    BrickStats& stats = result.emplace_back(std::move(merged[position[node]]));
+    const NodeInfo& info = impl.nodes[node];
+    stats.name = info.name;
+    stats.path = info.path;
+    stats.parent = info.parent;
+    stats.depth = info.depth;
+    stats.kind = info.kind;
+    stats.device = info.device;
+  }
+  return result;
+}
+
+void Registry::reset() {
+  std::lock_guard<std::mutex> lock(impl_->shards_mutex);
+  impl_->generation.fetch_add(1, std::memory_order_relaxed);
+}
+
+}  // namespace brick::registry

@@ -1,0 +1,119 @@
+// The brick registry: a low-overhead stats engine for "bricks" (ops and ranges).
+//
+// Plain C++ with no torch and no runtime dependency. Callers intern a brick once per call site
+// (a node of the call tree: parent node + name), then report completed durations. Recording is
+// lock-free: each thread writes its own shard; snapshots merge the shards.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace brick::registry {
+
+enum class Kind : uint8_t { Op, Range };
+const char* kind_name(Kind kind) noexcept;
+
+// How a brick's start and stop are timed (the profiler layer implements them).
+enum class SyncMode : uint8_t {
+  Immediate,  // synchronize the device, then read the clock: device execution, perturbs overlap
+  Deferred,   // read the CPU clock only: launch cost on an asynchronous device
+  Event,      // record a device event on the current stream; resolve later: no synchronization
+};
+const char* sync_mode_name(SyncMode mode) noexcept;
+// Throws std::invalid_argument naming the text and the valid names.
+SyncMode parse_sync_mode(std::string_view text);
+
+using NodeId = uint32_t;
+constexpr NodeId kNoParent = UINT32_MAX;
+
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Log-linear histogram of durations in ns: exact below 16 ns, then 8 buckets per power of two
+// (bucket width <= 12.5% of its value). Percentiles interpolate within a bucket.
+class Histogram {
+ public:
+  static constexpr int kSubBuckets = 8;
+  static constexpr int kBuckets = 16 + 40 * kSubBuckets;  // up to 2^44 ns (~4.9 hours)
+  static int bucket_of(int64_t ns) noexcept;
+  static int64_t bucket_lower(int bucket) noexcept;  // smallest value in the bucket
+  static int64_t bucket_upper(int bucket) noexcept;  // one past the largest value
+  uint64_t counts[kBuckets] = {};
+  void add(const Histogram& other) noexcept;
+  uint64_t total() const noexcept;
+  // q in [0, 1]; 0 when empty.
+  double percentile_ns(double q) const noexcept;
+};
+
+// A brick's figures, as merged by a snapshot.
+struct BrickStats {
+  NodeId node = 0;
+  std::string name;
+  std::string path;  // ancestor names and this name joined by '/'
+  NodeId parent = kNoParent;
+  int depth = 0;  // 0 for a top-level brick
+  Kind kind = Kind::Op;
+  int device = -1;
+  uint64_t count = 0;
+  int64_t total_ns = 0;
+  int64_t min_ns = 0;
+  int64_t max_ns = 0;
+  int64_t last_ns = 0;  // the most recently completed call (by completion time)
+  Histogram histogram;
+  // The canonical per-call figure: total_ns / count / 1000.
+  double avg_us() const noexcept;
+  double percentile_ns(double q) const noexcept;
+};
+
+class Registry {
+ public:
+  Registry();
+  ~Registry();
+  Registry(const Registry&) = delete;
+  Registry& operator=(const Registry&) = delete;
+
+  // The node for `name` under `parent` (kNoParent for top level); created on first use.
+  // Thread safe; takes a lock, so callers cache the result per call site.
+  NodeId intern(NodeId parent, std::string_view name, Kind kind, int device);
+  size_t node_count() const;
+
+  // Adds one completed call of `ns` nanoseconds to `node` (lock-free; the calling thread's
+  // shard). Negative durations are recorded as 0. `node` must come from intern() on this
+  // registry. `end_ns` (now_ns() when the call completed) orders `last_ns` across threads;
+  // callers that already read the clock pass it and save a read.
+  void record(NodeId node, int64_t ns) noexcept;
+  void record(NodeId node, int64_t ns, int64_t end_ns) noexcept;
+
+  // Per-thread stack of open bricks, for callers that time with the registry's own clock.
+  // start() pushes `node` and reads the clock; stop() pops the innermost brick, records it and
+  // returns its node. stop() with nothing open throws Error. depth() is the open count.
+  void start(NodeId node) noexcept;
+  NodeId stop();
+  int depth() const noexcept;
+  // Discards the calling thread's open bricks (after an exception unwound past them).
+  void unwind() noexcept;
+
+  // Every node with count > 0 (none omitted), in node order.
+  std::vector<BrickStats> snapshot() const;
+  // Zeroes all counts; interned nodes stay valid. A brick open across a reset is recorded,
+  // whole, after it. A record that races with a reset may be
+  // dropped; no record is ever counted twice.
+  void reset();
+
+  // Monotonic nanoseconds of the registry's clock (TSC-based where invariant, else steady_clock).
+  static int64_t now_ns() noexcept;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace brick::registry

@@ -1,0 +1,803 @@
+// GoogleTest suite for the brick registry on its own (no torch, no runtime).
+//
+// Every test builds its own Registry, so no test depends on another's counts; several tests use
+// more than one registry at a time, which also checks that registries are independent.
+#include "registry/registry.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "registry/clock.h"
+
+#define EXPECT_CONTAINS(haystack, needle) \
+  EXPECT_PRED_FORMAT2(::testing::IsSubstring, std::string(needle), std::string(haystack))
+
+namespace brick::registry {
+namespace {
+
+// Runs `fn`, expects it to throw brick::registry::Error, and returns the message.
+template <typename Fn>
+std::string error_message(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& error) {
+    return error.what();
+  } catch (const std::exception& other) {
+    ADD_FAILURE() << "expected brick::registry::Error, got another exception: " << other.what();
+    return {};
+  }
+  ADD_FAILURE() << "expected brick::registry::Error, nothing was thrown";
+  return {};
+}
+
+// prefix followed by the decimal number (not `"literal" + std::to_string(n)`, which trips a
+// false -Wrestrict warning in GCC 12 at -O3).
+std::string numbered(const char* prefix, int64_t number) {
+  std::string text(prefix);
+  text += std::to_string(number);
+  return text;
+}
+
+// The snapshot entry for `node`, or null.
+const BrickStats* find(const std::vector<BrickStats>& stats, NodeId node) {
+  for (const BrickStats& s : stats) {
+    if (s.node == node) return &s;
+  }
+  return nullptr;
+}
+
+uint64_t count_of(const Registry& registry, NodeId node) {
+  const auto stats = registry.snapshot();
+  const BrickStats* s = find(stats, node);
+  return s == nullptr ? 0 : s->count;
+}
+
+// ---- names ----
+
+TEST(RegistryNames, KindAndSyncModeNames) {
+  EXPECT_STREQ(kind_name(Kind::Op), "op");
+  EXPECT_STREQ(kind_name(Kind::Range), "range");
+  EXPECT_STREQ(sync_mode_name(SyncMode::Immediate), "immediate");
+  EXPECT_STREQ(sync_mode_name(SyncMode::Deferred), "deferred");
+  EXPECT_STREQ(sync_mode_name(SyncMode::Event), "event");
+}
+
+TEST(RegistryNames, ParseSyncModeIsCaseInsensitive) {
+  EXPECT_EQ(parse_sync_mode("immediate"), SyncMode::Immediate);
+  EXPECT_EQ(parse_sync_mode("Deferred"), SyncMode::Deferred);
+  EXPECT_EQ(parse_sync_mode("EVENT"), SyncMode::Event);
+  for (SyncMode mode : {SyncMode::Immediate, SyncMode::Deferred, SyncMode::Event}) {
+    EXPECT_EQ(parse_sync_mode(sync_mode_name(mode)), mode);
+  }
+}
+
+TEST(RegistryNames, ParseSyncModeRejectsUnknownText) {
+  for (const char* bad : {"", "sync", "immediately", " event"}) {
+    try {
+      parse_sync_mode(bad);
+      ADD_FAILURE() << "no exception for '" << bad << "'";
+    } catch (const std::invalid_argument& error) {
+      EXPECT_CONTAINS(error.what(), std::string("'") + bad + "'");
+      EXPECT_CONTAINS(error.what(), "immediate");
+      EXPECT_CONTAINS(error.what(), "deferred");
+      EXPECT_CONTAINS(error.what(), "event");
+    }
+  }
+}
+
+// ---- intern ----
+
+TEST(RegistryIntern, SameParentAndNameGiveTheSameNode) {
+  Registry registry;
+  const NodeId a = registry.intern(kNoParent, "a", Kind::Range, -1);
+  const NodeId b = registry.intern(a, "b", Kind::Range, -1);
+  const NodeId c = registry.intern(b, "c", Kind::Op, 0);
+  EXPECT_EQ(a, 0u);
+  EXPECT_EQ(b, 1u);
+  EXPECT_EQ(c, 2u);
+  EXPECT_EQ(registry.intern(kNoParent, "a", Kind::Range, -1), a);
+  EXPECT_EQ(registry.intern(a, "b", Kind::Range, -1), b);
+  EXPECT_EQ(registry.intern(b, "c", Kind::Op, 0), c);
+  // The same name under another parent is another node.
+  const NodeId top_c = registry.intern(kNoParent, "c", Kind::Op, 0);
+  const NodeId a_c = registry.intern(a, "c", Kind::Op, 0);
+  EXPECT_NE(top_c, c);
+  EXPECT_NE(a_c, c);
+  EXPECT_NE(a_c, top_c);
+  EXPECT_EQ(registry.node_count(), 5u);
+}
+
+TEST(RegistryIntern, PathsDepthsAndFirstInternWins) {
+  Registry registry;
+  const NodeId a = registry.intern(kNoParent, "train", Kind::Range, -1);
+  const NodeId b = registry.intern(a, "forward", Kind::Range, -1);
+  const NodeId c = registry.intern(b, "aten::addmm", Kind::Op, 1);
+  // A later intern with another kind or device returns the node as first interned.
+  EXPECT_EQ(registry.intern(b, "aten::addmm", Kind::Range, 3), c);
+  for (NodeId node : {a, b, c}) registry.record(node, 10);
+  const auto stats = registry.snapshot();
+  ASSERT_EQ(stats.size(), 3u);
+  EXPECT_EQ(stats[0].path, "train");
+  EXPECT_EQ(stats[0].name, "train");
+  EXPECT_EQ(stats[0].depth, 0);
+  EXPECT_EQ(stats[0].parent, kNoParent);
+  EXPECT_EQ(stats[0].kind, Kind::Range);
+  EXPECT_EQ(stats[0].device, -1);
+  EXPECT_EQ(stats[1].path, "train/forward");
+  EXPECT_EQ(stats[1].depth, 1);
+  EXPECT_EQ(stats[1].parent, a);
+  EXPECT_EQ(stats[2].path, "train/forward/aten::addmm");
+  EXPECT_EQ(stats[2].name, "aten::addmm");
+  EXPECT_EQ(stats[2].depth, 2);
+  EXPECT_EQ(stats[2].parent, b);
+  EXPECT_EQ(stats[2].kind, Kind::Op);
+  EXPECT_EQ(stats[2].device, 1);
+}
+
+TEST(RegistryIntern, InvalidArgumentsThrow) {
+  Registry registry;
+  EXPECT_CONTAINS(error_message([&] { registry.intern(kNoParent, "", Kind::Op, 0); }), "empty");
+  EXPECT_CONTAINS(error_message([&] { registry.intern(7, "x", Kind::Op, 0); }), "parent node 7");
+  const NodeId a = registry.intern(kNoParent, "a", Kind::Op, 0);
+  EXPECT_CONTAINS(error_message([&] { registry.intern(a + 1, "x", Kind::Op, 0); }),
+                  numbered("parent node ", a + 1));
+  EXPECT_CONTAINS(error_message([&] { registry.intern(a, "", Kind::Op, 0); }), "empty");
+  EXPECT_EQ(registry.node_count(), 1u);  // nothing half-created
+}
+
+TEST(RegistryIntern, ConcurrentInternsAgree) {
+  Registry registry;
+  constexpr int kThreads = 4, kNames = 200;
+  std::vector<std::vector<NodeId>> ids(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const NodeId root = registry.intern(kNoParent, "root", Kind::Range, -1);
+      for (int i = 0; i < kNames; ++i) {
+        ids[t].push_back(registry.intern(root, numbered("n", i), Kind::Op, 0));
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (int t = 1; t < kThreads; ++t) EXPECT_EQ(ids[t], ids[0]);
+  EXPECT_EQ(registry.node_count(), static_cast<size_t>(kNames + 1));
+}
+
+// ---- record and snapshot ----
+
+TEST(RegistryRecord, CountsAreExact) {
+  Registry registry;
+  const NodeId node = registry.intern(kNoParent, "op", Kind::Op, 0);
+  int64_t total = 0;
+  constexpr int kRecords = 1000;
+  for (int i = 0; i < kRecords; ++i) {
+    const int64_t ns = 100 + (i * 37) % 500;
+    registry.record(node, ns);
+    total += ns;
+  }
+  registry.record(node, 321);
+  total += 321;
+  const auto stats = registry.snapshot();
+  ASSERT_EQ(stats.size(), 1u);
+  const BrickStats& s = stats[0];
+  EXPECT_EQ(s.node, node);
+  EXPECT_EQ(s.count, kRecords + 1u);
+  EXPECT_EQ(s.total_ns, total);
+  EXPECT_EQ(s.min_ns, 100);
+  EXPECT_EQ(s.max_ns, 599);
+  EXPECT_EQ(s.last_ns, 321);
+  EXPECT_EQ(s.histogram.total(), s.count);
+  EXPECT_DOUBLE_EQ(s.avg_us(), static_cast<double>(total) / (kRecords + 1) / 1000.0);
+}
+
+TEST(RegistryRecord, NegativeDurationsRecordAsZero) {
+  Registry registry;
+  const NodeId node = registry.intern(kNoParent, "op", Kind::Op, 0);
+  registry.record(node, -5);
+  registry.record(node, 7);
+  const auto stats = registry.snapshot();
+  ASSERT_EQ(stats.size(), 1u);
+  EXPECT_EQ(stats[0].count, 2u);
+  EXPECT_EQ(stats[0].total_ns, 7);
+  EXPECT_EQ(stats[0].min_ns, 0);
+  EXPECT_EQ(stats[0].max_ns, 7);
+  EXPECT_EQ(stats[0].histogram.counts[0], 1u);
+}
+
+TEST(RegistryRecord, AvgUsIsTotalOverCount) {
+  BrickStats empty;
+  EXPECT_EQ(empty.avg_us(), 0.0);
+  EXPECT_EQ(empty.percentile_ns(0.5), 0.0);
+  Registry registry;
+  const NodeId node = registry.intern(kNoParent, "op", Kind::Op, 0);
+  for (int64_t ns : {1000, 2000, 4500}) registry.record(node, ns);
+  const auto stats = registry.snapshot();
+  ASSERT_EQ(stats.size(), 1u);
+  EXPECT_DOUBLE_EQ(stats[0].avg_us(), 7500.0 / 3 / 1000.0);
+}
+
+TEST(RegistrySnapshot, HasExactlyTheNodesWithCounts) {
+  Registry registry;
+  EXPECT_TRUE(registry.snapshot().empty());
+  // 200 nodes: several storage chunks.
+  std::vector<NodeId> nodes;
+  const NodeId root = registry.intern(kNoParent, "root", Kind::Range, -1);
+  for (int i = 0; i < 200; ++i) {
+    nodes.push_back(registry.intern(root, numbered("op", i), Kind::Op, i % 3));
+  }
+  std::vector<NodeId> expected;
+  for (int i = 199; i >= 0; --i) {  // out of node order
+    if (i % 3 == 1) continue;
+    registry.record(nodes[i], i + 1);
+    expected.push_back(nodes[i]);
+  }
+  std::sort(expected.begin(), expected.end());
+  const auto stats = registry.snapshot();
+  ASSERT_EQ(stats.size(), expected.size());
+  for (size_t k = 0; k < stats.size(); ++k) {
+    const BrickStats& s = stats[k];
+    EXPECT_EQ(s.node, expected[k]);
+    const int i = static_cast<int>(s.node - nodes[0]);
+    EXPECT_EQ(s.count, 1u);
+    EXPECT_EQ(s.total_ns, i + 1);
+    EXPECT_EQ(s.name, numbered("op", i));
+    EXPECT_EQ(s.path, numbered("root/op", i));
+    EXPECT_EQ(s.device, i % 3);
+    EXPECT_EQ(s.depth, 1);
+  }
+}
+
+TEST(RegistrySnapshot, LastIsTheLatestCompletedAcrossThreads) {
+  Registry registry;
+  const NodeId node = registry.intern(kNoParent, "op", Kind::Op, 0);
+  std::thread([&] { registry.record(node, 7); }).join();
+  registry.record(node, 3);
+  EXPECT_EQ(registry.snapshot().at(0).last_ns, 3);
+  std::thread([&] { registry.record(node, 11); }).join();
+  const auto stats = registry.snapshot();
+  EXPECT_EQ(stats.at(0).last_ns, 11);
+  EXPECT_EQ(stats.at(0).count, 3u);
+  EXPECT_EQ(stats.at(0).min_ns, 3);
+  EXPECT_EQ(stats.at(0).max_ns, 11);
+}
+
+// ---- histogram ----
+
+TEST(RegistryHistogram, BucketBoundaries) {
+  for (int64_t v = 0; v < 16; ++v) {
+    EXPECT_EQ(Histogram::bucket_of(v), v);
+    EXPECT_EQ(Histogram::bucket_lower(static_cast<int>(v)), v);
+    EXPECT_EQ(Histogram::bucket_upper(static_cast<int>(v)), v + 1);
+  }
+  EXPECT_EQ(Histogram::bucket_of(-1), 0);
+  EXPECT_EQ(Histogram::bucket_of(INT64_MIN), 0);
+  EXPECT_EQ(Histogram::bucket_of(16), 16);
+  EXPECT_EQ(Histogram::bucket_of(17), 16);
+  EXPECT_EQ(Histogram::bucket_of(18), 17);
+  EXPECT_EQ(Histogram::bucket_of(31), 23);
+  EXPECT_EQ(Histogram::bucket_of(32), 24);
+  EXPECT_EQ(Histogram::bucket_of(1000), Histogram::bucket_of(1023));
+  EXPECT_EQ(Histogram::bucket_of(1024), Histogram::bucket_of(1151));
+  EXPECT_EQ(Histogram::bucket_of(1152), Histogram::bucket_of(1024) + 1);
+  const int64_t top = int64_t{1} << 44;
+  EXPECT_EQ(Histogram::bucket_of(top - 1), Histogram::kBuckets - 1);
+  EXPECT_EQ(Histogram::bucket_of(top), Histogram::kBuckets - 1);
+  EXPECT_EQ(Histogram::bucket_of(INT64_MAX), Histogram::kBuckets - 1);
+  EXPECT_EQ(Histogram::bucket_upper(Histogram::kBuckets - 1), top);
+  // The buckets tile [0, 2^44) without gaps, each at most 12.5% of its lower bound wide.
+  for (int b = 0; b < Histogram::kBuckets; ++b) {
+    const int64_t lower = Histogram::bucket_lower(b), upper = Histogram::bucket_upper(b);
+    ASSERT_LT(lower, upper);
+    if (b > 0) {
+      EXPECT_EQ(lower, Histogram::bucket_upper(b - 1));
+    }
+    if (b >= 16) {
+      EXPECT_LE(upper - lower, lower / 8);
+    }
+    EXPECT_EQ(Histogram::bucket_of(lower), b);
+    EXPECT_EQ(Histogram::bucket_of(upper - 1), b);
+  }
+}
+
+TEST(RegistryHistogram, EmptyAddAndTotal) {
+  Histogram a, b;
+  EXPECT_EQ(a.total(), 0u);
+  EXPECT_EQ(a.percentile_ns(0.5), 0.0);
+  a.counts[3] = 2;
+  b.counts[3] = 1;
+  b.counts[100] = 4;
+  a.add(b);
+  EXPECT_EQ(a.counts[3], 3u);
+  EXPECT_EQ(a.counts[100], 4u);
+  EXPECT_EQ(a.total(), 7u);
+  EXPECT_EQ(a.percentile_ns(0.0), 3.0);  // exact bucket: the value itself
+  EXPECT_EQ(a.percentile_ns(0.4), 3.0);
+  EXPECT_GE(a.percentile_ns(1.0), Histogram::bucket_lower(100));
+  EXPECT_LT(a.percentile_ns(1.0), Histogram::bucket_upper(100));
+}
+
+TEST(RegistryHistogram, PercentilesOfAUniformDistribution) {
+  Registry registry;
+  const NodeId node = registry.intern(kNoParent, "uniform", Kind::Op, 0);
+  constexpr int64_t kMax = 100000;
+  for (int64_t ns = 1; ns <= kMax; ++ns) registry.record(node, ns);
+  const auto stats = registry.snapshot();
+  ASSERT_EQ(stats.size(), 1u);
+  const BrickStats& s = stats[0];
+  EXPECT_EQ(s.count, static_cast<uint64_t>(kMax));
+  for (double q : {0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 0.999}) {
+    const double expected = q * kMax;
+    EXPECT_NEAR(s.percentile_ns(q), expected, expected * 0.125) << "q=" << q;
+  }
+  EXPECT_EQ(s.percentile_ns(0.0), 1.0);  // the min bucket, exact
+  EXPECT_LE(s.percentile_ns(1.0), static_cast<double>(kMax));
+  EXPECT_GE(s.percentile_ns(1.0), kMax * 0.875);
+  // Clamped to [min, max].
+  EXPECT_GE(s.percentile_ns(-1.0), 1.0);
+  EXPECT_LE(s.percentile_ns(2.0), static_cast<double>(kMax));
+}
+
+TEST(RegistryHistogram, PercentilesOfKnownDistributions) {
+  Registry registry;
+  const NodeId constant = registry.intern(kNoParent, "constant", Kind::Op, 0);
+  const NodeId small = registry.intern(kNoParent, "small", Kind::Op, 0);
+  const NodeId bimodal = registry.intern(kNoParent, "bimodal", Kind::Op, 0);
+  for (int i = 0; i < 1000; ++i) registry.record(constant, 5000);
+  for (int64_t ns = 0; ns < 10; ++ns) registry.record(small, ns);
+  for (int i = 0; i < 900; ++i) registry.record(bimodal, 1000);
+  for (int i = 0; i < 100; ++i) registry.record(bimodal, 1000000);
+  const auto stats = registry.snapshot();
+  ASSERT_EQ(stats.size(), 3u);
+  for (double q : {0.0, 0.5, 1.0}) EXPECT_EQ(stats[0].percentile_ns(q), 5000.0);
+  EXPECT_EQ(stats[1].percentile_ns(0.5), 4.0);  // exact below 16 ns: rank 5 of 0..9
+  EXPECT_EQ(stats[1].percentile_ns(1.0), 9.0);
+  EXPECT_NEAR(stats[2].percentile_ns(0.5), 1000.0, 125.0);
+  EXPECT_NEAR(stats[2].percentile_ns(0.9), 1000.0, 125.0);
+  EXPECT_NEAR(stats[2].percentile_ns(0.95), 1e6, 1.25e5);
+  EXPECT_EQ(stats[2].percentile_ns(1.0), 1e6);  // clamped to max
+}
+
+// ---- start / stop ----
+
+TEST(RegistryStack, StartStopNests) {
+  Registry registry;
+  const NodeId outer = registry.intern(kNoParent, "outer", Kind::Range, -1);
+  const NodeId inner = registry.intern(outer, "inner", Kind::Op, 0);
+  EXPECT_EQ(registry.depth(), 0);
+  registry.start(outer);
+  EXPECT_EQ(registry.depth(), 1);
+  registry.start(inner);
+  EXPECT_EQ(registry.depth(), 2);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  EXPECT_EQ(registry.stop(), inner);
+  EXPECT_EQ(registry.depth(), 1);
+  EXPECT_EQ(registry.stop(), outer);
+  EXPECT_EQ(registry.depth(), 0);
+  const auto stats = registry.snapshot();
+  ASSERT_EQ(stats.size(), 2u);
+  EXPECT_EQ(stats[0].count, 1u);
+  EXPECT_EQ(stats[1].count, 1u);
+  EXPECT_GE(stats[1].total_ns, 2'000'000);
+  EXPECT_GE(stats[0].total_ns, stats[1].total_ns);
+  EXPECT_EQ(stats[0].last_ns, stats[0].total_ns);
+}
+
+TEST(RegistryStack, DeepNestingGrows) {
+  Registry registry;
+  const NodeId node = registry.intern(kNoParent, "r", Kind::Range, -1);
+  constexpr int kDepth = 1000;
+  for (int i = 0; i < kDepth; ++i) registry.start(node);
+  EXPECT_EQ(registry.depth(), kDepth);
+  for (int i = 0; i < kDepth; ++i) EXPECT_EQ(registry.stop(), node);
+  EXPECT_EQ(count_of(registry, node), static_cast<uint64_t>(kDepth));
+}
+
+TEST(RegistryStack, StopWithoutStartThrows) {
+  Registry registry;
+  const std::string message = error_message([&] { registry.stop(); });
+  EXPECT_EQ(message.rfind("brick registry: stop() without a matching start()", 0), 0u) << message;
+  const NodeId node = registry.intern(kNoParent, "a", Kind::Op, 0);
+  registry.start(node);
+  registry.stop();
+  EXPECT_CONTAINS(error_message([&] { registry.stop(); }), "without a matching start()");
+  EXPECT_EQ(count_of(registry, node), 1u);
+}
+
+TEST(RegistryStack, UnwindDiscardsOpenBricks) {
+  Registry registry;
+  const NodeId a = registry.intern(kNoParent, "a", Kind::Range, -1);
+  const NodeId b = registry.intern(a, "b", Kind::Op, 0);
+  registry.unwind();  // nothing open: a no-op
+  registry.start(a);
+  registry.start(b);
+  registry.unwind();
+  EXPECT_EQ(registry.depth(), 0);
+  EXPECT_THROW(registry.stop(), Error);
+  EXPECT_TRUE(registry.snapshot().empty());
+  registry.start(a);  // usable again
+  EXPECT_EQ(registry.stop(), a);
+  EXPECT_EQ(count_of(registry, a), 1u);
+}
+
+TEST(RegistryStack, StacksArePerThreadAndPerRegistry) {
+  Registry one, two;
+  const NodeId a = one.intern(kNoParent, "a", Kind::Range, -1);
+  const NodeId b = two.intern(kNoParent, "b", Kind::Range, -1);
+  one.start(a);
+  EXPECT_EQ(one.depth(), 1);
+  EXPECT_EQ(two.depth(), 0);
+  two.start(b);
+  std::thread([&] {
+    EXPECT_EQ(one.depth(), 0);
+    EXPECT_THROW(one.stop(), Error);
+  }).join();
+  EXPECT_EQ(two.stop(), b);
+  EXPECT_EQ(one.stop(), a);
+  EXPECT_EQ(count_of(one, a), 1u);
+  EXPECT_EQ(count_of(two, b), 1u);
+}
+
+// ---- reset ----
+
+TEST(RegistryReset, ZeroesCountsAndKeepsNodes) {
+  Registry registry;
+  const NodeId a = registry.intern(kNoParent, "a", Kind::Op, 0);
+  const NodeId b = registry.intern(a, "b", Kind::Op, 0);
+  registry.record(a, 5);
+  registry.record(b, 1000);
+  registry.reset();
+  EXPECT_TRUE(registry.snapshot().empty());
+  EXPECT_EQ(registry.node_count(), 2u);
+  EXPECT_EQ(registry.intern(a, "b", Kind::Op, 0), b);
+  registry.record(b, 50);
+  registry.record(b, 70);
+  const auto stats = registry.snapshot();
+  ASSERT_EQ(stats.size(), 1u);
+  EXPECT_EQ(stats[0].node, b);
+  EXPECT_EQ(stats[0].path, "a/b");
+  EXPECT_EQ(stats[0].count, 2u);
+  EXPECT_EQ(stats[0].total_ns, 120);
+  EXPECT_EQ(stats[0].min_ns, 50);  // not the pre-reset 1000
+  EXPECT_EQ(stats[0].max_ns, 70);
+  EXPECT_EQ(stats[0].histogram.total(), 2u);
+  registry.reset();
+  registry.reset();  // twice in a row
+  registry.record(a, 1);
+  EXPECT_EQ(count_of(registry, a), 1u);
+  EXPECT_EQ(count_of(registry, b), 0u);
+}
+
+TEST(RegistryReset, IdleThreadCountsAreNotResurrected) {
+  Registry registry;
+  const NodeId node = registry.intern(kNoParent, "op", Kind::Op, 0);
+  std::mutex mutex;
+  std::condition_variable cv;
+  int phase = 0;
+  std::thread worker([&] {
+    for (int i = 0; i < 5; ++i) registry.record(node, 100);
+    {
+      std::unique_lock<std::mutex> lock(mutex);
+      phase = 1;
+      cv.notify_all();
+      cv.wait(lock, [&] { return phase == 2; });
+    }
+    registry.record(node, 9);  // first record after the reset
+    std::unique_lock<std::mutex> lock(mutex);
+    phase = 3;
+    cv.notify_all();
+    cv.wait(lock, [&] { return phase == 4; });
+  });
+  {
+    std::unique_lock<std::mutex> lock(mutex);
+    cv.wait(lock, [&] { return phase == 1; });
+  }
+  EXPECT_EQ(count_of(registry, node), 5u);
+  registry.reset();
+  EXPECT_EQ(count_of(registry, node), 0u);  // the idle worker's shard is stale
+  registry.record(node, 1);                 // another thread records meanwhile
+  EXPECT_EQ(count_of(registry, node), 1u);
+  {
+    std::unique_lock<std::mutex> lock(mutex);
+    phase = 2;
+    cv.notify_all();
+    cv.wait(lock, [&] { return phase == 3; });
+  }
+  const auto stats = registry.snapshot();
+  ASSERT_EQ(stats.size(), 1u);
+  EXPECT_EQ(stats[0].count, 2u);  // 1 + 9, not the 5 from before the reset
+  EXPECT_EQ(stats[0].total_ns, 10);
+  EXPECT_EQ(stats[0].max_ns, 9);
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    phase = 4;
+    cv.notify_all();
+  }
+  worker.join();
+}
+
+TEST(RegistryReset, ExitedThreadCountsAreDropped) {
+  Registry registry;
+  const NodeId node = registry.intern(kNoParent, "op", Kind::Op, 0);
+  std::thread([&] { registry.record(node, 3); }).join();
+  registry.reset();
+  EXPECT_EQ(count_of(registry, node), 0u);
+  std::thread([&] { registry.record(node, 4); }).join();  // may reuse the exited thread's shard
+  const auto stats = registry.snapshot();
+  ASSERT_EQ(stats.size(), 1u);
+  EXPECT_EQ(stats[0].count, 1u);
+  EXPECT_EQ(stats[0].total_ns, 4);
+}
+
+// ---- threads ----
+
+TEST(RegistryThreads, ConcurrentRecordersAreExact) {
+  Registry registry;
+  constexpr int kThreads = 8, kRecords = 100000;
+  const NodeId shared = registry.intern(kNoParent, "shared", Kind::Op, 0);
+  std::vector<NodeId> own;
+  for (int t = 0; t < kThreads; ++t) {
+    own.push_back(registry.intern(shared, numbered("t", t), Kind::Op, 0));
+  }
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kRecords; ++i) {
+        registry.record(shared, i % 1000);
+        if (i % 10 == 0) registry.record(own[t], t + 1);
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  const auto stats = registry.snapshot();
+  ASSERT_EQ(stats.size(), static_cast<size_t>(kThreads + 1));
+  EXPECT_EQ(stats[0].count, static_cast<uint64_t>(kThreads) * kRecords);
+  EXPECT_EQ(stats[0].total_ns, int64_t{kThreads} * (kRecords / 1000) * (999 * 1000 / 2));
+  EXPECT_EQ(stats[0].min_ns, 0);
+  EXPECT_EQ(stats[0].max_ns, 999);
+  EXPECT_EQ(stats[0].histogram.total(), stats[0].count);
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_EQ(stats[t + 1].count, static_cast<uint64_t>(kRecords / 10));
+    EXPECT_EQ(stats[t + 1].total_ns, int64_t{kRecords / 10} * (t + 1));
+  }
+}
+
+TEST(RegistryThreads, SnapshotsRunConcurrentlyWithRecorders) {
+  Registry registry;
+  constexpr int kThreads = 8, kRecords = 50000;
+  std::vector<NodeId> nodes;
+  for (int i = 0; i < 4; ++i) {
+    nodes.push_back(registry.intern(kNoParent, numbered("n", i), Kind::Op, 0));
+  }
+  std::atomic<bool> done{false};
+  std::atomic<int> snapshots{0};
+  std::thread reader([&] {
+    std::vector<uint64_t> previous(nodes.size(), 0);
+    while (!done.load()) {
+      const auto stats = registry.snapshot();
+      for (const BrickStats& s : stats) {
+        ASSERT_LT(s.node, previous.size());
+        EXPECT_GE(s.count, previous[s.node]) << "count went down";
+        EXPECT_LE(s.min_ns, s.max_ns);
+        EXPECT_GE(s.histogram.total(), s.count);  // a record's bucket is stored before its count
+        previous[s.node] = s.count;
+      }
+      snapshots.fetch_add(1);
+    }
+  });
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kRecords; ++i) registry.record(nodes[(i + t) % 4], 1 + i % 100);
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  done.store(true);
+  reader.join();
+  EXPECT_GT(snapshots.load(), 0);
+  const auto stats = registry.snapshot();
+  ASSERT_EQ(stats.size(), 4u);
+  uint64_t count = 0;
+  int64_t total = 0;
+  for (const BrickStats& s : stats) {
+    count += s.count;
+    total += s.total_ns;
+    EXPECT_EQ(s.histogram.total(), s.count);
+  }
+  EXPECT_EQ(count, uint64_t{kThreads} * kRecords);
+  EXPECT_EQ(total, int64_t{kThreads} * (kRecords / 100) * (100 * 101 / 2));
+}
+
+TEST(RegistryThreads, ResetsRaceWithRecordersAndSnapshots) {
+  Registry registry;
+  constexpr int kThreads = 4, kRecords = 10000;
+  const NodeId node = registry.intern(kNoParent, "op", Kind::Op, 0);
+  std::atomic<int> running{kThreads};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < kRecords; ++i) registry.record(node, 5);
+      running.fetch_sub(1);
+    });
+  }
+  int resets = 0;
+  while (running.load() > 0) {
+    registry.reset();
+    ++resets;
+    for (const BrickStats& s : registry.snapshot()) {
+      // Whatever survives a reset is a consistent subset: never more than was recorded.
+      EXPECT_LE(s.count, uint64_t{kThreads} * kRecords);
+      // The count is read first and published last: the other figures cover at least that many
+      // records (and may include records completed while the snapshot read them).
+      EXPECT_GE(s.total_ns, static_cast<int64_t>(s.count) * 5);
+      EXPECT_LE(s.total_ns, int64_t{kThreads} * kRecords * 5);
+      EXPECT_EQ(s.min_ns, 5);
+      EXPECT_EQ(s.max_ns, 5);
+      EXPECT_GE(s.histogram.total(), s.count);
+    }
+    std::this_thread::yield();
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_GT(resets, 0);
+  EXPECT_LE(count_of(registry, node), uint64_t{kThreads} * kRecords);
+  registry.reset();
+  EXPECT_EQ(count_of(registry, node), 0u);
+  registry.record(node, 5);
+  EXPECT_EQ(count_of(registry, node), 1u);
+}
+
+TEST(RegistryThreads, ThreadExitKeepsCounts) {
+  Registry registry;
+  const NodeId node = registry.intern(kNoParent, "op", Kind::Op, 0);
+  for (int round = 0; round < 20; ++round) {
+    std::thread([&] {
+      registry.start(node);
+      registry.stop();
+      registry.record(node, 10);
+    }).join();
+  }
+  std::thread([&] { registry.start(node); }).join();  // exits with a brick open
+  std::thread([&] {
+    EXPECT_EQ(registry.depth(), 0);  // a new thread never inherits open bricks
+    EXPECT_THROW(registry.stop(), Error);
+    registry.record(node, 10);
+  }).join();
+  EXPECT_EQ(count_of(registry, node), 41u);
+}
+
+TEST(RegistryThreads, RegistriesAreIndependent) {
+  Registry one, two;
+  const NodeId a1 = one.intern(kNoParent, "a", Kind::Op, 0);
+  const NodeId a2 = two.intern(kNoParent, "a", Kind::Op, 0);
+  EXPECT_EQ(a1, a2);  // both first nodes
+  for (int i = 0; i < 3; ++i) one.record(a1, 10);
+  two.record(a2, 20);
+  EXPECT_EQ(count_of(one, a1), 3u);
+  EXPECT_EQ(count_of(two, a2), 1u);
+  one.reset();
+  EXPECT_EQ(count_of(one, a1), 0u);
+  EXPECT_EQ(count_of(two, a2), 1u);
+  // Registries that come and go (likely at a reused address) start empty.
+  for (int i = 0; i < 50; ++i) {
+    auto fresh = std::make_unique<Registry>();
+    EXPECT_TRUE(fresh->snapshot().empty());
+    EXPECT_EQ(fresh->depth(), 0);
+    const NodeId node = fresh->intern(kNoParent, "x", Kind::Op, 0);
+    fresh->record(node, i);
+    fresh->start(node);
+    EXPECT_EQ(fresh->depth(), 1);
+    const auto stats = fresh->snapshot();
+    ASSERT_EQ(stats.size(), 1u);
+    EXPECT_EQ(stats[0].count, 1u);
+    EXPECT_EQ(stats[0].total_ns, i);
+  }
+  two.record(a2, 20);
+  EXPECT_EQ(count_of(two, a2), 2u);
+}
+
+TEST(RegistryThreads, RegistryOutlivedByItsThreads) {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool recorded = false, destroyed = false;
+  auto registry = std::make_unique<Registry>();
+  const NodeId node = registry->intern(kNoParent, "op", Kind::Op, 0);
+  std::thread worker([&] {
+    registry->record(node, 1);
+    std::unique_lock<std::mutex> lock(mutex);
+    recorded = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return destroyed; });
+    // Exits after its registry is gone: the thread-local entries must not touch it.
+  });
+  {
+    std::unique_lock<std::mutex> lock(mutex);
+    cv.wait(lock, [&] { return recorded; });
+    EXPECT_EQ(count_of(*registry, node), 1u);
+    registry = nullptr;  // destroys the registry
+    destroyed = true;
+    cv.notify_all();
+  }
+  worker.join();
+}
+
+// ---- clock ----
+
+TEST(RegistryClock, NowNsIsMonotonic) {
+  int64_t previous = Registry::now_ns();
+  for (int i = 0; i < 200000; ++i) {
+    const int64_t now = Registry::now_ns();
+    ASSERT_GE(now, previous);
+    previous = now;
+  }
+}
+
+TEST(RegistryClock, NowNsAgreesWithSteadyClock) {
+  using std::chrono::steady_clock;
+  auto steady_ns = [] {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               steady_clock::now().time_since_epoch())
+        .count();
+  };
+  // now_ns bracketed by two steady_clock reads; the tightest bracket of a few tries.
+  struct Reading {
+    int64_t now, steady, window;
+  };
+  auto read = [&] {
+    Reading best{0, 0, INT64_MAX};
+    for (int i = 0; i < 20; ++i) {
+      const int64_t before = steady_ns();
+      const int64_t now = Registry::now_ns();
+      const int64_t after = steady_ns();
+      if (after - before < best.window) best = {now, before + (after - before) / 2, after - before};
+    }
+    return best;
+  };
+  const Reading first = read();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const Reading second = read();
+  const double steady_elapsed = static_cast<double>(second.steady - first.steady);
+  const double now_elapsed = static_cast<double>(second.now - first.now);
+  const double slack = 0.001 * steady_elapsed + static_cast<double>(first.window + second.window);
+  EXPECT_GE(steady_elapsed, 50e6);
+  EXPECT_NEAR(now_elapsed, steady_elapsed, slack);
+  // Same epoch as steady_clock (both start from its reading at calibration).
+  EXPECT_NEAR(static_cast<double>(second.now), static_cast<double>(second.steady), 1e6);
+}
+
+TEST(RegistryClock, CpuinfoFlagsParsing) {
+  using detail::cpuinfo_has_invariant_tsc;
+  EXPECT_TRUE(cpuinfo_has_invariant_tsc(
+      "processor\t: 0\nflags\t\t: fpu tsc constant_tsc rep_good nonstop_tsc cpuid\n"));
+  EXPECT_FALSE(cpuinfo_has_invariant_tsc("flags\t\t: fpu tsc constant_tsc rep_good\n"));
+  EXPECT_FALSE(cpuinfo_has_invariant_tsc("flags\t\t: fpu tsc nonstop_tsc\n"));
+  EXPECT_FALSE(cpuinfo_has_invariant_tsc("flags\t\t: constant_tsc_x nonstop_tsc_y\n"));
+  EXPECT_FALSE(cpuinfo_has_invariant_tsc(""));
+  EXPECT_FALSE(cpuinfo_has_invariant_tsc("model name\t: constant_tsc nonstop_tsc\n"));
+  EXPECT_TRUE(cpuinfo_has_invariant_tsc("flags: nonstop_tsc constant_tsc"));  // no newline
+}
+
+TEST(RegistryClock, TscScaleFixedPoint) {
+  detail::TscScale scale;
+  scale.base_tsc = 1'000'000;
+  scale.base_ns = 5'000;
+  scale.mult = uint64_t{1} << (detail::TscScale::kShift - 1);  // 0.5 ns per tick (2 GHz)
+  EXPECT_EQ(scale.to_ns(1'000'000), 5'000);
+  EXPECT_EQ(scale.to_ns(3'000'000), 1'005'000);
+  EXPECT_EQ(scale.to_ns(999'998), 4'999);  // slightly behind the base
+  // Hours of ticks do not overflow.
+  EXPECT_EQ(scale.to_ns(1'000'000 + 2 * uint64_t{3600'000'000'000}), 5'000 + 3600'000'000'000);
+}
+
+}  // namespace
+}  // namespace brick::registry

@@ -1,0 +1,65 @@
+"""The brick profiler.
+
+Two ways to read brick's timings:
+
+* PyTorch's legacy autograd profiler: ``torch.autograd.profiler.profile(use_device="brick")``.
+  Brick implements PyTorch's ProfilerStubs, so ``key_averages()`` shows ``Self BRICK``,
+  ``BRICK total`` and ``BRICK time avg``; :func:`export_chrome_trace` writes a trace that also
+  holds the device timeline.
+* The native brick registry (this module): every op and every ``record_function`` range is a
+  *brick*, aggregated per name (and per call path) with count, total/min/max/last ns, the
+  canonical mean ``avg_us() = total_ns / count / 1000`` and percentiles.
+
+Sync modes (:class:`SyncMode`) say what a brick's duration measures:
+
+* ``event`` (default): a pooled device event is recorded on the current stream at the brick's
+  start and stop and resolved later: device execution time, without synchronizing.
+* ``immediate``: the device is synchronized, then the clock read, at start and stop: wall time
+  including device execution; it serializes an asynchronous device.
+* ``deferred``: only the CPU clock is read: the cost of launching the work. On an asynchronous
+  device all bricks then look alike.
+
+On the host runtime the device executes on the calling thread, so the three agree closely.
+"""
+
+from ._registry import (
+    BrickStats,
+    SyncMode,
+    all_brick_stats,
+    disable,
+    enable,
+    health,
+    is_enabled,
+    mark,
+    profile,
+    range_pop,
+    range_push,
+    reset,
+    set_sync_mode,
+    stats,
+    sync_mode,
+)
+from .report import Report, compare_with_key_averages, load_report
+from .trace import export_chrome_trace
+
+__all__ = [
+    "BrickStats",
+    "Report",
+    "SyncMode",
+    "all_brick_stats",
+    "compare_with_key_averages",
+    "disable",
+    "enable",
+    "export_chrome_trace",
+    "health",
+    "is_enabled",
+    "load_report",
+    "mark",
+    "profile",
+    "range_pop",
+    "range_push",
+    "reset",
+    "set_sync_mode",
+    "stats",
+    "sync_mode",
+]

@@ -1,0 +1,193 @@
+"""The native registry's Python surface: control, sync modes, stats and the context manager."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass
+from typing import List, Optional, Union
+
+import torch
+
+from .. import _C
+
+_native = _C._profiler
+
+
+class SyncMode(str, enum.Enum):
+    """What a brick's duration measures (see the module documentation)."""
+
+    IMMEDIATE = "immediate"
+    DEFERRED = "deferred"
+    EVENT = "event"
+
+    @classmethod
+    def parse(cls, mode: Union["SyncMode", str]) -> "SyncMode":
+        if isinstance(mode, SyncMode):
+            return mode
+        if not isinstance(mode, str):
+            raise TypeError(
+                f"brick profiler: sync_mode must be a SyncMode or a str, got {type(mode).__name__}"
+            )
+        try:
+            return cls(mode.lower())
+        except ValueError:
+            valid = ", ".join(repr(m.value) for m in cls)
+            raise ValueError(
+                f"brick profiler: unknown sync mode {mode!r}; expected one of {valid}"
+            ) from None
+
+
+@dataclass(frozen=True)
+class BrickStats:
+    """Figures of one brick: an op (``aten::mm``) or a range (``record_function("MLP")``).
+
+    Aggregated by name, ``path`` is the name itself; aggregated by call path (``by="path"``),
+    it holds the ancestors too (``"Layer0/MLP/aten::mm"``) and ``depth`` their number.
+    """
+
+    name: str
+    path: str
+    kind: str  # "op" or "range"
+    device: int  # brick device index; -1 when recorded on several devices
+    depth: int
+    count: int
+    total_ns: int
+    min_ns: int
+    max_ns: int
+    last_ns: int
+    p50_ns: float
+    p90_ns: float
+    p99_ns: float
+
+    def avg_us(self) -> float:
+        """The canonical per-call figure: ``total_ns / count / 1000``."""
+        return self.total_ns / self.count / 1000.0 if self.count else 0.0
+
+    def to_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d["avg_us"] = self.avg_us()
+        return d
+
+
+def enable(sync_mode: Optional[Union[SyncMode, str]] = None) -> None:
+    """Starts recording every op and range into the registry (optionally setting the mode)."""
+    if sync_mode is not None:
+        set_sync_mode(sync_mode)
+    _native.enable()
+
+
+def disable() -> None:
+    """Stops recording. The figures stay until :func:`reset`."""
+    _native.disable()
+
+
+def is_enabled() -> bool:
+    return _native.is_enabled()
+
+
+def reset() -> None:
+    """Zeroes every brick's figures."""
+    _native.reset()
+
+
+def set_sync_mode(mode: Union[SyncMode, str]) -> None:
+    """Sets the sync mode; not allowed while profiling (a region is timed in one mode)."""
+    _native.set_sync_mode(SyncMode.parse(mode).value)
+
+
+def sync_mode() -> SyncMode:
+    return SyncMode(_native.sync_mode())
+
+
+def stats(by: str = "name") -> List[BrickStats]:
+    """Every brick with a count above zero, none omitted.
+
+    ``by="name"`` merges every call path of a name into one entry; ``by="path"`` keeps one entry
+    per call path (nested ranges keep their parents, for per-layer breakdowns).
+    """
+    if by not in ("name", "path"):
+        raise ValueError(f"brick profiler: by must be 'name' or 'path', got {by!r}")
+    return [BrickStats(**d) for d in _native.stats(by == "name")]
+
+
+all_brick_stats = stats
+
+
+def health() -> dict:
+    """What the profiler could not time: unbalanced exits, timing failures, pending events."""
+    return dict(_native.health())
+
+
+def mark(name: str) -> None:
+    """Puts an instant marker on brick's timeline (shown in :func:`export_chrome_trace`)."""
+    _check_name(name, "mark")
+    _native.mark(name)
+
+
+def range_push(name: str) -> None:
+    """Opens a range on brick's timeline for the calling thread."""
+    _check_name(name, "range_push")
+    _native.range_push(name)
+
+
+def range_pop() -> None:
+    """Closes the calling thread's innermost range opened by :func:`range_push`."""
+    _native.range_pop()
+
+
+def _check_name(name, where: str) -> None:
+    if not isinstance(name, str):
+        raise TypeError(f"brick profiler: {where}() needs a str name, got {type(name).__name__}")
+    if not name:
+        raise ValueError(f"brick profiler: {where}() needs a non-empty name")
+
+
+class profile:
+    """Profiles a region with the brick registry and keeps its :class:`Report`.
+
+    >>> with torch_brickdev.profiler.profile(sync_mode="event") as p:
+    ...     model(x)
+    >>> print(p.report.table())
+
+    The registry is reset on entry (``reset=False`` accumulates instead), every brick device is
+    synchronized before the wall clock stops, and the previous sync mode is restored on exit.
+    """
+
+    def __init__(self, sync_mode: Optional[Union[SyncMode, str]] = None, *, reset: bool = True,
+                 metadata: Optional[dict] = None):
+        self._mode = None if sync_mode is None else SyncMode.parse(sync_mode)
+        self._reset = bool(reset)
+        self._metadata = dict(metadata or {})
+        self._previous_mode: Optional[SyncMode] = None
+        self.report = None
+        self.wall_ns = 0
+
+    def __enter__(self) -> "profile":
+        if is_enabled():
+            raise RuntimeError("brick profiler: a profile is already running (nesting is not supported)")
+        self._previous_mode = sync_mode()
+        if self._mode is not None:
+            set_sync_mode(self._mode)
+        if self._reset:
+            reset()
+        for index in range(torch.brick.device_count()):
+            torch.brick.synchronize(index)
+        self._start = time.perf_counter_ns()
+        enable()
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        try:
+            for index in range(torch.brick.device_count()):
+                torch.brick.synchronize(index)
+            self.wall_ns = time.perf_counter_ns() - self._start
+        finally:
+            disable()
+            mode = sync_mode()
+            if self._previous_mode is not None and self._previous_mode != mode:
+                set_sync_mode(self._previous_mode)
+        from .report import Report
+
+        self.report = Report.capture(wall_ns=self.wall_ns, sync_mode=mode, metadata=self._metadata)
+        return False
