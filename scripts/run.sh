@@ -45,6 +45,14 @@ setup_python() {
     log "installing ${wanted[*]}"
     "$PYTHON" -m pip install -q "${wanted[@]}" || echo "could not install ${wanted[*]}; continuing" >&2
   fi
+  # HolisticTraceAnalysis loads brick's traces in the tests. Its declared dependencies pull in
+  # jupyterlab; it imports only these, so it is installed without them.
+  if ! TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PYTHON" -c "import hta.trace_analysis" 2>/dev/null; then
+    log "installing HolisticTraceAnalysis"
+    "$PYTHON" -m pip install -q pandas plotly networkx pydot psutil &&
+      "$PYTHON" -m pip install -q --no-deps HolisticTraceAnalysis ||
+      echo "could not install HolisticTraceAnalysis; its test will skip" >&2
+  fi
 }
 
 build() {
