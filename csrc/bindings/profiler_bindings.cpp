@@ -69,9 +69,8 @@ void bind_profiler(py::module_& parent) {
   m.def("disable", &profiler::disable);
   m.def("is_enabled", &profiler::is_enabled);
   m.def("reset", &profiler::reset);
-  m.def("set_sync_mode", [](const std::string& mode) {
-    profiler::set_sync_mode(registry::parse_sync_mode(mode));
-  });
+  m.def("set_sync_mode",
+        [](const std::string& mode) { profiler::set_sync_mode(registry::parse_sync_mode(mode)); });
   m.def("sync_mode", [] { return std::string(registry::sync_mode_name(profiler::sync_mode())); });
   m.def(
       "stats",

@@ -13,9 +13,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "runtime/runtime.h"
 #include "profiler/event_pool.h"
 #include "profiler/profiler.h"
+#include "runtime/runtime.h"
 
 namespace brick::profiler {
 
@@ -29,7 +29,8 @@ constexpr NodeId kIgnored = UINT32_MAX - 1;  // profiler-internal ops are not br
 std::mutex g_control_mutex;  // enable / disable / set_sync_mode / reset
 std::atomic<bool> g_enabled{false};
 std::atomic<SyncMode> g_mode{SyncMode::Event};
-std::atomic<uint64_t> g_session{0};  // bumped by enable: per-thread stacks from older sessions are dropped
+std::atomic<uint64_t> g_session{
+    0};  // bumped by enable: per-thread stacks from older sessions are dropped
 at::CallbackHandle g_handle = 0;
 
 std::atomic<uint64_t> g_unbalanced_exits{0};
@@ -52,21 +53,27 @@ struct PendingPair {
 
 struct NameKey {
   NodeId parent;
+  int device;
   std::string name;
   bool operator==(const NameKey& other) const = default;
 };
 
 struct NameKeyView {
   NodeId parent;
+  int device;
   std::string_view name;
 };
 
 struct NameKeyHash {
   using is_transparent = void;
-  size_t operator()(const NameKey& key) const noexcept { return hash(key.parent, key.name); }
-  size_t operator()(const NameKeyView& key) const noexcept { return hash(key.parent, key.name); }
-  static size_t hash(NodeId parent, std::string_view name) noexcept {
-    return std::hash<std::string_view>{}(name) * 31 + parent;
+  size_t operator()(const NameKey& key) const noexcept {
+    return hash(key.parent, key.device, key.name);
+  }
+  size_t operator()(const NameKeyView& key) const noexcept {
+    return hash(key.parent, key.device, key.name);
+  }
+  static size_t hash(NodeId parent, int device, std::string_view name) noexcept {
+    return (std::hash<std::string_view>{}(name)*31 + parent) * 31 + static_cast<size_t>(device);
   }
 };
 
@@ -74,41 +81,58 @@ struct NameKeyEqual {
   using is_transparent = void;
   bool operator()(const NameKey& a, const NameKey& b) const noexcept { return a == b; }
   bool operator()(const NameKeyView& a, const NameKey& b) const noexcept {
-    return a.parent == b.parent && a.name == b.name;
+    return a.parent == b.parent && a.device == b.device && a.name == b.name;
   }
   bool operator()(const NameKey& a, const NameKeyView& b) const noexcept {
-    return a.parent == b.parent && a.name == b.name;
+    return a.parent == b.parent && a.device == b.device && a.name == b.name;
   }
 };
 
 struct PointerKey {
   NodeId parent;
+  int device;
   const char* name;
   bool operator==(const PointerKey& other) const = default;
 };
 
 struct PointerKeyHash {
   size_t operator()(const PointerKey& key) const noexcept {
-    return std::hash<const void*>{}(key.name) * 31 + key.parent;
+    return (std::hash<const void*>{}(key.name) * 31 + key.parent) * 31 +
+           static_cast<size_t>(key.device);
   }
+};
+
+// A cached node and the name it was cached for: a pointer can be reused for another name.
+struct CachedNode {
+  NodeId node;
+  std::string name;
 };
 
 struct ThreadState {
   uint64_t session = 0;
   std::vector<Frame> stack;
   std::vector<PendingPair> pending;
-  // Op names are the schema's own strings: stable pointers, looked up without hashing text.
-  std::unordered_map<PointerKey, NodeId, PointerKeyHash> op_nodes;
-  // Range names (record_function) are per-call strings: looked up by content.
-  std::unordered_map<NameKey, NodeId, NameKeyHash, NameKeyEqual> range_nodes;
+  // Op names are mostly the schema's own strings: stable pointers, looked up without hashing
+  // text (and checked, since some FUNCTION-scope names are per-call strings).
+  std::unordered_map<PointerKey, CachedNode, PointerKeyHash> by_pointer;
+  // Everything else (record_function ranges) is looked up by content.
+  std::unordered_map<NameKey, NodeId, NameKeyHash, NameKeyEqual> by_name;
+  // The innermost open brick, readable by other threads (see on_enter: autograd workers).
+  std::atomic<NodeId> published_top{registry::kNoParent};
   EventPool events;
 };
+
+// The thread that enabled profiling: backward work that PyTorch's autograd engine runs on its
+// device threads is attributed to the brick open on this thread (the one waiting in backward()).
+std::atomic<ThreadState*> g_owner{nullptr};
 
 void resolve(ThreadState& state, bool wait);
 
 struct ThreadStateOwner {
   ThreadState state;
   ~ThreadStateOwner() {
+    ThreadState* self = &state;
+    g_owner.compare_exchange_strong(self, nullptr);
     try {
       resolve(state, /*wait=*/true);  // what this thread still owes, before its state goes
     } catch (...) {
@@ -126,24 +150,41 @@ bool is_profiler_internal(const char* name) {
   return std::string_view(name).starts_with("profiler::");
 }
 
+NodeId intern_node(ThreadState& state, const char* name, NodeId parent, int device,
+                   registry::Kind kind) {
+  const NameKeyView view{parent, device, name};
+  auto it = state.by_name.find(view);
+  if (it != state.by_name.end()) return it->second;
+  const NodeId node = kind == registry::Kind::Op && is_profiler_internal(name)
+                          ? kIgnored
+                          : brick_registry().intern(parent, name, kind, device);
+  state.by_name.emplace(NameKey{parent, device, name}, node);
+  return node;
+}
+
 NodeId node_for(ThreadState& state, const at::RecordFunction& fn, NodeId parent, int device) {
   const char* name = fn.name();
-  if (fn.scope() == at::RecordScope::FUNCTION) {
-    const PointerKey key{parent, name};
-    auto it = state.op_nodes.find(key);
-    if (it != state.op_nodes.end()) return it->second;
-    const NodeId node = is_profiler_internal(name)
-                            ? kIgnored
-                            : brick_registry().intern(parent, name, registry::Kind::Op, device);
-    state.op_nodes.emplace(key, node);
-    return node;
+  if (fn.scope() != at::RecordScope::FUNCTION) {
+    return intern_node(state, name, parent, device, registry::Kind::Range);
   }
-  const NameKeyView view{parent, name};
-  auto it = state.range_nodes.find(view);
-  if (it != state.range_nodes.end()) return it->second;
-  const NodeId node = brick_registry().intern(parent, name, registry::Kind::Range, device);
-  state.range_nodes.emplace(NameKey{parent, name}, node);
+  const PointerKey key{parent, device, name};
+  auto it = state.by_pointer.find(key);
+  if (it != state.by_pointer.end() && it->second.name == name) return it->second.node;
+  const NodeId node = intern_node(state, name, parent, device, registry::Kind::Op);
+  state.by_pointer.insert_or_assign(key, CachedNode{node, name});
   return node;
+}
+
+// Work the autograd engine runs for a backward() call (on its device threads for brick).
+bool is_autograd_engine_work(const at::RecordFunction& fn) {
+  return fn.scope() == at::RecordScope::BACKWARD_FUNCTION ||
+         std::string_view(fn.name()).starts_with("autograd::engine::");
+}
+
+void publish_top(ThreadState& state) {
+  if (g_owner.load(std::memory_order_relaxed) != &state) return;
+  state.published_top.store(state.stack.empty() ? registry::kNoParent : state.stack.back().node,
+                            std::memory_order_relaxed);
 }
 
 void resolve(ThreadState& state, bool wait) {
@@ -174,11 +215,18 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
       state.stack.clear();
       state.session = session;
     }
-    const NodeId parent = state.stack.empty() ? registry::kNoParent : state.stack.back().node;
+    NodeId parent = state.stack.empty() ? registry::kNoParent : state.stack.back().node;
+    if (parent == registry::kNoParent && is_autograd_engine_work(fn)) {
+      // An autograd engine thread starting backward work: its caller's open brick is the parent.
+      ThreadState* owner = g_owner.load(std::memory_order_relaxed);
+      if (owner != nullptr && owner != &state) {
+        parent = owner->published_top.load(std::memory_order_relaxed);
+      }
+    }
     auto& rt = runtime::get();
     const int device = rt.current_device();
-    const NodeId node = node_for(state, fn, parent == kIgnored ? registry::kNoParent : parent,
-                                 device);
+    const NodeId node =
+        node_for(state, fn, parent == kIgnored ? registry::kNoParent : parent, device);
     Frame frame{node, device, 0, nullptr};
     if (node != kIgnored) {
       switch (g_mode.load(std::memory_order_relaxed)) {
@@ -196,6 +244,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
       }
     }
     state.stack.push_back(frame);
+    publish_top(state);
   } catch (...) {
     g_timing_failures.fetch_add(1, std::memory_order_relaxed);
   }
@@ -211,6 +260,7 @@ void on_exit(const at::RecordFunction& /*fn*/, at::ObserverContext* /*ctx*/) {
     }
     const Frame frame = state.stack.back();
     state.stack.pop_back();
+    publish_top(state);
     if (frame.node == kIgnored) return;
     auto& rt = runtime::get();
     switch (g_mode.load(std::memory_order_relaxed)) {
@@ -256,6 +306,11 @@ void enable() {
   std::lock_guard<std::mutex> lock(g_control_mutex);
   TORCH_CHECK(!g_enabled.load(), "brick profiler: enable() called while already enabled");
   g_session.fetch_add(1, std::memory_order_acq_rel);
+  ThreadState& owner = thread_state();
+  owner.stack.clear();
+  owner.session = g_session.load(std::memory_order_relaxed);
+  owner.published_top.store(registry::kNoParent, std::memory_order_relaxed);
+  g_owner.store(&owner, std::memory_order_release);
   g_handle = at::addGlobalCallback(
       at::RecordFunctionCallback(&on_enter, &on_exit)
           .needsInputs(false)
@@ -271,6 +326,7 @@ void disable() {
   TORCH_CHECK(g_enabled.load(), "brick profiler: disable() called while not enabled");
   at::removeCallback(g_handle);
   g_handle = 0;
+  g_owner.store(nullptr, std::memory_order_release);
   g_enabled.store(false, std::memory_order_release);
 }
 

@@ -42,9 +42,9 @@ void register_profiler_stubs();
 
 // One call of ProfilerStubs::record, in call order per thread.
 struct StubRecord {
-  uint64_t thread;     // at::RecordFunction::currentThreadId() of the recording thread
-  int64_t cpu_ns;      // c10::getTime() when recorded (the profiler's time base)
-  int64_t device_ns;   // when the device reached the event, host steady_clock ns (-1: unknown)
+  uint64_t thread;    // at::RecordFunction::currentThreadId() of the recording thread
+  int64_t cpu_ns;     // c10::getTime() when recorded (the profiler's time base)
+  int64_t device_ns;  // when the device reached the event, host steady_clock ns (-1: unknown)
   int device;
   int64_t stream;
 };

@@ -12,11 +12,15 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <memory>
 #include <mutex>
+#include <thread>
 #include <vector>
 
-#include "runtime/runtime.h"
 #include "profiler/profiler.h"
+#include "runtime/runtime.h"
 
 namespace brick::profiler {
 
@@ -55,15 +59,29 @@ struct StubEvent {
   int device;
 };
 
+// The log of record() calls. PyTorch reads the op's CPU start time right after record()
+// returns, so appending must never stall (a vector's reallocation, a page's first touch):
+// records go into fixed chunks, and a background thread prepares the next chunk, already
+// touched, before it is needed.
 class Timeline {
  public:
   void add(const StubRecord& record) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (records_.size() >= kMaxRecords) {
+    if (total_ >= kMaxRecords) {
       ++dropped_;
       return;
     }
-    records_.push_back(record);
+    if (chunks_.empty() || used_ == kChunkRecords) {
+      if (spare_) {
+        chunks_.push_back(std::move(spare_));
+      } else {
+        chunks_.push_back(make_chunk());  // the prefetcher fell behind: rare
+      }
+      used_ = 0;
+      request_spare();
+    }
+    chunks_.back()[used_++] = record;
+    ++total_;
   }
 
   void annotate(Annotation annotation) {
@@ -75,7 +93,11 @@ class Timeline {
     TimelineSnapshot out;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      out.records = records_;
+      out.records.reserve(total_);
+      for (size_t c = 0; c < chunks_.size(); ++c) {
+        const size_t n = c + 1 == chunks_.size() ? used_ : kChunkRecords;
+        out.records.insert(out.records.end(), chunks_[c].get(), chunks_[c].get() + n);
+      }
       out.annotations = annotations_;
       out.dropped_records = dropped_;
     }
@@ -85,13 +107,45 @@ class Timeline {
 
   void clear() {
     std::lock_guard<std::mutex> lock(mutex_);
-    records_.clear();
-    records_.shrink_to_fit();
+    chunks_.clear();
+    used_ = 0;
+    total_ = 0;
     annotations_.clear();
     dropped_ = 0;
   }
 
  private:
+  static constexpr size_t kChunkRecords = 16384;
+  using Chunk = std::unique_ptr<StubRecord[]>;
+
+  static Chunk make_chunk() {
+    Chunk chunk(new StubRecord[kChunkRecords]);
+    std::memset(static_cast<void*>(chunk.get()), 0, kChunkRecords * sizeof(StubRecord));
+    return chunk;
+  }
+
+  // Called with mutex_ held.
+  void request_spare() {
+    want_spare_ = true;
+    if (!prefetcher_started_) {
+      prefetcher_started_ = true;
+      std::thread([this] { prefetch(); }).detach();  // the timeline lives for the process
+    }
+    wake_.notify_one();
+  }
+
+  void prefetch() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      wake_.wait(lock, [this] { return want_spare_; });
+      want_spare_ = false;
+      lock.unlock();
+      Chunk chunk = make_chunk();
+      lock.lock();
+      if (!spare_) spare_ = std::move(chunk);
+    }
+  }
+
   static int64_t steady_ns() {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(
                std::chrono::steady_clock::now().time_since_epoch())
@@ -115,7 +169,13 @@ class Timeline {
   }
 
   std::mutex mutex_;
-  std::vector<StubRecord> records_;
+  std::condition_variable wake_;
+  std::vector<Chunk> chunks_;
+  size_t used_ = 0;
+  size_t total_ = 0;
+  Chunk spare_;
+  bool want_spare_ = false;
+  bool prefetcher_started_ = false;
   std::vector<Annotation> annotations_;
   uint64_t dropped_ = 0;
 };
@@ -184,7 +244,8 @@ class BrickProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
   void onEachDevice(std::function<void(int)> op) const override {
     const int count = runtime::get().device_count();
     for (int index = 0; index < count; ++index) {
-      c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(index)));
+      c10::DeviceGuard guard(
+          c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(index)));
       op(index);
     }
   }
@@ -228,8 +289,8 @@ void range_pop() {
               "brick profiler: range_pop() without a matching range_push() on this thread");
   auto [name, start] = std::move(tls_ranges.back());
   tls_ranges.pop_back();
-  the_timeline().annotate(Annotation{std::move(name), at::RecordFunction::currentThreadId(),
-                                     start, c10::getTime(), /*is_range=*/true});
+  the_timeline().annotate(Annotation{std::move(name), at::RecordFunction::currentThreadId(), start,
+                                     c10::getTime(), /*is_range=*/true});
 }
 
 }  // namespace brick::profiler

@@ -418,28 +418,32 @@ struct NodeInfo {
   int device;
 };
 
+// A node is a name under a parent on a device: the same op on two devices is two bricks.
 struct NodeKeyView {
   NodeId parent;
+  int device;
   std::string_view name;
 };
 
 struct NodeKey {
   NodeId parent;
+  int device;
   std::string name;
-  operator NodeKeyView() const noexcept { return {parent, name}; }
+  operator NodeKeyView() const noexcept { return {parent, device, name}; }
 };
 
 struct NodeKeyHash {
   using is_transparent = void;
   size_t operator()(const NodeKeyView& key) const noexcept {
-    return std::hash<std::string_view>{}(key.name) * 31 + key.parent;
+    return (std::hash<std::string_view>{}(key.name) * 31 + key.parent) * 31 +
+           static_cast<size_t>(key.device);
   }
 };
 
 struct NodeKeyEqual {
   using is_transparent = void;
   bool operator()(const NodeKeyView& a, const NodeKeyView& b) const noexcept {
-    return a.parent == b.parent && a.name == b.name;
+    return a.parent == b.parent && a.device == b.device && a.name == b.name;
   }
 };
 
@@ -557,7 +561,7 @@ NodeId Registry::intern(NodeId parent, std::string_view name, Kind kind, int dev
                 " does not exist (" + std::to_string(impl.nodes.size()) +
                 " nodes interned) while interning '" + std::string(name) + "'");
   }
-  if (auto it = impl.index.find(NodeKeyView{parent, name}); it != impl.index.end()) {
+  if (auto it = impl.index.find(NodeKeyView{parent, device, name}); it != impl.index.end()) {
     return it->second;
   }
   if (impl.nodes.size() >= kMaxNodes) {
@@ -574,7 +578,7 @@ NodeId Registry::intern(NodeId parent, std::string_view name, Kind kind, int dev
     info.path.append(up.path).append("/").append(name);
     info.depth = up.depth + 1;
   }
-  impl.index.emplace(NodeKey{parent, info.name}, node);
+  impl.index.emplace(NodeKey{parent, device, info.name}, node);
   impl.nodes.push_back(std::move(info));
   impl.node_count.store(node + 1, std::memory_order_release);
   return node;

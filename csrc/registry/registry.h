@@ -80,7 +80,8 @@ class Registry {
   Registry(const Registry&) = delete;
   Registry& operator=(const Registry&) = delete;
 
-  // The node for `name` under `parent` (kNoParent for top level); created on first use.
+  // The node for `name` under `parent` (kNoParent for top level) on `device`; created on first
+  // use (the kind of the first intern wins).
   // Thread safe; takes a lock, so callers cache the result per call site.
   NodeId intern(NodeId parent, std::string_view name, Kind kind, int device);
   size_t node_count() const;

@@ -124,8 +124,10 @@ TEST(RegistryIntern, PathsDepthsAndFirstInternWins) {
   const NodeId a = registry.intern(kNoParent, "train", Kind::Range, -1);
   const NodeId b = registry.intern(a, "forward", Kind::Range, -1);
   const NodeId c = registry.intern(b, "aten::addmm", Kind::Op, 1);
-  // A later intern with another kind or device returns the node as first interned.
-  EXPECT_EQ(registry.intern(b, "aten::addmm", Kind::Range, 3), c);
+  // A later intern with another kind returns the node as first interned; another device is
+  // another node.
+  EXPECT_EQ(registry.intern(b, "aten::addmm", Kind::Range, 1), c);
+  EXPECT_NE(registry.intern(b, "aten::addmm", Kind::Op, 3), c);
   for (NodeId node : {a, b, c}) registry.record(node, 10);
   const auto stats = registry.snapshot();
   ASSERT_EQ(stats.size(), 3u);

@@ -65,7 +65,10 @@ def device_intervals(prof):
     trace_start = results.trace_start_ns()
     by_thread = defaultdict(list)
     for e in results.events():
-        if e.name() in _SKIPPED_EVENTS or e.device_type() != torch.autograd.DeviceType.CPU:
+        # Only op and range events call ProfilerStubs.record (python_function events of
+        # with_stack=True and memory events do not).
+        if (e.name() in _SKIPPED_EVENTS or e.device_type() != torch.autograd.DeviceType.CPU
+                or e.is_python_function()):
             continue
         by_thread[e.start_thread_id()].append(e)
     timeline = _C._profiler.timeline()
@@ -110,14 +113,29 @@ def export_chrome_trace(prof, path: Union[str, os.PathLike], *, rank: Optional[i
     if getattr(prof, "kineto_results", None) is None:
         raise RuntimeError("export_chrome_trace: the profiler has not finished (leave its with block first)")
     path = os.fspath(path)
-    fd, tmp = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    try:
-        prof.export_chrome_trace(tmp)
-        with open(tmp, encoding="utf-8") as f:
-            trace = json.load(f)
-    finally:
-        os.unlink(tmp)
+    # PyTorch's export can be saved once per profile: keep its text for later exports.
+    base_text = getattr(prof, "_brick_base_trace", None)
+    if base_text is None:
+        fd, tmp = tempfile.mkstemp(suffix=".json")
+        os.close(fd)
+        try:
+            try:
+                prof.export_chrome_trace(tmp)
+            except RuntimeError as error:
+                if "already saved" not in str(error):
+                    raise
+                raise RuntimeError(
+                    "export_chrome_trace: PyTorch's trace of this profile was already saved by "
+                    "prof.export_chrome_trace(), and PyTorch saves a profile's trace only once; "
+                    "call torch_brickdev.profiler.export_chrome_trace first (it can be called "
+                    "again and again)"
+                ) from None
+            with open(tmp, encoding="utf-8") as f:
+                base_text = f.read()
+        finally:
+            os.unlink(tmp)
+        prof._brick_base_trace = base_text
+    trace = json.loads(base_text)
 
     events = trace.setdefault("traceEvents", [])
     base_ns = int(trace.get("baseTimeNanoseconds", 0))
@@ -178,8 +196,17 @@ def export_chrome_trace(prof, path: Union[str, os.PathLike], *, rank: Optional[i
         events.append({"ph": "M", "name": "thread_name", "pid": device, "tid": stream,
                        "args": {"name": f"stream {stream}"}})
 
-    for name, thread, start, end, is_range in _C._profiler.timeline()["annotations"]:
-        if end < prof.kineto_results.trace_start_ns():
+    timeline = _C._profiler.timeline()
+    # The profile's window on the annotations' clock (perf_counter_ns is the steady clock).
+    offset = timeline["steady_to_cpu_offset_ns"]
+    if getattr(prof, "profiling_end_time_ns", 0):
+        window_start = prof.profiling_start_time_ns + offset
+        window_end = prof.profiling_end_time_ns + offset
+    else:  # older torch: the span of the profile's events
+        window_start = prof.kineto_results.trace_start_ns()
+        window_end = max((e.end_ns() for e in prof.kineto_results.events()), default=window_start)
+    for name, thread, start, end, is_range in timeline["annotations"]:
+        if start < window_start or end > window_end:
             continue
         tid = _ANNOTATION_TID_BASE + thread
         entry = {"cat": "brick_annotation", "name": name, "pid": cpu_pid, "tid": tid, "ts": us(start)}

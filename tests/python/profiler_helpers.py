@@ -1,0 +1,99 @@
+"""Shared pieces of test_profiler.py and test_trace.py."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+# PyTorch 2.13 workaround (not a brick bug): the first legacy profile of a process imports
+# torch.profiler._cupti_monitor inside __enter__; with with_stack=True the Python tracer then
+# names one of that module's frames with garbage bytes and key_averages() raises
+# UnicodeDecodeError. Importing it up front keeps with_stack tests deterministic.
+import torch.profiler._cupti_monitor  # noqa: F401
+
+import torch_brickdev  # noqa: F401  (registers brick)
+from torch_brickdev import profiler as bp
+
+# ---- a custom op of known duration ---------------------------------------------------------
+
+_LIB = None
+# Ground truth: how long each call of the Python impl took, entry to return, in ns.
+SPIN_TRUTH_NS: list = []
+
+
+def spin_op():
+    """``brick_test::spin(x, us)``: busy-waits ``us`` microseconds, then returns ``x.clone()``.
+    Each call appends its own duration (perf_counter_ns, entry to return) to SPIN_TRUTH_NS."""
+    global _LIB
+    if _LIB is None:
+        lib = torch.library.Library("brick_test", "DEF")
+        lib.define("spin(Tensor x, int us) -> Tensor")
+
+        def spin(x, us):
+            start = time.perf_counter_ns()
+            end = start + us * 1000
+            while time.perf_counter_ns() < end:
+                pass
+            out = x.clone()
+            SPIN_TRUTH_NS.append(time.perf_counter_ns() - start)
+            return out
+
+        lib.impl("spin", spin, "PrivateUse1")
+        _LIB = lib
+    return torch.ops.brick_test.spin
+
+
+# ---- a small model ----------------------------------------------------------------------------
+
+
+class TwoLayer(torch.nn.Module):
+    """Two Linear + relu blocks, each under its own record_function range."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(32, 64)
+        self.fc2 = torch.nn.Linear(64, 8)
+
+    def forward(self, x):
+        with torch.profiler.record_function("Block1"):
+            x = torch.relu(self.fc1(x))
+        with torch.profiler.record_function("Block2"):
+            x = torch.relu(self.fc2(x))
+        return x
+
+
+def legacy_profile(**kwargs):
+    return torch.autograd.profiler.profile(use_device="brick", **kwargs)
+
+
+def by_name(bricks):
+    out = {}
+    for b in bricks:
+        assert b.name not in out, f"duplicate brick name {b.name!r}"
+        out[b.name] = b
+    return out
+
+
+def by_path(bricks):
+    out = {}
+    for b in bricks:
+        assert b.path not in out, f"duplicate brick path {b.path!r}"
+        out[b.path] = b
+    return out
+
+
+@pytest.fixture
+def clean_profiler():
+    """Every test starts and ends with the registry disabled and the default (event) mode."""
+    if bp.is_enabled():  # a previous test leaked: fail it loudly here, then recover
+        bp.disable()
+        pytest.fail("the brick profiler was left enabled by an earlier test")
+    bp.set_sync_mode("event")
+    yield
+    leaked = bp.is_enabled()
+    if leaked:
+        bp.disable()
+    bp.set_sync_mode("event")
+    assert not leaked, "the test left the brick profiler enabled"

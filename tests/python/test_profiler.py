@@ -1,0 +1,861 @@
+"""The brick profiler: the native registry, its reports, and PyTorch's legacy profiler on brick.
+
+Every test starts and ends with the registry disabled and in the default (event) sync mode
+(the ``_clean`` fixture fails a test that leaves it enabled).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+from profiler_helpers import (  # noqa: F401  (clean_profiler is a fixture)
+    SPIN_TRUTH_NS,
+    TwoLayer,
+    by_name,
+    by_path,
+    clean_profiler,
+    legacy_profile,
+    spin_op,
+)
+from torch_brickdev import profiler as bp
+from torch_brickdev.profiler.report import ReportError
+
+record_function = torch.profiler.record_function
+MODES = [bp.SyncMode.IMMEDIATE, bp.SyncMode.DEFERRED, bp.SyncMode.EVENT]
+
+
+@pytest.fixture(autouse=True)
+def _clean(clean_profiler):  # noqa: F811
+    yield
+
+
+@pytest.fixture
+def x():
+    return torch.randn(8, 8, device="brick")
+
+
+def health_delta(before):
+    after = bp.health()
+    return {k: after[k] - before[k] for k in ("unbalanced_exits", "timing_failures")}
+
+
+def assert_invariants(bricks):
+    """The per-brick invariants of every figure in a snapshot."""
+    for b in bricks:
+        assert b.count > 0, b
+        assert b.avg_us() == b.total_ns / b.count / 1000, b
+        assert 0 <= b.min_ns <= b.p50_ns <= b.p90_ns <= b.p99_ns <= b.max_ns, b
+        assert b.min_ns <= b.last_ns <= b.max_ns, b
+        assert b.min_ns * b.count <= b.total_ns <= b.max_ns * b.count, b
+        assert b.kind in ("op", "range"), b
+
+
+# =============================================================================================
+# 1. Counts and call paths are exact
+# =============================================================================================
+
+
+def test_counts_are_exact(x):
+    n = 37
+    with bp.profile() as p:
+        for _ in range(n):
+            with record_function("R"):
+                torch.relu(x)
+    names = by_name(bp.stats(by="name"))
+    assert names["R"].count == n
+    assert names["R"].kind == "range"
+    assert names["aten::relu"].count == n
+    assert names["aten::relu"].kind == "op"
+    paths = by_path(bp.stats(by="path"))
+    assert paths["R"].depth == 0
+    assert paths["R/aten::relu"].count == n
+    assert paths["R/aten::relu"].depth == 1
+    assert paths["R/aten::relu"].name == "aten::relu"
+    assert "aten::relu" not in paths  # never top level here
+    # The report holds the same figures as stats().
+    assert {b.name: b.count for b in p.report.bricks} == {b.name: b.count for b in bp.stats()}
+
+
+def test_nested_ranges_keep_their_parent_path(x):
+    with bp.profile():
+        for _ in range(3):
+            with record_function("Outer"):
+                with record_function("Inner"):
+                    torch.relu(x)
+    paths = by_path(bp.stats(by="path"))
+    for path, depth in [("Outer", 0), ("Outer/Inner", 1), ("Outer/Inner/aten::relu", 2)]:
+        assert paths[path].depth == depth, path
+        assert paths[path].count == 3, path
+    assert paths["Outer/Inner"].name == "Inner"
+    # A parent's time contains its children's.
+    outer, inner = paths["Outer"], paths["Outer/Inner"]
+    assert outer.total_ns >= inner.total_ns >= paths["Outer/Inner/aten::relu"].total_ns
+
+
+def test_same_op_under_two_ranges_is_two_paths_and_one_name(x):
+    with bp.profile():
+        for _ in range(3):
+            with record_function("A"):
+                torch.relu(x)
+        for _ in range(5):
+            with record_function("B"):
+                torch.relu(x)
+    paths = by_path(bp.stats(by="path"))
+    a, b = paths["A/aten::relu"], paths["B/aten::relu"]
+    assert (a.count, b.count) == (3, 5)
+    merged = [s for s in bp.stats(by="name") if s.name == "aten::relu"]
+    assert len(merged) == 1
+    m = merged[0]
+    assert m.path == "aten::relu"
+    assert m.count == 8
+    assert m.total_ns == a.total_ns + b.total_ns
+    assert m.min_ns == min(a.min_ns, b.min_ns)
+    assert m.max_ns == max(a.max_ns, b.max_ns)
+
+
+def test_reset_false_accumulates(x):
+    with bp.profile():
+        torch.relu(x)
+    with bp.profile(reset=False):
+        torch.relu(x)
+        torch.relu(x)
+    assert by_name(bp.stats())["aten::relu"].count == 3
+    with bp.profile():  # reset=True is the default
+        torch.relu(x)
+    assert by_name(bp.stats())["aten::relu"].count == 1
+
+
+# =============================================================================================
+# 2. Known durations are measured in every sync mode
+# =============================================================================================
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_known_duration_is_measured(mode):
+    """``brick_test::spin(x, 2000)`` busy-waits 2000 µs (20 calls). The registry's per-call avg,
+    min and p50 must lie in [2000 µs, 2000 µs × 1.15 + 50 µs]: never below the spin (the brick
+    brackets it), at most 15 % + 50 µs above (Python call, dispatcher, clone, profiler).
+
+    On an oversubscribed machine a call can be descheduled past its deadline and really take
+    longer; so the upper bounds of avg and min are taken from the ground truth (each call's own
+    perf_counter duration, which is 2000 µs + a few µs on an idle machine): figure ≤ truth ×
+    1.15 + 50 µs, and figure ≥ truth for avg and min.
+    """
+    spin = spin_op()
+    t = torch.ones(4, device="brick")
+    spin(t, 50)  # warm up the Python impl and the dispatcher entry
+    us, calls = 2000, 20
+    SPIN_TRUTH_NS.clear()
+    with bp.profile(sync_mode=mode) as p:
+        for _ in range(calls):
+            spin(t, us)
+    truth = sorted(SPIN_TRUTH_NS)
+    assert len(truth) == calls and truth[0] >= us * 1000
+    truth_avg_us = sum(truth) / calls / 1000
+    truth_min_us = truth[0] / 1000
+    truth_p50_us = truth[calls // 2 - 1] / 1000  # rank ceil(0.5 n), as the registry's p50
+
+    s = p.report.brick("brick_test::spin")
+    assert s.count == calls
+    assert s.kind == "op"
+    assert max(us, truth_avg_us) <= s.avg_us() <= truth_avg_us * 1.15 + 50, s
+    assert max(us, truth_min_us) <= s.min_ns / 1000 <= truth_min_us * 1.15 + 50, s
+    assert us <= s.p50_ns / 1000 <= truth_p50_us * 1.15 + 50, s
+    assert s.max_ns >= truth[-1]
+    # The clone inside the custom op is its child.
+    assert by_path(p.report.paths)["brick_test::spin/aten::clone"].count == calls
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_range_around_sleep_is_measured(mode):
+    """A range around ``time.sleep(0.01)`` measures ≥ 10 ms and < 10 ms + 5 ms (the 10 ms
+    being what the sleep really took, by perf_counter, if the OS woke it up late)."""
+    with bp.profile(sync_mode=mode) as p:
+        with record_function("Sleep"):
+            start = time.perf_counter_ns()
+            time.sleep(0.01)
+            slept = time.perf_counter_ns() - start
+    s = p.report.brick("Sleep")
+    assert s.count == 1
+    assert max(10_000_000, slept) <= s.total_ns < max(10_000_000, slept) + 5_000_000, (s, slept)
+    assert p.report.wall_ns >= s.total_ns
+
+
+# =============================================================================================
+# 3. Figures are consistent
+# =============================================================================================
+
+
+def _mixed_workload(model, inp):
+    for _ in range(3):
+        with record_function("Step"):
+            out = model(inp)
+            out.sum().backward()
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_figures_are_consistent(mode):
+    model = TwoLayer().to("brick")
+    inp = torch.randn(16, 32, device="brick")
+    before = bp.health()
+    with bp.profile(sync_mode=mode) as p:
+        _mixed_workload(model, inp)
+    assert health_delta(before) == {"unbalanced_exits": 0, "timing_failures": 0}
+    assert p.report.health["pending_events"] == 0
+    for bricks in (bp.stats("name"), bp.stats("path"), p.report.bricks, p.report.paths):
+        assert bricks
+        assert_invariants(bricks)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_top_level_time_within_wall_time_forward(mode):
+    model = TwoLayer().to("brick")
+    inp = torch.randn(16, 32, device="brick")
+    model(inp)
+    with bp.profile(sync_mode=mode) as p:
+        for _ in range(3):
+            with record_function("Step"):
+                model(inp)
+        model(inp)
+    assert 0 < p.report.top_level_ns() <= p.report.wall_ns
+    assert p.report.top_level_ns() == sum(b.total_ns for b in p.report.paths if b.depth == 0)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: backward ops run on the autograd engine's device thread, whose brick stack is "
+    "empty, so 'autograd::engine::evaluate_function: ...' bricks are top level although they "
+    "run inside the caller's 'Step' range: top_level_ns() counts backward twice (> wall_ns)",
+)
+def test_top_level_time_within_wall_time_with_backward():
+    model = TwoLayer().to("brick")
+    inp = torch.randn(256, 32, device="brick")
+    model(inp).sum().backward()  # warm up (starts the autograd device thread)
+    with bp.profile() as p:
+        with record_function("Step"):
+            model(inp).sum().backward()
+    assert p.report.brick("Step").count == 1
+    assert p.report.top_level_ns() <= p.report.wall_ns
+
+
+def test_single_call_figures_coincide(x):
+    with bp.profile() as p:
+        with record_function("Once"):
+            torch.relu(x)
+    s = p.report.brick("Once")
+    assert s.count == 1
+    assert s.total_ns == s.min_ns == s.max_ns == s.last_ns
+    assert s.p50_ns == s.p90_ns == s.p99_ns == s.total_ns
+
+
+def test_last_ns_is_the_last_call():
+    spin = spin_op()
+    t = torch.ones(4, device="brick")
+    SPIN_TRUTH_NS.clear()
+    with bp.profile():
+        spin(t, 3000)
+        spin(t, 200)
+    first, last = SPIN_TRUTH_NS
+    s = by_name(bp.stats())["brick_test::spin"]
+    assert s.count == 2 and s.total_ns == s.min_ns + s.max_ns
+    assert s.last_ns in (s.min_ns, s.max_ns)
+    # The last (short) call's figure: its true duration plus at most 15 % + 500 µs.
+    assert last <= s.last_ns <= last * 1.15 + 500_000, (s, first, last)
+    if last * 1.15 + 500_000 < first:  # not descheduled: the short call is the min
+        assert s.last_ns == s.min_ns
+
+
+# =============================================================================================
+# 4. Completeness
+# =============================================================================================
+
+
+def test_stats_hold_every_brick_that_ran(x):
+    with bp.profile() as p:
+        with record_function("Outer"):
+            torch.relu(x)
+            torch.mm(x, x)
+        torch.add(x, x)
+    names = [b.name for b in bp.stats("name")]
+    assert len(names) == len(set(names))
+    assert {"Outer", "aten::relu", "aten::mm", "aten::add"} <= set(names)
+    assert all(b.count > 0 for b in bp.stats("path"))
+    assert {b.name for b in bp.stats("path")} == set(names)
+    assert [b.name for b in p.report.bricks] == names
+
+
+def test_names_match_legacy_key_averages_forward():
+    model = TwoLayer().to("brick")
+    inp = torch.randn(16, 32, device="brick")
+    model(inp)  # warm up
+    with legacy_profile() as prof:
+        with bp.profile() as p:
+            for _ in range(2):
+                model(inp)
+    legacy = {}
+    for avg in prof.key_averages():
+        legacy[avg.key] = legacy.get(avg.key, 0) + avg.count
+    bricks = {b.name: b.count for b in p.report.bricks}
+    assert set(bricks) == set(legacy)
+    assert bricks == legacy
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: observer.cpp caches FUNCTION-scope nodes by the name's pointer; "
+    "'autograd::engine::evaluate_function: <Node>' names are per-call strings, so different "
+    "nodes are merged into whichever name first used that address",
+)
+def test_names_match_legacy_key_averages_backward():
+    leaf = torch.randn(4, device="brick", requires_grad=True)
+    with legacy_profile() as prof:
+        with bp.profile() as p:
+            (leaf.exp() * 2).sum().backward()
+    legacy = {}
+    for avg in prof.key_averages():
+        legacy[avg.key] = legacy.get(avg.key, 0) + avg.count
+    evaluate = "autograd::engine::evaluate_function: "
+    bricks = {b.name: b.count for b in p.report.bricks if b.name.startswith(evaluate)}
+    expected = {k: v for k, v in legacy.items() if k.startswith(evaluate)}
+    assert evaluate + "ExpBackward0" in expected  # the legacy profiler saw it
+    assert bricks == expected
+
+
+def test_report_json_has_one_entry_per_brick_and_round_trips(tmp_path, x):
+    with bp.profile(metadata={"model": "relu"}) as p:
+        with record_function("R"):
+            torch.relu(x)
+        torch.mm(x, x)
+    report = p.report
+    data = json.loads(report.to_json())
+    names = [b["name"] for b in data["bricks"]]
+    assert len(names) == len(set(names)) == len(bp.stats("name"))
+    assert set(names) == {b.name for b in bp.stats("name")}
+    assert len(data["paths"]) == len(bp.stats("path"))
+    assert data["sync_mode"] == "event"
+    assert data["wall_ns"] == report.wall_ns
+    assert data["top_level_ns"] == report.top_level_ns() <= report.wall_ns
+    assert data["metadata"] == {"model": "relu"}
+    for entry in data["bricks"]:
+        assert entry["avg_us"] == entry["total_ns"] / entry["count"] / 1000
+
+    path = report.write_json(tmp_path / "report.json")
+    assert path == str(tmp_path / "report.json")
+    loaded = bp.load_report(path)
+    assert [b.to_dict() for b in loaded.bricks] == [b.to_dict() for b in report.bricks]
+    assert [b.to_dict() for b in loaded.paths] == [b.to_dict() for b in report.paths]
+    assert loaded.wall_ns == report.wall_ns
+    assert loaded.sync_mode == report.sync_mode
+    assert loaded.device == report.device
+    assert loaded.metadata == report.metadata
+    assert loaded.top_level_ns() == report.top_level_ns()
+    assert loaded.to_dict() == report.to_dict()
+    assert bp.load_report(data).to_dict() == report.to_dict()  # from a dict too
+
+
+# =============================================================================================
+# 5. is_enabled() is exact, also across exceptions
+# =============================================================================================
+
+
+def test_is_enabled_is_exact(x):
+    assert bp.is_enabled() is False
+    with bp.profile():
+        assert bp.is_enabled() is True
+        torch.relu(x)
+        assert bp.is_enabled() is True
+    assert bp.is_enabled() is False
+    bp.enable()
+    assert bp.is_enabled() is True
+    bp.disable()
+    assert bp.is_enabled() is False
+
+
+def test_exception_in_profile_block(x):
+    with pytest.raises(ValueError, match="boom"):
+        with bp.profile() as p:
+            for _ in range(4):
+                with record_function("Done"):
+                    torch.relu(x)
+            raise ValueError("boom")
+    assert bp.is_enabled() is False
+    assert p.report is not None
+    assert p.report.brick("Done").count == 4
+    assert by_name(bp.stats())["aten::relu"].count == 4
+    with bp.profile():  # usable again
+        torch.relu(x)
+    assert by_name(bp.stats())["aten::relu"].count == 1
+
+
+def test_range_stack_is_unwound_after_an_exception(x):
+    before = bp.health()
+    bp.reset()
+    bp.enable()
+    try:
+        try:
+            with record_function("Broken"):
+                raise ValueError("inside the range")
+        except ValueError:
+            pass
+        torch.relu(x)  # still profiling: a top-level brick, not a child of Broken
+    finally:
+        bp.disable()
+    paths = by_path(bp.stats("path"))
+    assert paths["Broken"].count == 1
+    assert paths["aten::relu"].depth == 0
+    assert paths["aten::relu"].count == 1
+    assert "Broken/aten::relu" not in paths
+    assert health_delta(before) == {"unbalanced_exits": 0, "timing_failures": 0}
+
+
+def test_failing_op_keeps_the_stack_balanced(x):
+    before = bp.health()
+    with bp.profile():
+        with record_function("Bad"):
+            with pytest.raises(RuntimeError):
+                torch.mm(x, torch.ones(3, 3, device="brick"))  # shape mismatch
+        torch.relu(x)
+    paths = by_path(bp.stats("path"))
+    assert paths["Bad"].count == 1
+    assert paths["aten::relu"].depth == 0
+    assert health_delta(before) == {"unbalanced_exits": 0, "timing_failures": 0}
+
+
+# =============================================================================================
+# 6. Sync modes
+# =============================================================================================
+
+
+def test_default_sync_mode_is_event():
+    code = "import torch_brickdev.profiler as p; print(p.sync_mode().value)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "event"
+    assert bp.profile()._mode is None  # profile() leaves the mode alone unless asked
+
+
+@pytest.mark.parametrize(
+    "given, expected",
+    [
+        (bp.SyncMode.IMMEDIATE, "immediate"),
+        (bp.SyncMode.DEFERRED, "deferred"),
+        (bp.SyncMode.EVENT, "event"),
+        ("immediate", "immediate"),
+        ("DEFERRED", "deferred"),
+        ("Event", "event"),
+        ("iMmEdIaTe", "immediate"),
+    ],
+)
+def test_set_sync_mode_accepts_members_and_case_insensitive_strings(given, expected):
+    bp.set_sync_mode(given)
+    assert bp.sync_mode() is bp.SyncMode(expected)
+    assert bp.sync_mode().value == expected
+
+
+def test_unknown_sync_mode_names_the_valid_ones():
+    with pytest.raises(ValueError) as err:
+        bp.set_sync_mode("async")
+    for valid in ("immediate", "deferred", "event"):
+        assert valid in str(err.value)
+    assert "async" in str(err.value)
+    assert bp.sync_mode() is bp.SyncMode.EVENT  # unchanged
+    with pytest.raises(ValueError):
+        bp.profile(sync_mode="bogus")
+    with pytest.raises(TypeError):
+        bp.set_sync_mode(1)
+
+
+def test_set_sync_mode_while_enabled_is_refused():
+    bp.enable()
+    try:
+        with pytest.raises(RuntimeError, match="sync mode"):
+            bp.set_sync_mode("deferred")
+        assert bp.sync_mode() is bp.SyncMode.EVENT
+        assert bp.is_enabled()
+    finally:
+        bp.disable()
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_profile_sets_and_restores_the_mode(mode, x):
+    bp.set_sync_mode("deferred" if mode is not bp.SyncMode.DEFERRED else "immediate")
+    previous = bp.sync_mode()
+    with bp.profile(sync_mode=mode) as p:
+        assert bp.sync_mode() is mode
+        torch.relu(x)
+    assert bp.sync_mode() is previous
+    assert p.report.sync_mode is mode
+    assert json.loads(p.report.to_json())["sync_mode"] == mode.value
+    # Restored after an exception too.
+    with pytest.raises(KeyError):
+        with bp.profile(sync_mode=mode.value.upper()):
+            raise KeyError("x")
+    assert bp.sync_mode() is previous
+
+
+def test_profile_without_mode_reports_the_current_one(x):
+    bp.set_sync_mode("immediate")
+    with bp.profile() as p:
+        torch.relu(x)
+    assert p.report.sync_mode is bp.SyncMode.IMMEDIATE
+    assert bp.sync_mode() is bp.SyncMode.IMMEDIATE
+
+
+def test_enable_with_sync_mode(x):
+    bp.enable(sync_mode="deferred")
+    try:
+        assert bp.sync_mode() is bp.SyncMode.DEFERRED
+    finally:
+        bp.disable()
+
+
+# =============================================================================================
+# 7. Bad input
+# =============================================================================================
+
+
+def test_range_pop_without_push():
+    with pytest.raises(RuntimeError, match="range_push"):
+        bp.range_pop()
+
+
+def test_mark_and_range_push_need_a_name():
+    with pytest.raises(ValueError):
+        bp.mark("")
+    with pytest.raises(ValueError):
+        bp.range_push("")
+    with pytest.raises(TypeError):
+        bp.mark(None)
+    with pytest.raises(TypeError):
+        bp.range_push(3)
+    bp.range_push("ok")  # still balanced afterwards
+    bp.range_pop()
+    with pytest.raises(RuntimeError, match="range_push"):
+        bp.range_pop()
+
+
+def test_enable_twice_and_disable_when_off():
+    bp.enable()
+    try:
+        with pytest.raises(RuntimeError, match="already enabled"):
+            bp.enable()
+        assert bp.is_enabled()
+        with pytest.raises(RuntimeError, match="already running"):
+            with bp.profile():
+                pass
+        assert bp.is_enabled()
+    finally:
+        bp.disable()
+    with pytest.raises(RuntimeError, match="not enabled"):
+        bp.disable()
+    assert not bp.is_enabled()
+
+
+@pytest.mark.parametrize("where", ["missing_dir", "proc"])
+def test_write_json_to_an_unwritable_path(where, tmp_path, x):
+    with bp.profile() as p:
+        torch.relu(x)
+    path = str(tmp_path / "no" / "such" / "dir" / "r.json") if where == "missing_dir" else "/proc/x"
+    with pytest.raises(OSError) as err:
+        p.report.write_json(path)
+    assert path in str(err.value)
+    assert err.value.errno is not None
+    # The registry is still usable.
+    with bp.profile() as q:
+        torch.relu(x)
+    assert q.report.brick("aten::relu").count == 1
+    assert q.report.write_json(tmp_path / "ok.json")
+
+
+def _good_report_dict(x):
+    with bp.profile() as p:
+        torch.relu(x)
+    return json.loads(p.report.to_json())
+
+
+@pytest.mark.parametrize(
+    "case, field",
+    [
+        ("truncated", None),
+        ("wrong_schema", "schema"),
+        ("wrong_version", "version"),
+        ("string_count", "count"),
+        ("missing_bricks", "bricks"),
+        ("negative_total", "total_ns"),
+        ("not_an_object", None),
+    ],
+)
+def test_load_report_rejects_bad_files(case, field, tmp_path, x):
+    data = _good_report_dict(x)
+    path = tmp_path / f"{case}.json"
+    if case == "truncated":
+        text = json.dumps(data)
+        path.write_text(text[: len(text) // 2])
+    else:
+        if case == "wrong_schema":
+            data["schema"] = "something.else"
+        elif case == "wrong_version":
+            data["version"] = 99
+        elif case == "string_count":
+            data["bricks"][0]["count"] = "1"
+        elif case == "missing_bricks":
+            del data["bricks"]
+        elif case == "negative_total":
+            data["bricks"][0]["total_ns"] = -5
+        elif case == "not_an_object":
+            data = [data]
+        path.write_text(json.dumps(data))
+    with pytest.raises(ReportError) as err:
+        bp.load_report(path)
+    message = str(err.value)
+    assert str(path) in message
+    if field is not None:
+        assert repr(field) in message or field in message
+    if case == "truncated":
+        assert "JSON" in message
+    assert isinstance(err.value, ValueError)
+
+
+def test_load_report_missing_file(tmp_path):
+    path = tmp_path / "absent.json"
+    with pytest.raises(ReportError, match="absent.json"):
+        bp.load_report(path)
+
+
+def test_bad_stats_and_table_arguments(x):
+    with pytest.raises(ValueError, match="bogus"):
+        bp.stats(by="bogus")
+    with bp.profile() as p:
+        torch.relu(x)
+    with pytest.raises(ValueError, match="bogus"):
+        p.report.table(sort_by="bogus")
+    with pytest.raises(ValueError, match="bogus"):
+        p.report.table(by="bogus")
+    with pytest.raises(KeyError):
+        p.report.brick("no such brick")
+
+
+# =============================================================================================
+# 8. Concurrency
+# =============================================================================================
+
+
+def test_concurrent_threads_are_counted_exactly():
+    threads_n, iters = 8, 500
+    tensors = [torch.ones(4, device="brick") for _ in range(threads_n)]
+    barrier = threading.Barrier(threads_n)
+    errors = []
+
+    def work(t):
+        try:
+            barrier.wait()
+            for _ in range(iters):
+                with record_function("Worker"):
+                    torch.add(t, t)
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    before = bp.health()
+    with bp.profile() as p:
+        threads = [threading.Thread(target=work, args=(t,)) for t in tensors]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    assert not errors
+    names = by_name(p.report.bricks)
+    assert names["Worker"].count == threads_n * iters
+    assert names["aten::add"].count == threads_n * iters
+    paths = by_path(p.report.paths)
+    assert paths["Worker/aten::add"].count == threads_n * iters
+    assert "aten::add" not in paths
+    assert_invariants(p.report.bricks)
+    assert health_delta(before) == {"unbalanced_exits": 0, "timing_failures": 0}
+
+
+# =============================================================================================
+# 9. PyTorch's legacy profiler on brick
+# =============================================================================================
+
+
+def _legacy_totals(prof):
+    """key -> (count, device_time_total, self_device_time_total), summed over key_averages rows
+    (PyTorch splits a key's rows by whether an event got device time)."""
+    out = {}
+    for avg in prof.key_averages():
+        c, d, s = out.get(avg.key, (0, 0.0, 0.0))
+        out[avg.key] = (c + avg.count, d + avg.device_time_total, s + avg.self_device_time_total)
+    return out
+
+
+def test_legacy_profiler_gets_device_time():
+    a = torch.randn(256, 256, device="brick")
+    torch.mm(a, a)
+    with legacy_profile() as prof:
+        with record_function("MatMul"):
+            torch.mm(a, a)
+    totals = _legacy_totals(prof)
+    count, device_total, self_device = totals["aten::mm"]
+    assert count == 1
+    assert device_total > 0
+    assert self_device > 0
+    assert totals["MatMul"][0] == 1
+    assert totals["MatMul"][1] > 0
+    assert totals["MatMul"][1] >= device_total
+    table = prof.key_averages().table(sort_by="self_device_time_total")
+    for column in ("Self BRICK", "BRICK total", "BRICK time avg"):
+        assert column in table
+    assert "aten::mm" in table
+
+
+def test_legacy_profiler_with_all_options():
+    a = torch.randn(256, 256, device="brick")
+    with legacy_profile(record_shapes=True, profile_memory=True, with_stack=True) as prof:
+        with record_function("MatMul"):
+            torch.mm(a, a)
+    totals = _legacy_totals(prof)
+    assert totals["aten::mm"][0] == 1
+    assert totals["aten::mm"][1] > 0 and totals["aten::mm"][2] > 0
+    assert totals["MatMul"][1] > 0
+    shapes = [avg.input_shapes for avg in prof.key_averages(group_by_input_shape=True)
+              if avg.key == "aten::mm"]
+    assert [[256, 256], [256, 256]] in shapes
+    table = prof.key_averages().table(sort_by="self_device_time_total")
+    assert "Self BRICK" in table and "BRICK Mem" in table
+
+
+def test_legacy_profiler_repeated():
+    a = torch.randn(128, 128, device="brick")
+    for n in (1, 2, 3):
+        with legacy_profile() as prof:
+            for _ in range(n):
+                with record_function("Rep"):
+                    torch.mm(a, a)
+        totals = _legacy_totals(prof)
+        assert totals["aten::mm"][0] == n
+        assert totals["Rep"][0] == n
+        assert totals["aten::mm"][1] > 0
+
+
+def test_brick_profile_inside_legacy_profile():
+    a = torch.randn(128, 128, device="brick")
+    with legacy_profile() as prof:
+        with bp.profile() as p:
+            for _ in range(4):
+                with record_function("Inside"):
+                    torch.mm(a, a)
+    assert p.report.brick("Inside").count == 4
+    assert p.report.brick("aten::mm").count == 4
+    totals = _legacy_totals(prof)
+    assert totals["aten::mm"][0] == 4 and totals["aten::mm"][1] > 0
+    assert totals["Inside"][0] == 4
+
+
+def test_legacy_profile_inside_brick_profile():
+    a = torch.randn(128, 128, device="brick")
+    with bp.profile() as p:
+        with legacy_profile() as prof:
+            for _ in range(4):
+                with record_function("Inside"):
+                    torch.mm(a, a)
+        torch.mm(a, a)  # after the legacy profile, still in the brick one
+    assert p.report.brick("Inside").count == 4
+    assert p.report.brick("aten::mm").count == 5
+    totals = _legacy_totals(prof)
+    assert totals["aten::mm"][0] == 4 and totals["aten::mm"][1] > 0
+
+
+def test_legacy_profiler_on_second_device_and_side_stream():
+    assert torch.brick.device_count() >= 2
+    a1 = torch.randn(256, 256, device="brick:1")
+    a0 = torch.randn(256, 256, device="brick:0")
+    side = torch.brick.Stream()
+    assert side.stream_id != torch.brick.default_stream().stream_id
+    with legacy_profile() as prof:
+        torch.mm(a1, a1)
+        with torch.brick.stream(side):
+            torch.add(a0, a0)
+    totals = _legacy_totals(prof)
+    assert totals["aten::mm"][0] == 1 and totals["aten::mm"][1] > 0
+    assert totals["aten::add"][0] == 1 and totals["aten::add"][1] > 0
+
+
+def test_compare_with_key_averages():
+    a = torch.randn(128, 128, device="brick")
+    with legacy_profile() as prof:
+        with bp.profile() as p:
+            torch.mm(a, a)
+    text = bp.compare_with_key_averages(prof, p.report)
+    assert "aten::mm" in text
+    assert "legacy BRICK us" in text and "brick total us" in text
+    row = next(line for line in text.splitlines() if line.startswith("aten::mm"))
+    assert row.split()[1] == "1" and row.split()[3] == "1"  # legacy calls, brick calls
+
+
+# =============================================================================================
+# 10. Report text
+# =============================================================================================
+
+
+def test_report_table_text(x):
+    with bp.profile(sync_mode="deferred") as p:
+        with record_function("Outer"):
+            torch.relu(x)
+        torch.mm(x, x)
+    text = p.report.table()
+    for b in p.report.bricks:
+        assert b.name in text
+    assert "sync mode: deferred" in text
+    assert f"wall time: {p.report.wall_ns / 1e6:.3f} ms" in text
+    assert f"{len(p.report.bricks)} bricks" in text
+    assert str(p.report) == text
+    for key in ("total", "avg", "count", "max", "p99", "name"):
+        assert "aten::mm" in p.report.table(sort_by=key)
+    limited = p.report.table(row_limit=1)
+    assert sum(1 for b in p.report.bricks if f"\n{b.name} " in limited) == 1
+
+    lines = p.report.table(by="path").splitlines()
+    outer = next(i for i, line in enumerate(lines) if line.startswith("Outer "))
+    assert lines[outer + 1].startswith("  aten::relu ")
+    assert any(line.startswith("aten::mm ") for line in lines)
+
+
+# =============================================================================================
+# Device attribution
+# =============================================================================================
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: a brick node keeps the device current when its name was first interned "
+    "(observer.cpp node_for caches per (parent, name) and intern ignores the device), so an op "
+    "later run on brick:1 under torch.brick.device(1) is reported on device 0, not -1",
+)
+def test_op_on_two_devices_is_reported_as_several():
+    b0 = torch.ones(16, device="brick:0")
+    b1 = torch.ones(16, device="brick:1")
+    with bp.profile():
+        torch.sub(b0, b0)
+        with torch.brick.device(1):
+            torch.sub(b1, b1)
+    assert by_name(bp.stats("name"))["aten::sub"].device == -1
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: the observer takes the brick device from the current device at op entry, "
+    "before the op's device guard: an op on brick:1 tensors (current device 0) is attributed, "
+    "and in event mode timed, on device 0",
+)
+def test_op_on_second_device_is_attributed_to_it():
+    a1 = torch.randn(32, 32, device="brick:1")
+    assert torch.brick.current_device() == 0
+    with bp.profile():
+        torch.atan2(a1, a1)
+    assert by_name(bp.stats("name"))["aten::atan2"].device == 1
