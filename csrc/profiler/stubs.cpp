@@ -10,6 +10,7 @@
 #include <c10/util/ApproximateClock.h>
 #include <torch/csrc/profiler/stubs/base.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -29,6 +30,8 @@ namespace {
 constexpr size_t kMaxRecords = 8u << 20;  // 8M records (~320 MB): beyond, records are counted
 
 // Events handed to PyTorch; returned here by the stub's deleter (possibly on another thread).
+// PyTorch holds every event of a profile until it post-processes it, so during a profile the
+// pool drains: a background thread tops it up, so record() does not create events inline.
 class SharedEventPool {
  public:
   runtime::Event* acquire(int device) {
@@ -37,21 +40,80 @@ class SharedEventPool {
       if (device < static_cast<int>(free_.size()) && !free_[device].empty()) {
         runtime::Event* event = free_[device].back();
         free_[device].pop_back();
+        if (free_[device].size() < kLowWater) request_refill(device);
         return event;
       }
+      request_refill(device);
     }
     return runtime::get().create_event(device, /*enable_timing=*/true);
   }
 
   void release(int device, runtime::Event* event) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (device >= static_cast<int>(free_.size())) free_.resize(device + 1);
+    ensure_device(device);
     free_[device].push_back(event);
   }
 
+  // Starts the refill thread and fills every device's pool (at registration, so that starting
+  // a thread never happens inside a profiled op).
+  void warm_up(int devices) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (int device = 0; device < devices; ++device) request_refill(device);
+  }
+
  private:
+  static constexpr size_t kLowWater = 256;
+  static constexpr size_t kRefill = 1024;
+
+  void ensure_device(int device) {
+    if (device >= static_cast<int>(free_.size())) {
+      free_.resize(device + 1);
+      refill_wanted_.resize(device + 1, false);
+    }
+  }
+
+  // Called with mutex_ held.
+  void request_refill(int device) {
+    ensure_device(device);
+    if (refill_wanted_[device]) return;
+    refill_wanted_[device] = true;
+    if (!worker_started_) {
+      worker_started_ = true;
+      std::thread([this] { refill_loop(); }).detach();  // the pool lives for the process
+    }
+    wake_.notify_one();
+  }
+
+  void refill_loop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      wake_.wait(lock, [this] {
+        return std::find(refill_wanted_.begin(), refill_wanted_.end(), true) !=
+               refill_wanted_.end();
+      });
+      const int device = static_cast<int>(
+          std::find(refill_wanted_.begin(), refill_wanted_.end(), true) - refill_wanted_.begin());
+      lock.unlock();
+      std::vector<runtime::Event*> fresh;
+      fresh.reserve(kRefill);
+      try {
+        for (size_t i = 0; i < kRefill; ++i) {
+          fresh.push_back(runtime::get().create_event(device, /*enable_timing=*/true));
+        }
+      } catch (...) {
+        // The device cannot make more events now; record() creates them inline instead.
+      }
+      lock.lock();
+      refill_wanted_[device] = false;
+      free_[device].insert(free_[device].end(), fresh.begin(), fresh.end());
+    }
+  }
+
   std::mutex mutex_;
+  std::condition_variable wake_;
   std::vector<std::vector<runtime::Event*>> free_;
+  std::vector<bool> refill_wanted_;
+  bool worker_started_ = false;
 };
 
 struct StubEvent {
@@ -82,6 +144,12 @@ class Timeline {
     }
     chunks_.back()[used_++] = record;
     ++total_;
+  }
+
+  // Starts the prefetch thread and prepares the first chunk (at registration).
+  void warm_up() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    request_spare();
   }
 
   void annotate(Annotation annotation) {
@@ -199,20 +267,27 @@ class BrickProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
   void record(c10::DeviceIndex* device, torch::profiler::impl::ProfilerVoidEventStub* event,
               int64_t* cpu_ns) const override {
     try {
+      // The stamp is taken as early as possible: PyTorch reads the op's CPU end time right
+      // before an end record, and its start time right after a start record.
       auto& rt = runtime::get();
       const int index = rt.current_device();
-      if (device != nullptr) *device = static_cast<c10::DeviceIndex>(index);
       const runtime::StreamId stream = rt.current_stream(index);
       runtime::Event* raw = event_pool().acquire(index);
+      try {
+        rt.record_event(raw, index, stream);
+      } catch (...) {
+        event_pool().release(index, raw);
+        throw;
+      }
+      const int64_t now = c10::getTime();
+      if (device != nullptr) *device = static_cast<c10::DeviceIndex>(index);
+      if (cpu_ns != nullptr) *cpu_ns = now;
       auto* stub = new StubEvent{raw, index};
       *event = torch::profiler::impl::ProfilerVoidEventStub(stub, [](void* p) {
         auto* s = static_cast<StubEvent*>(p);
         event_pool().release(s->device, s->event);
         delete s;
       });
-      rt.record_event(raw, index, stream);
-      const int64_t now = c10::getTime();
-      if (cpu_ns != nullptr) *cpu_ns = now;
       the_timeline().add(StubRecord{at::RecordFunction::currentThreadId(), now,
                                     rt.event_host_time_ns(raw), index, stream});
     } catch (...) {
@@ -262,6 +337,8 @@ void register_profiler_stubs() {
   static BrickProfilerStubs* stubs = [] {
     auto* instance = new BrickProfilerStubs();  // PyTorch keeps the raw pointer for the process
     torch::profiler::impl::registerPrivateUse1Methods(instance);
+    event_pool().warm_up(runtime::get().device_count());
+    the_timeline().warm_up();
     return instance;
   }();
   (void)stubs;

@@ -72,6 +72,8 @@ class BrickStats:
 
 def enable(sync_mode: Optional[Union[SyncMode, str]] = None) -> None:
     """Starts recording every op and range into the registry (optionally setting the mode)."""
+    if is_enabled():
+        raise RuntimeError("brick profiler: enable() called while already enabled")
     if sync_mode is not None:
         set_sync_mode(sync_mode)
     _native.enable()

@@ -233,12 +233,18 @@ def load_report(source: Union[str, os.PathLike, dict]) -> Report:
 def compare_with_key_averages(prof, report: Report, row_limit: Optional[int] = None) -> str:
     """Rows of ``prof.key_averages()`` (PyTorch's legacy profiler) beside the registry's figures
     for the same names. The legacy path truncates each event's device time to whole
-    microseconds; the registry keeps nanoseconds, so short ops differ most."""
-    rows = []
+    microseconds; the registry keeps nanoseconds, so short ops differ most. PyTorch also folds
+    an op nested directly in an op of the same name into it, so such names count more calls
+    in the registry."""
+    # key_averages() may split one name into rows (with and without device time): merge them.
+    legacy = {}
     for avg in prof.key_averages():
-        legacy_total = getattr(avg, "device_time_total", 0.0)
-        brick = next((b for b in report.bricks if b.name == avg.key), None)
-        rows.append((avg.key, avg.count, legacy_total, brick))
+        count, total = legacy.get(avg.key, (0, 0.0))
+        legacy[avg.key] = (count + avg.count, total + getattr(avg, "device_time_total", 0.0))
+    rows = []
+    for key, (count, legacy_total) in legacy.items():
+        brick = next((b for b in report.bricks if b.name == key), None)
+        rows.append((key, count, legacy_total, brick))
     rows.sort(key=lambda r: -(r[3].total_ns if r[3] else 0))
     if row_limit is not None:
         rows = rows[:row_limit]

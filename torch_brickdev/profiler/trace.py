@@ -67,12 +67,16 @@ def device_intervals(prof):
     for e in results.events():
         # Only op and range events call ProfilerStubs.record (python_function events of
         # with_stack=True and memory events do not).
-        if (e.name() in _SKIPPED_EVENTS or e.device_type() != torch.autograd.DeviceType.CPU
-                or e.is_python_function()):
+        # (is_python_function first: PyTorch 2.13 can garble a python_function event's name.)
+        if (e.is_python_function() or e.device_type() != torch.autograd.DeviceType.CPU
+                or e.name() in _SKIPPED_EVENTS):
             continue
         by_thread[e.start_thread_id()].append(e)
     timeline = _C._profiler.timeline()
-    offset = timeline["steady_to_cpu_offset_ns"]
+    # One clock offset per profile, so repeated exports place device events identically.
+    offset = getattr(prof, "_brick_clock_offset_ns", None)
+    if offset is None:
+        offset = prof._brick_clock_offset_ns = timeline["steady_to_cpu_offset_ns"]
     records = defaultdict(list)
     for thread, cpu_ns, device_ns, device, stream in timeline["records"]:
         if cpu_ns >= trace_start:
@@ -148,7 +152,8 @@ def export_chrome_trace(prof, path: Union[str, os.PathLike], *, rank: Optional[i
     cpu_pid = os.getpid()
     for ev in events:
         if ev.get("ph") == "X" and ev.get("cat") in ("cpu_op", "user_annotation"):
-            cpu_slots[(ev["name"], round(float(ev["ts"]), 3))] = (ev["pid"], ev["tid"])
+            external = (ev.get("args") or {}).get("External id")
+            cpu_slots[(ev["name"], round(float(ev["ts"]), 3))] = (ev["pid"], ev["tid"], external)
             cpu_pid = ev["pid"]
 
     matches, info = device_intervals(prof)
@@ -167,38 +172,44 @@ def export_chrome_trace(prof, path: Union[str, os.PathLike], *, rank: Optional[i
                 parents.add(id(stack[-1]))
             stack.append(e)
 
+    # Track ids: pid = brick device index, tid = stream id + 1 (trace tools such as HTA treat
+    # thread id 0 as "not a device stream"; the real id is in args and the track name).
     tracks = set()
     for correlation, (e, device, stream, d0, d1) in enumerate(matches, start=1):
+        tid = stream + 1
         tracks.add((device, stream))
         name = e.name()
+        slot = cpu_slots.get((name, us(e.start_ns())))
+        args = {"device": device, "stream": stream, "correlation": correlation,
+                "brick device ns": d1 - d0}
+        if slot is not None and slot[2] is not None:
+            args["External id"] = slot[2]
         events.append({
             "ph": "X",
             "cat": "gpu_user_annotation" if id(e) in parents else "kernel",
             "name": name,
             "pid": device,
-            "tid": stream,
+            "tid": tid,
             "ts": us(d0),
             "dur": round((d1 - d0) / 1000.0, 3),
-            "args": {"device": device, "stream": stream, "correlation": correlation,
-                     "brick device ns": d1 - d0},
+            "args": args,
         })
-        slot = cpu_slots.get((name, us(e.start_ns())))
         if slot is not None:
             common = {"cat": "ac2g", "name": "ac2g", "id": correlation}
             events.append({**common, "ph": "s", "pid": slot[0], "tid": slot[1], "ts": us(e.start_ns())})
-            events.append({**common, "ph": "f", "bp": "e", "pid": device, "tid": stream, "ts": us(d0)})
+            events.append({**common, "ph": "f", "bp": "e", "pid": device, "tid": tid, "ts": us(d0)})
     for device in sorted({d for d, _ in tracks}):
         events.append({"ph": "M", "name": "process_name", "pid": device, "tid": 0,
                        "args": {"name": f"brick:{device}"}})
         events.append({"ph": "M", "name": "process_labels", "pid": device, "tid": 0,
                        "args": {"labels": "brick device"}})
     for device, stream in sorted(tracks):
-        events.append({"ph": "M", "name": "thread_name", "pid": device, "tid": stream,
+        events.append({"ph": "M", "name": "thread_name", "pid": device, "tid": stream + 1,
                        "args": {"name": f"stream {stream}"}})
 
     timeline = _C._profiler.timeline()
     # The profile's window on the annotations' clock (perf_counter_ns is the steady clock).
-    offset = timeline["steady_to_cpu_offset_ns"]
+    offset = prof._brick_clock_offset_ns
     if getattr(prof, "profiling_end_time_ns", 0):
         window_start = prof.profiling_start_time_ns + offset
         window_end = prof.profiling_end_time_ns + offset
