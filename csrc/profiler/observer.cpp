@@ -128,9 +128,14 @@ std::atomic<ThreadState*> g_owner{nullptr};
 
 void resolve(ThreadState& state, bool wait);
 
+// The calling thread's state: initial-exec, a direct %fs access even inside a dlopen()ed module.
+[[gnu::tls_model("initial-exec")]] constinit thread_local ThreadState* tls_state = nullptr;
+
 struct ThreadStateOwner {
   ThreadState state;
+  ThreadStateOwner() { tls_state = &state; }
   ~ThreadStateOwner() {
+    tls_state = nullptr;
     ThreadState* self = &state;
     g_owner.compare_exchange_strong(self, nullptr);
     try {
@@ -141,9 +146,16 @@ struct ThreadStateOwner {
   }
 };
 
-ThreadState& thread_state() {
+[[gnu::noinline]] ThreadState& create_thread_state() {
   thread_local ThreadStateOwner owner;
   return owner.state;
+}
+
+ThreadState& thread_state() {
+  ThreadState* state = tls_state;
+  if (state != nullptr) [[likely]]
+    return *state;
+  return create_thread_state();
 }
 
 bool is_profiler_internal(const char* name) {
@@ -284,8 +296,15 @@ void on_exit(const at::RecordFunction& /*fn*/, at::ObserverContext* /*ctx*/) {
           state.events.release(frame.device, frame.start_event);
           throw;
         }
+        if (state.pending.empty() && rt.query_event(end)) {
+          // Completed already (always, on the host runtime): resolve without queueing.
+          const double ms = rt.elapsed_ms(frame.start_event, end);
+          brick_registry().record(frame.node, static_cast<int64_t>(ms * 1e6));
+          state.events.release(frame.device, frame.start_event);
+          state.events.release(frame.device, end);
+          break;
+        }
         state.pending.push_back({frame.node, frame.device, frame.start_event, end});
-        // Completed pairs resolve right away (always, on the host runtime); the rest wait.
         resolve(state, /*wait=*/state.pending.size() > kMaxPending);
         break;
       }

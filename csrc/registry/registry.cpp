@@ -386,7 +386,8 @@ struct ThreadCache {
   Shard* shard;
   bool exiting;  // set once the thread's ThreadShards is destroyed
 };
-constinit thread_local ThreadCache t_cache{0, nullptr, false};
+// initial-exec: a direct %fs access even inside a dlopen()ed module (16 bytes of static TLS).
+[[gnu::tls_model("initial-exec")]] constinit thread_local ThreadCache t_cache{0, nullptr, false};
 
 struct ThreadShards {
   struct Entry {
