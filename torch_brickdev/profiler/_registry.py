@@ -138,6 +138,12 @@ def range_pop() -> None:
     _native.range_pop()
 
 
+def clear_timeline() -> None:
+    """Empties the log of the legacy profiler's record() calls and the marks and ranges (the
+    data :func:`export_chrome_trace` reads); export the profiles you want first."""
+    _native.clear_timeline()
+
+
 def _check_name(name, where: str) -> None:
     if not isinstance(name, str):
         raise TypeError(f"brick profiler: {where}() needs a str name, got {type(name).__name__}")
