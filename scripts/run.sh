@@ -70,7 +70,7 @@ case "$job" in
   test)
     setup_system; setup_python
     log "clang-format check"
-    clang-format --dry-run -Werror csrc/*/*.h csrc/*/*.cpp tests/cpp/*.cpp
+    clang-format --dry-run -Werror csrc/*/*.h csrc/*/*.cpp tests/cpp/*.h tests/cpp/*.cpp benchmarks/*.cpp
     build 1
     log "GoogleTest (CTest)"
     ctest --test-dir "$BRICK_BUILD_DIR" --output-on-failure -j 2

@@ -24,6 +24,23 @@ void check_device_index(c10::DeviceIndex index);
 // -1 means the calling thread's current brick device.
 c10::DeviceIndex resolve_device_index(c10::DeviceIndex index);
 
+// Makes `device` the calling thread's current brick device for a scope; restores the previous
+// one on exit, also when an exception leaves the scope. A negative device changes nothing.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) : previous_(rt().current_device()) {
+    if (device >= 0 && device != previous_) rt().set_current_device(device);
+  }
+  ~DeviceScope() {
+    if (rt().current_device() != previous_) rt().set_current_device(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_;
+};
+
 // The allocator behind every brick storage. Reports to PyTorch's memory profiler.
 c10::Allocator* brick_allocator();
 bool is_brick_allocation(const c10::DataPtr& data_ptr);

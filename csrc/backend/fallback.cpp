@@ -29,22 +29,6 @@ c10::DispatchKeySet backing_dispatch_key_set() {
   return key_set;
 }
 
-// Sets the current brick device for the duration of an op; restores it even on error.
-class CurrentDeviceScope {
- public:
-  explicit CurrentDeviceScope(int device) : previous_(rt().current_device()) {
-    if (device >= 0 && device != previous_) rt().set_current_device(device);
-  }
-  ~CurrentDeviceScope() {
-    if (rt().current_device() != previous_) rt().set_current_device(previous_);
-  }
-  CurrentDeviceScope(const CurrentDeviceScope&) = delete;
-  CurrentDeviceScope& operator=(const CurrentDeviceScope&) = delete;
-
- private:
-  int previous_;
-};
-
 class FallbackCall {
  public:
   explicit FallbackCall(const c10::OperatorHandle& op) : op_(op), schema_(op.schema()) {}
@@ -61,7 +45,7 @@ class FallbackCall {
       (*stack)[first + i] = c10::IValue(generator_backing(brick_default_generator(device_)));
     }
 
-    CurrentDeviceScope scope(device_);
+    DeviceScope scope(device_);
     try {
       op_.redispatchBoxed(backing_dispatch_key_set(), stack);
     } catch (c10::Error& error) {

@@ -175,10 +175,11 @@ void resize_brick_storage_bytes(const c10::Storage& storage, size_t new_nbytes) 
   const size_t old_nbytes = impl->nbytes();
   if (new_nbytes == old_nbytes) return;
   const int device = impl->device().index();
-  const int previous = rt().current_device();
-  if (previous != device) BRICK_RUNTIME_CALL(rt().set_current_device(device));
-  c10::DataPtr fresh = g_brick_allocator.allocate(new_nbytes);
-  if (previous != device) rt().set_current_device(previous);
+  c10::DataPtr fresh;
+  {
+    DeviceScope scope(device);
+    fresh = g_brick_allocator.allocate(new_nbytes);
+  }
   const size_t common = std::min(old_nbytes, new_nbytes);
   if (common > 0) {
     BRICK_RUNTIME_CALL(rt().copy(fresh.get(), device, impl->data_ptr().get(), device, common));

@@ -19,21 +19,6 @@ namespace brick::backend {
 
 namespace {
 
-class DeviceScope {
- public:
-  explicit DeviceScope(c10::DeviceIndex device) : previous_(rt().current_device()) {
-    if (device != previous_) rt().set_current_device(device);
-  }
-  ~DeviceScope() {
-    if (rt().current_device() != previous_) rt().set_current_device(previous_);
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
- private:
-  int previous_;
-};
-
 c10::DeviceIndex target_device(std::optional<c10::Device> device, const char* op) {
   if (!device.has_value() || device->index() < 0) {
     return static_cast<c10::DeviceIndex>(rt().current_device());

@@ -22,9 +22,7 @@
 #include <utility>
 #include <vector>
 
-// gtest without gmock: substring checks through the IsSubstring predicate formatter.
-#define EXPECT_CONTAINS(haystack, needle) \
-  EXPECT_PRED_FORMAT2(::testing::IsSubstring, std::string(needle), std::string(haystack))
+#include "test_util.h"
 
 namespace {
 
@@ -49,16 +47,7 @@ at::Tensor cpu_values(at::IntArrayRef sizes, double offset = 0.0) {
 // Runs `fn`, expects a c10::Error (or a subclass) and returns its message without backtrace.
 template <typename Fn>
 std::string c10_error_message(Fn&& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& error) {
-    return error.what_without_backtrace();
-  } catch (const std::exception& other) {
-    ADD_FAILURE() << "expected c10::Error, got another exception: " << other.what();
-    return {};
-  }
-  ADD_FAILURE() << "expected c10::Error, nothing was thrown";
-  return {};
+  return brick::test::thrown_message<c10::Error>(fn, "c10::Error");
 }
 
 class BrickEnvironment : public ::testing::Environment {

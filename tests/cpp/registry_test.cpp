@@ -20,9 +20,7 @@
 #include <vector>
 
 #include "registry/clock.h"
-
-#define EXPECT_CONTAINS(haystack, needle) \
-  EXPECT_PRED_FORMAT2(::testing::IsSubstring, std::string(needle), std::string(haystack))
+#include "test_util.h"
 
 namespace brick::registry {
 namespace {
@@ -30,16 +28,7 @@ namespace {
 // Runs `fn`, expects it to throw brick::registry::Error, and returns the message.
 template <typename Fn>
 std::string error_message(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& error) {
-    return error.what();
-  } catch (const std::exception& other) {
-    ADD_FAILURE() << "expected brick::registry::Error, got another exception: " << other.what();
-    return {};
-  }
-  ADD_FAILURE() << "expected brick::registry::Error, nothing was thrown";
-  return {};
+  return brick::test::thrown_message<Error>(fn, "brick::registry::Error");
 }
 
 // prefix followed by the decimal number (not `"literal" + std::to_string(n)`, which trips a

@@ -17,9 +17,7 @@
 #include <thread>
 #include <vector>
 
-// gtest without gmock: substring checks through the IsSubstring predicate formatter.
-#define EXPECT_CONTAINS(haystack, needle) \
-  EXPECT_PRED_FORMAT2(::testing::IsSubstring, std::string(needle), std::string(haystack))
+#include "test_util.h"
 
 namespace brick::runtime {
 namespace {
@@ -27,16 +25,7 @@ namespace {
 // Runs `fn`, expects it to throw brick::runtime::Error, and returns the message.
 template <typename Fn>
 std::string error_message(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& error) {
-    return error.what();
-  } catch (const std::exception& other) {
-    ADD_FAILURE() << "expected brick::runtime::Error, got another exception: " << other.what();
-    return {};
-  }
-  ADD_FAILURE() << "expected brick::runtime::Error, nothing was thrown";
-  return {};
+  return brick::test::thrown_message<Error>(fn, "brick::runtime::Error");
 }
 
 // Runs `fn` on a fresh std::thread and waits for it.
