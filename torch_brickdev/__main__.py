@@ -1,7 +1,8 @@
 """``python -m torch_brickdev``: command-line entry point.
 
 Commands:
-  demo   train a small model on a brick device and on the CPU side by side
+  demo     train a small model on a brick device and on the CPU side by side
+  profile  run a Python script with the brick profiler on; write its report and trace
 """
 
 import argparse
@@ -100,6 +101,44 @@ def demo(args) -> int:
     return 0
 
 
+def profile_script(args) -> int:
+    """Runs a script under the brick registry (and, for the trace, PyTorch's legacy profiler
+    with brick's stubs), like ``nsys profile``: the script sees its own argv."""
+    import os
+    import runpy
+
+    import torch_brickdev.profiler as bp
+
+    if not os.path.isfile(args.script):
+        print(f"error: no such script: {args.script}", file=sys.stderr)
+        return 2
+    os.makedirs(args.output, exist_ok=True)
+    saved_argv = sys.argv
+    sys.argv = [args.script, *args.script_args]
+    exit_code = 0
+    legacy = torch.autograd.profiler.profile(use_device="brick") if args.trace else None
+    try:
+        if legacy is not None:
+            legacy.__enter__()
+        with bp.profile(sync_mode=args.sync_mode, metadata={"script": args.script,
+                                                            "argv": list(args.script_args)}) as p:
+            try:
+                runpy.run_path(args.script, run_name="__main__")
+            except SystemExit as exit_:
+                exit_code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    finally:
+        if legacy is not None:
+            legacy.__exit__(None, None, None)
+        sys.argv = saved_argv
+    report_path = p.report.write_json(os.path.join(args.output, "report.json"))
+    print(p.report.table(row_limit=args.rows))
+    print(f"\nreport: {report_path}")
+    if legacy is not None:
+        trace_path = bp.export_chrome_trace(legacy, os.path.join(args.output, "trace.json"))
+        print(f"trace:  {trace_path} (open in ui.perfetto.dev)")
+    return exit_code
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torch_brickdev", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -112,6 +151,16 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=_positive, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(run=demo)
+
+    p = commands.add_parser("profile", help="run a script with the brick profiler; write report.json and trace.json")
+    p.add_argument("--sync-mode", choices=["event", "immediate", "deferred"], default="event")
+    p.add_argument("--output", "-o", default=".", help="folder for report.json and trace.json")
+    p.add_argument("--no-trace", dest="trace", action="store_false",
+                   help="skip the legacy profiler and the chrome trace (less overhead)")
+    p.add_argument("--rows", type=_positive, default=30, help="rows of the printed table")
+    p.add_argument("script")
+    p.add_argument("script_args", nargs=argparse.REMAINDER)
+    p.set_defaults(run=profile_script)
     args = parser.parse_args(argv)
     return args.run(args)
 

@@ -1,0 +1,56 @@
+"""python -m torch_brickdev: the profile command (and the training demo's arguments)."""
+
+import json
+import subprocess
+import sys
+
+SCRIPT = """
+import sys, torch
+x = torch.randn(32, 32, device="brick")
+for _ in range(int(sys.argv[1])):
+    with torch.profiler.record_function("Step"):
+        x = torch.tanh(x @ x)
+print("argv", sys.argv[1:])
+sys.exit(int(sys.argv[2]))
+"""
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "torch_brickdev", *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_profile_runs_a_script_and_writes_report_and_trace(tmp_path):
+    script = tmp_path / "work.py"
+    script.write_text(SCRIPT)
+    out = run("profile", "-o", str(tmp_path / "out"), str(script), "4", "0")
+    assert out.returncode == 0, out.stderr
+    assert "argv ['4', '0']" in out.stdout  # the script sees its own argv
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    bricks = {b["name"]: b for b in report["bricks"]}
+    assert bricks["Step"]["count"] == 4 and bricks["aten::tanh"]["count"] == 4
+    assert report["metadata"]["script"] == str(script)
+    trace = json.loads((tmp_path / "out" / "trace.json").read_text())
+    assert any(e.get("cat") == "kernel" and e["name"] == "aten::tanh" for e in trace["traceEvents"])
+
+
+def test_profile_passes_on_the_scripts_exit_code(tmp_path):
+    script = tmp_path / "work.py"
+    script.write_text(SCRIPT)
+    out = run("profile", "--no-trace", "--sync-mode", "deferred", "-o", str(tmp_path), str(script), "1", "3")
+    assert out.returncode == 3
+    assert json.loads((tmp_path / "report.json").read_text())["sync_mode"] == "deferred"
+    assert not (tmp_path / "trace.json").exists()
+
+
+def test_profile_missing_script_is_a_clear_error(tmp_path):
+    out = run("profile", str(tmp_path / "absent.py"))
+    assert out.returncode == 2
+    assert "no such script" in out.stderr
+
+
+def test_bad_flags_are_rejected_before_work():
+    out = run("demo", "--width", "0")
+    assert out.returncode == 2 and "positive integer" in out.stderr
+    out = run("demo", "--device", "brick:7")
+    assert out.returncode == 2 and "brick device" in out.stderr
