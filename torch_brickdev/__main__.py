@@ -1,8 +1,11 @@
 """``python -m torch_brickdev``: command-line entry point.
 
 Commands:
-  demo     train a small model on a brick device and on the CPU side by side
+  demo     decode tokens with a Qwen-style model on brick, profile every block, check the
+           decode-profiling contract, write report.json and trace.json
+  check    check a report against the decode-profiling contract
   profile  run a Python script with the brick profiler on; write its report and trace
+  train    train a small model on a brick device and on the CPU side by side
 """
 
 import argparse
@@ -68,7 +71,7 @@ def _train(model, data, targets, steps):
     return losses, times
 
 
-def demo(args) -> int:
+def train(args) -> int:
     torch.manual_seed(args.seed)
     cpu_model = _model(args.width, args.depth, 10)
     brick_model = copy.deepcopy(cpu_model).to(args.device)
@@ -99,6 +102,31 @@ def demo(args) -> int:
         print("error: brick and cpu diverged", file=sys.stderr)
         return 1
     return 0
+
+
+def decode_demo(args) -> int:
+    from torch_brickdev import demo as decode
+
+    config = decode.DecodeConfig(
+        layers=args.layers, hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads,
+        vocab=args.vocab, prompt_tokens=args.prompt_tokens, tokens=args.tokens, seed=args.seed,
+    )
+    try:
+        config.validate()  # before any work
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    result = decode.run_demo(config, device=args.device, sync_mode=args.sync_mode, runs=args.runs,
+                             out_dir=args.output, legacy=args.legacy, progress=not args.no_progress)
+    print(decode.format_summary(result))
+    try:
+        from torch_brickdev import contract
+    except ImportError:  # the contract module is optional for the demo
+        return 0
+    results = contract.run_checks(result["report"])
+    print()
+    print(contract.format_results(results))
+    return 1 if any(r.status == "fail" for r in results) else 0
 
 
 def profile_script(args) -> int:
@@ -143,14 +171,41 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torch_brickdev", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
-    p = commands.add_parser("demo", help="train a small model on brick and on the CPU side by side")
+    from torch_brickdev.demo import DecodeConfig
+
+    defaults = DecodeConfig()
+    p = commands.add_parser("demo", help="profile a Qwen-style decode on brick and check the contract")
+    p.add_argument("--device", type=_brick_device, default=torch.device("brick", 0))
+    p.add_argument("--sync-mode", choices=["event", "immediate", "deferred"], default="event")
+    p.add_argument("--layers", type=_positive, default=defaults.layers)
+    p.add_argument("--hidden", type=_positive, default=defaults.hidden)
+    p.add_argument("--heads", type=_positive, default=defaults.heads)
+    p.add_argument("--kv-heads", type=_positive, default=defaults.kv_heads)
+    p.add_argument("--vocab", type=_positive, default=defaults.vocab)
+    p.add_argument("--prompt-tokens", type=_positive, default=defaults.prompt_tokens)
+    p.add_argument("--tokens", type=_positive, default=defaults.tokens,
+                   help="tokens to decode (profiled)")
+    p.add_argument("--runs", type=_positive, default=3, help="repeated profiled decodes (stability)")
+    p.add_argument("--seed", type=int, default=defaults.seed)
+    p.add_argument("--output", "-o", default="brick_demo", help="folder for report.json and trace.json")
+    p.add_argument("--legacy", action="store_true",
+                   help="also compare key_averages() of the legacy profiler with the registry")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(run=decode_demo)
+
+    p = commands.add_parser("check", help="check a report.json against the decode-profiling contract",
+                            add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(run=lambda args: __import__("torch_brickdev.contract", fromlist=["main"]).main(args.rest))
+
+    p = commands.add_parser("train", help="train a small model on brick and on the CPU side by side")
     p.add_argument("--device", type=_brick_device, default=torch.device("brick", 0))
     p.add_argument("--width", type=_positive, default=256)
     p.add_argument("--depth", type=_positive, default=4)
     p.add_argument("--batch", type=_positive, default=64)
     p.add_argument("--steps", type=_positive, default=5)
     p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(run=demo)
+    p.set_defaults(run=train)
 
     p = commands.add_parser("profile", help="run a script with the brick profiler; write report.json and trace.json")
     p.add_argument("--sync-mode", choices=["event", "immediate", "deferred"], default="event")

@@ -50,7 +50,35 @@ def test_profile_missing_script_is_a_clear_error(tmp_path):
 
 
 def test_bad_flags_are_rejected_before_work():
-    out = run("demo", "--width", "0")
+    out = run("train", "--width", "0")
+    assert out.returncode == 2 and "positive integer" in out.stderr
+    out = run("demo", "--layers", "0")
     assert out.returncode == 2 and "positive integer" in out.stderr
     out = run("demo", "--device", "brick:7")
     assert out.returncode == 2 and "brick device" in out.stderr
+    out = run("demo", "--hidden", "256", "--heads", "6", "--no-progress")
+    assert out.returncode == 2 and "heads (6) must divide hidden size (256)" in out.stderr
+
+
+def test_demo_writes_files_that_load_back_and_recheck(tmp_path):
+    out = run("demo", "--no-progress", "--layers", "2", "--hidden", "256", "--heads", "4",
+              "--vocab", "32000", "--prompt-tokens", "4", "--tokens", "8", "--runs", "2",
+              "-o", str(tmp_path))
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "verdict: PASS" in out.stdout and "tokens/s" in out.stdout
+    assert (tmp_path / "trace.json").exists()
+    check = run("check", str(tmp_path / "report.json"))
+    assert check.returncode == 0, check.stdout
+    assert sum(line.startswith("PASS ") for line in check.stdout.splitlines()) == 11
+    # A report violating the contract: the check command exits 1 and names the check.
+    data = json.loads((tmp_path / "report.json").read_text())
+    for brick in data["bricks"]:
+        if brick["name"] == "LmHead":
+            brick["count"] += 1
+            brick["total_ns"] += brick["max_ns"]
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    bad = run("check", str(tmp_path / "bad.json"))
+    assert bad.returncode == 1 and "FAIL  lmhead-count" in bad.stdout
+    (tmp_path / "truncated.json").write_text((tmp_path / "report.json").read_text()[:200])
+    broken = run("check", str(tmp_path / "truncated.json"))
+    assert broken.returncode == 2 and "truncated.json" in broken.stderr

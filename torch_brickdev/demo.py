@@ -1,0 +1,406 @@
+"""Token-by-token decoding of a small Qwen-style decoder on brick, profiled per block.
+
+The model is plain PyTorch: token embedding, RMSNorm, rotary position embedding, grouped-query
+attention with a preallocated KV cache, a SwiGLU MLP and an untied LM head, with random weights
+from a fixed seed. Each block runs inside a ``record_function`` range, all of them siblings:
+
+    Embedding, RmsNorm (2 per layer + 1 final), QkvProjection, RopeEmbedding, AttentionScore,
+    AttentionSoftmax, AttentionOutput, OutputProjection, GateProjection, UpProjection,
+    Activation, DownProjection, LmHead, Sampling
+
+:func:`decode` prefills the prompt unprofiled, then runs ``tokens`` decode steps (one token
+each, LmHead then Sampling) inside the region it is given; :func:`run_demo` profiles repeated
+decodes with the brick registry, writes ``report.json`` and a chrome ``trace.json`` from one
+legacy-profiled decode, and :func:`format_summary` renders the result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Union
+
+import torch
+import torch.nn.functional as F
+from torch.profiler import record_function
+
+import torch_brickdev  # noqa: F401  (registers brick)
+from torch_brickdev import profiler as bp
+
+BLOCK_NAMES = (
+    "Embedding", "RmsNorm", "QkvProjection", "RopeEmbedding", "AttentionScore", "AttentionSoftmax",
+    "AttentionOutput", "OutputProjection", "GateProjection", "UpProjection", "Activation",
+    "DownProjection", "LmHead", "Sampling",
+)
+
+FINAL_TOKEN_NOTE = (
+    "each decode step's LmHead produces the logits its token is sampled from; the prompt's "
+    "prefill is not profiled, so LmHead.count == tokens"
+)
+
+
+# ---- configuration ---------------------------------------------------------------------------
+
+@dataclass
+class DecodeConfig:
+    layers: int = 2
+    hidden: int = 512
+    heads: int = 8
+    kv_heads: int = 2
+    vocab: int = 32000
+    prompt_tokens: int = 16
+    tokens: int = 32
+    seed: int = 0
+    intermediate: Optional[int] = None  # None: ~2.75 * hidden rounded to a multiple of 64
+    max_positions: int = 4096
+    rope_theta: float = 10000.0
+    eps: float = 1e-6
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def intermediate_size(self) -> int:
+        if self.intermediate is not None:
+            return self.intermediate
+        return max(64, int(round(2.75 * self.hidden / 64)) * 64)
+
+    def validate(self) -> "DecodeConfig":
+        """Raises ValueError naming the field; creates nothing."""
+        for name in ("layers", "hidden", "heads", "kv_heads", "vocab", "prompt_tokens", "tokens",
+                     "max_positions"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"decode config: {name} must be a positive integer, got {value!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"decode config: seed must be a non-negative integer, got {self.seed!r}")
+        if self.intermediate is not None and (
+                isinstance(self.intermediate, bool) or not isinstance(self.intermediate, int)
+                or self.intermediate < 1):
+            raise ValueError(
+                f"decode config: intermediate must be a positive integer or None, got {self.intermediate!r}")
+        for name in ("rope_theta", "eps"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"decode config: {name} must be a positive number, got {value!r}")
+        if self.hidden % self.heads:
+            raise ValueError(f"decode config: heads ({self.heads}) must divide hidden size ({self.hidden})")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"decode config: kv_heads ({self.kv_heads}) must divide heads ({self.heads})")
+        if self.head_dim % 2:
+            raise ValueError(
+                f"decode config: head_dim = hidden / heads = {self.head_dim} must be even "
+                "(rotary embedding rotates pairs)")
+        if self.prompt_tokens + self.tokens > self.max_positions:
+            raise ValueError(
+                f"decode config: prompt_tokens + tokens ({self.prompt_tokens} + {self.tokens}) must not "
+                f"exceed max_positions ({self.max_positions})")
+        return self
+
+
+# ---- model -----------------------------------------------------------------------------------
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    with record_function("RmsNorm"):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class QwenStyleDecoder(torch.nn.Module):
+    """A decoder-only transformer; inference only (weights do not require grad)."""
+
+    def __init__(self, config: DecodeConfig, device: Union[str, torch.device] = "cpu"):
+        super().__init__()
+        c = config.validate()
+        self.config = c
+        gen = torch.Generator(device="cpu").manual_seed(c.seed)
+        h, d, ffn = c.hidden, c.head_dim, c.intermediate_size
+        qkv_out = (c.heads + 2 * c.kv_heads) * d
+
+        def param(*shape, std=None, fill=None):
+            if fill is not None:
+                t = torch.full(shape, float(fill))
+            else:
+                t = torch.randn(*shape, generator=gen) * (std if std is not None else shape[-1] ** -0.5)
+            return torch.nn.Parameter(t.to(device), requires_grad=False)
+
+        self.embed = param(c.vocab, h, std=1.0)
+        self.layers = torch.nn.ModuleList()
+        for _ in range(c.layers):
+            layer = torch.nn.Module()
+            layer.input_norm = param(h, fill=1.0)
+            layer.qkv_weight = param(qkv_out, h)
+            layer.qkv_bias = param(qkv_out, std=0.02)
+            layer.o_weight = param(h, c.heads * d)
+            layer.post_norm = param(h, fill=1.0)
+            layer.gate_weight = param(ffn, h)
+            layer.up_weight = param(ffn, h)
+            layer.down_weight = param(h, ffn)
+            self.layers.append(layer)
+        self.final_norm = param(h, fill=1.0)
+        self.lm_head = param(c.vocab, h)  # untied from the embedding
+
+        # Rotary tables for every position a decode can reach, and the per-layer KV caches.
+        self.max_len = c.prompt_tokens + c.tokens
+        inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+        angles = torch.outer(torch.arange(self.max_len, dtype=torch.float32), inv_freq)
+        angles = torch.cat((angles, angles), dim=-1)
+        self.register_buffer("rope_cos", angles.cos().to(device), persistent=False)
+        self.register_buffer("rope_sin", angles.sin().to(device), persistent=False)
+        self.k_cache = [torch.zeros(1, c.kv_heads, self.max_len, d, device=device) for _ in range(c.layers)]
+        self.v_cache = [torch.zeros(1, c.kv_heads, self.max_len, d, device=device) for _ in range(c.layers)]
+
+    def _attention(self, layer, i: int, residual: torch.Tensor, pos: int) -> torch.Tensor:
+        c = self.config
+        x = _rms_norm(residual, layer.input_norm, c.eps)
+        t, d = x.shape[1], c.head_dim
+        with record_function("QkvProjection"):
+            qkv = F.linear(x, layer.qkv_weight, layer.qkv_bias)
+            q, k, v = qkv.split([c.heads * d, c.kv_heads * d, c.kv_heads * d], dim=-1)
+            q = q.view(1, t, c.heads, d).transpose(1, 2)
+            k = k.view(1, t, c.kv_heads, d).transpose(1, 2)
+            v = v.view(1, t, c.kv_heads, d).transpose(1, 2)
+        with record_function("RopeEmbedding"):
+            cos, sin = self.rope_cos[pos:pos + t], self.rope_sin[pos:pos + t]
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+        with record_function("AttentionScore"):
+            self.k_cache[i][:, :, pos:pos + t] = k  # written at the current position(s)
+            self.v_cache[i][:, :, pos:pos + t] = v
+            group = c.heads // c.kv_heads
+            keys = self.k_cache[i][:, :, :pos + t].repeat_interleave(group, dim=1)
+            scores = torch.matmul(q, keys.transpose(-1, -2)) * (d ** -0.5)
+            if t > 1:  # prefill: causal mask over the prompt
+                mask = torch.ones(t, pos + t, dtype=torch.bool, device=x.device).tril(pos)
+                scores = scores.masked_fill(~mask, float("-inf"))
+        with record_function("AttentionSoftmax"):
+            probs = torch.softmax(scores, dim=-1)
+        with record_function("AttentionOutput"):
+            values = self.v_cache[i][:, :, :pos + t].repeat_interleave(group, dim=1)
+            out = torch.matmul(probs, values).transpose(1, 2).reshape(1, t, c.heads * d)
+        with record_function("OutputProjection"):
+            return residual + F.linear(out, layer.o_weight)
+
+    def _mlp(self, layer, residual: torch.Tensor) -> torch.Tensor:
+        x = _rms_norm(residual, layer.post_norm, self.config.eps)
+        with record_function("GateProjection"):
+            gate = F.linear(x, layer.gate_weight)
+        with record_function("UpProjection"):
+            up = F.linear(x, layer.up_weight)
+        with record_function("Activation"):
+            act = F.silu(gate) * up
+        with record_function("DownProjection"):
+            return residual + F.linear(act, layer.down_weight)
+
+    def forward(self, ids: torch.Tensor, pos: int, logits: bool = True) -> Optional[torch.Tensor]:
+        """``ids`` [1, T] at positions pos..pos+T-1 -> logits [1, vocab] of the last position
+        (None with ``logits=False``, as the prefill needs none)."""
+        c = self.config
+        with record_function("Embedding"):
+            x = F.embedding(ids, self.embed)
+        for i, layer in enumerate(self.layers):
+            x = self._mlp(layer, self._attention(layer, i, x, pos))
+        if not logits:
+            return None
+        x = _rms_norm(x[:, -1], self.final_norm, c.eps)
+        with record_function("LmHead"):
+            return F.linear(x, self.lm_head)
+
+
+def build_model(config: DecodeConfig, device: Union[str, torch.device] = "brick:0") -> QwenStyleDecoder:
+    config.validate()
+    return QwenStyleDecoder(config, torch.device(device)).eval()
+
+
+# ---- decoding --------------------------------------------------------------------------------
+
+@dataclass
+class DecodeResult:
+    tokens: List[int]              # the `tokens` generated ids
+    prompt: List[int]
+    token_latencies_ns: List[int]  # wall ns per decode step, device synchronized
+
+    @property
+    def mean_token_ns(self) -> float:
+        return sum(self.token_latencies_ns) / len(self.token_latencies_ns)
+
+
+def prompt_ids(config: DecodeConfig) -> torch.Tensor:
+    gen = torch.Generator(device="cpu").manual_seed(config.seed + 1)
+    return torch.randint(0, config.vocab, (1, config.prompt_tokens), generator=gen)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "brick":
+        torch.brick.synchronize(device)
+
+
+def decode(model: QwenStyleDecoder, config: DecodeConfig, device: Union[str, torch.device], *,
+           region: Optional[contextlib.AbstractContextManager] = None,
+           progress: Optional[Callable[[int, int, int], None]] = None) -> DecodeResult:
+    """Prefills all prompt tokens but the last (unprofiled), then runs ``config.tokens`` decode
+    steps inside ``region`` (e.g. a profiler; entered after the prefill). Step k feeds the
+    current token at its position through Embedding … LmHead, then Sampling (greedy) picks the
+    next. ``progress(step, total, latency_ns)`` is called after each step."""
+    config.validate()
+    device = torch.device(device)
+    prompt = prompt_ids(config)
+    with torch.no_grad():
+        ids = prompt.to(device)
+        p = config.prompt_tokens
+        if p > 1:
+            model(ids[:, :p - 1], 0, logits=False)
+        current = ids[:, p - 1:]
+        generated, latencies = [], []
+        _synchronize(device)
+        with region if region is not None else contextlib.nullcontext():
+            for step in range(config.tokens):
+                start = time.perf_counter_ns()
+                logits = model(current, p - 1 + step)
+                with record_function("Sampling"):
+                    current = logits.argmax(dim=-1, keepdim=True)
+                generated.append(current)
+                _synchronize(device)
+                latencies.append(time.perf_counter_ns() - start)
+                if progress is not None:
+                    progress(step + 1, config.tokens, latencies[-1])
+        tokens = torch.cat(generated, dim=1).cpu()[0].tolist()
+    return DecodeResult(tokens=tokens, prompt=prompt[0].tolist(), token_latencies_ns=latencies)
+
+
+# ---- the demo --------------------------------------------------------------------------------
+
+def _percentile(values: List[int], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    s = sorted(values)
+    k = (len(s) - 1) * q / 100.0
+    lo, hi = math.floor(k), math.ceil(k)
+    return float(s[lo] + (s[hi] - s[lo]) * (k - lo))
+
+
+class _ProgressBar:
+    def __init__(self, enabled: bool, phases: int, width: int = 30):
+        self.enabled, self.phases, self.width, self.phase, self.label = enabled, phases, width, 0, ""
+
+    def start(self, label: str) -> None:
+        self.phase += 1
+        self.label = label
+
+    def __call__(self, step: int, total: int, latency_ns: int) -> None:
+        if not self.enabled:
+            return
+        filled = self.width * step // total
+        sys.stderr.write(f"\r[{self.phase}/{self.phases}] {self.label:<14} "
+                         f"[{'#' * filled}{'.' * (self.width - filled)}] {step}/{total} tokens "
+                         f"{latency_ns / 1e6:7.3f} ms/token")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def run_demo(config: Optional[DecodeConfig] = None, device: Union[str, torch.device] = "brick:0",
+             sync_mode: str = "event", runs: int = 3, out_dir: Union[str, os.PathLike] = ".",
+             legacy: bool = False, progress: bool = True, legacy_rows: int = 15) -> dict:
+    """Builds the model on ``device``, warms up, profiles ``runs`` decodes with the brick
+    registry (the last run's report is kept and written to ``out_dir/report.json``), then runs
+    one decode under the legacy autograd profiler for ``out_dir/trace.json`` and its
+    ``key_averages()`` table. ``legacy=True`` adds the registry-vs-key_averages comparison."""
+    config = (config or DecodeConfig()).validate()
+    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
+        raise ValueError(f"decode demo: runs must be a positive integer, got {runs!r}")
+    mode = bp.SyncMode.parse(sync_mode)
+    device = torch.device(device)
+    if device.type != "brick":
+        raise ValueError(f"decode demo: device must be a brick device such as brick:0, got {device}")
+    if device.index is None:
+        device = torch.device("brick", torch.brick.current_device())
+    out_dir = os.fspath(out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+
+    bar = _ProgressBar(progress, phases=runs + 2)
+    model = build_model(config, device)
+    try:
+        bar.start("warm-up")
+        decode(model, config, device, progress=bar)
+        run_means, prof, result = [], None, None
+        for r in range(runs):
+            bar.start(f"run {r + 1}/{runs}")
+            prof = bp.profile(sync_mode=mode)
+            result = decode(model, config, device, region=prof, progress=bar)
+            run_means.append(result.mean_token_ns)
+        bar.start("legacy trace")
+        legacy_prof = torch.autograd.profiler.profile(use_device="brick")
+        legacy_result = decode(model, config, device, region=legacy_prof, progress=bar)
+    finally:
+        bar.close()
+
+    lat = result.token_latencies_ns
+    figures = {
+        "token_latencies_ns": list(lat),
+        "run_mean_token_ns": run_means,
+        "tokens_per_s": 1e9 * len(lat) / sum(lat),
+        "p50_token_ns": _percentile(lat, 50),
+        "p99_token_ns": _percentile(lat, 99),
+    }
+    report = prof.report
+    report.metadata["decode"] = {
+        "model": "qwen-style", "layers": config.layers, "hidden": config.hidden,
+        "heads": config.heads, "kv_heads": config.kv_heads, "vocab": config.vocab,
+        "intermediate": config.intermediate_size, "prompt_tokens": config.prompt_tokens,
+        "tokens": config.tokens, "runs": runs, "device": str(device), **figures,
+        "final_token": FINAL_TOKEN_NOTE,
+    }
+    report_path = report.write_json(os.path.join(out_dir, "report.json"))
+    trace_path = bp.export_chrome_trace(legacy_prof, os.path.join(out_dir, "trace.json"))
+    bp.clear_timeline()
+    key_averages = legacy_prof.key_averages().table(sort_by="self_device_time_total",
+                                                    row_limit=legacy_rows)
+    return {
+        "config": config, "device": str(device), "sync_mode": mode.value, "runs": runs,
+        "report": report, "report_path": report_path, "trace_path": trace_path,
+        "brick_table": report.table(),
+        "key_averages_table": key_averages,
+        "comparison_table": bp.compare_with_key_averages(legacy_prof, report) if legacy else None,
+        "tokens": result.tokens, "legacy_tokens": legacy_result.tokens, "prompt": result.prompt,
+        **figures,
+    }
+
+
+def format_summary(result: dict) -> str:
+    c = result["config"]
+    lines = [
+        f"Qwen-style decoder on {result['device']}: {c.layers} layers, hidden {c.hidden}, "
+        f"{c.heads} heads / {c.kv_heads} KV heads, vocab {c.vocab}, intermediate {c.intermediate_size}; "
+        f"prompt {c.prompt_tokens} tokens (prefill not profiled), {c.tokens} decode steps x "
+        f"{result['runs']} profiled runs, sync mode {result['sync_mode']}",
+        "",
+        "brick registry (last run):",
+        result["brick_table"],
+        "",
+        "legacy profiler key_averages() (one decode, top rows):",
+        result["key_averages_table"],
+    ]
+    if result.get("comparison_table"):
+        lines += ["", "legacy key_averages vs brick registry:", result["comparison_table"]]
+    means = ", ".join(f"{m / 1e6:.3f}" for m in result["run_mean_token_ns"])
+    lines += [
+        "",
+        f"tokens/s: {result['tokens_per_s']:.1f}; per-token latency p50 {result['p50_token_ns'] / 1e6:.3f} ms, "
+        f"p99 {result['p99_token_ns'] / 1e6:.3f} ms; mean per run (ms): {means}",
+        f"report: {result['report_path']}",
+        f"trace:  {result['trace_path']}",
+    ]
+    return "\n".join(lines)
