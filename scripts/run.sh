@@ -79,8 +79,14 @@ case "$job" in
     ;;
   bench)
     setup_system; setup_python; build 0
-    log "benchmarks"
-    "$PYTHON" benchmarks/bench_ops.py "${@:2}"
+    log "benchmarks: brick vs CPU per op"
+    "$PYTHON" benchmarks/bench_ops.py
+    log "benchmarks: profiler overhead"
+    "$PYTHON" benchmarks/bench_profiler.py
+    if [ -x "$BRICK_BUILD_DIR/registry_bench" ]; then
+      log "benchmarks: registry start/stop (Google Benchmark)"
+      "$BRICK_BUILD_DIR/registry_bench" --benchmark_min_time=0.2
+    fi
     ;;
   *)
     echo "usage: scripts/run.sh demo|test|bench [args...]" >&2
