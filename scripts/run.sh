@@ -37,6 +37,11 @@ setup_python() {
     log "installing torch==2.13.0"
     "$PYTHON" -m pip install -q torch==2.13.0
   fi
+  # The build needs setuptools >= 64 (editable installs through pyproject.toml).
+  if ! "$PYTHON" -c "import setuptools, sys; sys.exit(int(setuptools.__version__.split('.')[0]) < 64)" 2>/dev/null; then
+    log "installing setuptools>=64"
+    "$PYTHON" -m pip install -q "setuptools>=64" wheel
+  fi
   local wanted=()
   for module in pytest numpy expecttest hypothesis; do
     TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PYTHON" -c "import $module" 2>/dev/null || wanted+=("$module")
@@ -49,7 +54,7 @@ setup_python() {
   # jupyterlab; it imports only these, so it is installed without them.
   if ! TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PYTHON" -c "import hta.trace_analysis" 2>/dev/null; then
     log "installing HolisticTraceAnalysis"
-    "$PYTHON" -m pip install -q pandas plotly networkx pydot psutil &&
+    "$PYTHON" -m pip install -q pandas plotly networkx pydot psutil pyyaml &&
       "$PYTHON" -m pip install -q --no-deps HolisticTraceAnalysis ||
       echo "could not install HolisticTraceAnalysis; its test will skip" >&2
   fi

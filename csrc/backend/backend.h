@@ -18,9 +18,12 @@ inline runtime::Runtime& rt() { return runtime::get(); }
 // runtime).
 c10::DeviceType backing_device_type();
 c10::Device backing_device(c10::DeviceIndex brick_index);
+// The dispatch key of the backing device's kernels (CPU or CUDA), as a key set.
+c10::DispatchKeySet backing_dispatch_key_set();
 
-// Throws a c10::Error naming the device when `index` is not a brick device.
-void check_device_index(c10::DeviceIndex index);
+// Throws a c10::Error naming the device (and `op`, when given) when `index` is not a brick
+// device.
+void check_device_index(c10::DeviceIndex index, const char* op = nullptr);
 // -1 means the calling thread's current brick device.
 c10::DeviceIndex resolve_device_index(c10::DeviceIndex index);
 

@@ -25,9 +25,16 @@ c10::Device backing_device(c10::DeviceIndex brick_index) {
                      static_cast<c10::DeviceIndex>(rt().backing_device_index(brick_index)));
 }
 
-void check_device_index(c10::DeviceIndex index) {
+c10::DispatchKeySet backing_dispatch_key_set() {
+  static const c10::DispatchKeySet key_set(
+      c10::computeDispatchKey(std::nullopt, c10::kStrided, backing_device_type()));
+  return key_set;
+}
+
+void check_device_index(c10::DeviceIndex index, const char* op) {
   const int count = rt().device_count();
-  TORCH_CHECK(index >= 0 && index < count, "brick: device index ", static_cast<int>(index),
+  TORCH_CHECK(index >= 0 && index < count, "brick: ", op != nullptr ? op : "",
+              op != nullptr ? ": " : "", "device index ", static_cast<int>(index),
               " is out of range: there are ", count, " brick device(s), valid indices are 0..",
               count - 1, " (the host runtime's count is set by BRICK_HOST_DEVICES)");
 }

@@ -23,12 +23,6 @@ namespace brick::backend {
 
 namespace {
 
-c10::DispatchKeySet backing_dispatch_key_set() {
-  static const c10::DispatchKeySet key_set(
-      c10::computeDispatchKey(std::nullopt, c10::kStrided, backing_device_type()));
-  return key_set;
-}
-
 class FallbackCall {
  public:
   explicit FallbackCall(const c10::OperatorHandle& op) : op_(op), schema_(op.schema()) {}
@@ -298,8 +292,7 @@ int register_direct_fallback_kernels() {
   library = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
                                              c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
   auto& dispatcher = c10::Dispatcher::singleton();
-  const auto backing_key =
-      c10::computeDispatchKey(std::nullopt, c10::kStrided, backing_device_type());
+  const auto backing_key = backing_dispatch_key_set().highestPriorityTypeId();
   // Composite kernels that refuse devices other than CPU/CUDA/XPU; on the backing device they
   // are fine.
   const std::set<std::string> device_checking_composites = {"mode.values"};

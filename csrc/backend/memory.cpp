@@ -119,12 +119,6 @@ c10::Storage make_backing_storage(const c10::Storage& brick_storage) {
 
 namespace {
 
-c10::DispatchKeySet backing_key_set() {
-  static const c10::DispatchKeySet key_set(
-      c10::computeDispatchKey(std::nullopt, c10::kStrided, backing_device_type()));
-  return key_set;
-}
-
 // Gives `impl` the geometry and conj/neg bits of `like`.
 void copy_geometry(c10::TensorImpl* impl, const at::Tensor& like) {
   impl->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
@@ -135,8 +129,8 @@ void copy_geometry(c10::TensorImpl* impl, const at::Tensor& like) {
 }  // namespace
 
 at::Tensor make_backing_tensor(const at::Tensor& brick_tensor, c10::Storage backing_storage) {
-  auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(backing_storage), backing_key_set(),
-                                                   brick_tensor.dtype());
+  auto impl = c10::make_intrusive<c10::TensorImpl>(
+      std::move(backing_storage), backing_dispatch_key_set(), brick_tensor.dtype());
   copy_geometry(impl.get(), brick_tensor);
   return at::Tensor(std::move(impl));
 }

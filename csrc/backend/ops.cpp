@@ -24,10 +24,7 @@ c10::DeviceIndex target_device(std::optional<c10::Device> device, const char* op
     return static_cast<c10::DeviceIndex>(rt().current_device());
   }
   TORCH_CHECK(device->type() == kBrick, "brick: ", op, " expected a brick device, got ", *device);
-  const int count = rt().device_count();
-  TORCH_CHECK(device->index() < count, "brick: ", op, " on ", *device,
-              ": device index out of range, there are ", count,
-              " brick device(s), valid indices are 0..", count - 1);
+  check_device_index(device->index(), op);
   return device->index();
 }
 
