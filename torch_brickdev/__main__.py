@@ -116,6 +116,8 @@ def decode_demo(args) -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     result = decode.run_demo(config, device=args.device, sync_mode=args.sync_mode, runs=args.runs,
                              out_dir=args.output, legacy=args.legacy, progress=not args.no_progress)
     print(decode.format_summary(result))
@@ -191,6 +193,8 @@ def main(argv=None) -> int:
     p.add_argument("--legacy", action="store_true",
                    help="also compare key_averages() of the legacy profiler with the registry")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--threads", type=_positive, default=None,
+                   help="CPU threads for the backing kernels (default: torch's default)")
     p.set_defaults(run=decode_demo)
 
     p = commands.add_parser("check", help="check a report.json against the decode-profiling contract",
