@@ -1,11 +1,28 @@
 // A per-thread pool of timing events, so the op path never creates or destroys one.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <vector>
 
 #include "runtime/runtime.h"
 
 namespace brick::profiler {
+
+// Device events the profiler holds, in every pool and in use: reported by health() so a long
+// run can show the figure stays bounded.
+inline std::atomic<int64_t> g_live_events{0};
+
+inline runtime::Event* create_timing_event(int device) {
+  runtime::Event* event = runtime::get().create_event(device, /*enable_timing=*/true);
+  g_live_events.fetch_add(1, std::memory_order_relaxed);
+  return event;
+}
+
+inline void destroy_timing_event(runtime::Event* event) noexcept {
+  runtime::get().destroy_event(event);
+  g_live_events.fetch_sub(1, std::memory_order_relaxed);
+}
 
 class EventPool {
  public:
@@ -14,7 +31,7 @@ class EventPool {
   EventPool& operator=(const EventPool&) = delete;
   ~EventPool() {
     for (auto& events : free_) {
-      for (runtime::Event* event : events) runtime::get().destroy_event(event);
+      for (runtime::Event* event : events) destroy_timing_event(event);
     }
   }
 
@@ -23,7 +40,7 @@ class EventPool {
     auto& events = free_[device];
     if (events.empty()) {
       ++created_;
-      return runtime::get().create_event(device, /*enable_timing=*/true);
+      return create_timing_event(device);
     }
     runtime::Event* event = events.back();
     events.pop_back();

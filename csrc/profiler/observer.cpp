@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "profiler/event_pool.h"
+#include "profiler/fork.h"
 #include "profiler/profiler.h"
 #include "runtime/runtime.h"
 
@@ -316,9 +317,47 @@ void on_exit(const at::RecordFunction& /*fn*/, at::ObserverContext* /*ctx*/) {
 
 }  // namespace
 
-registry::Registry& brick_registry() {
-  static registry::Registry* instance = new registry::Registry();  // outlives every thread
-  return *instance;
+namespace {
+
+// Outlives every thread. Replaced (the old one leaked) in a forked child: see after_fork_in_child.
+registry::Registry*& registry_instance() {
+  static registry::Registry* instance = new registry::Registry();
+  return instance;
+}
+
+}  // namespace
+
+registry::Registry& brick_registry() { return *registry_instance(); }
+
+// In a forked child the registry is replaced rather than reset (its node and shard locks may
+// have been held by threads that do not exist there), and this thread's cached nodes of the old
+// registry and its open bricks are dropped. Profiling stays as it was: the child's work is
+// recorded, into the child's registry.
+void prepare_observer_for_fork() { g_control_mutex.lock(); }
+
+void observer_after_fork_in_parent() { g_control_mutex.unlock(); }
+
+void observer_after_fork_in_child() {
+  g_control_mutex.unlock();
+  registry_instance() = new registry::Registry();
+  g_session.fetch_add(1, std::memory_order_acq_rel);
+  g_unbalanced_exits.store(0, std::memory_order_relaxed);
+  g_timing_failures.store(0, std::memory_order_relaxed);
+  ThreadState* state = tls_state;
+  if (state != nullptr) {
+    state->stack.clear();
+    state->session = g_session.load(std::memory_order_relaxed);
+    state->by_pointer.clear();
+    state->by_name.clear();
+    for (const PendingPair& pair : state->pending) {
+      state->events.release(pair.device, pair.start);
+      state->events.release(pair.device, pair.end);
+    }
+    state->pending.clear();
+    state->published_top.store(registry::kNoParent, std::memory_order_relaxed);
+  }
+  g_owner.store(g_enabled.load(std::memory_order_relaxed) ? state : nullptr,
+                std::memory_order_relaxed);
 }
 
 void enable() {
@@ -377,6 +416,7 @@ Health health() {
   h.unbalanced_exits = g_unbalanced_exits.load(std::memory_order_relaxed);
   h.timing_failures = g_timing_failures.load(std::memory_order_relaxed);
   h.pending_events = thread_state().pending.size();
+  h.live_events = g_live_events.load(std::memory_order_relaxed);
   return h;
 }
 

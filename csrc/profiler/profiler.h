@@ -32,6 +32,7 @@ struct Health {
   uint64_t unbalanced_exits = 0;  // exits with no open brick on the thread (started earlier)
   uint64_t timing_failures = 0;   // a runtime call failed while timing; the brick was dropped
   uint64_t pending_events = 0;    // event pairs recorded but not yet resolved
+  int64_t live_events = 0;        // device events the profiler holds (pooled or in use)
 };
 Health health();
 

@@ -8,6 +8,7 @@
 #include <ATen/record_function.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/ApproximateClock.h>
+#include <pthread.h>
 #include <torch/csrc/profiler/stubs/base.h>
 
 #include <algorithm>
@@ -17,9 +18,12 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <thread>
 #include <vector>
 
+#include "profiler/event_pool.h"
+#include "profiler/fork.h"
 #include "profiler/profiler.h"
 #include "runtime/runtime.h"
 
@@ -45,13 +49,25 @@ class SharedEventPool {
       }
       request_refill(device);
     }
-    return runtime::get().create_event(device, /*enable_timing=*/true);
+    return create_timing_event(device);
   }
 
   void release(int device, runtime::Event* event) {
     std::lock_guard<std::mutex> lock(mutex_);
     ensure_device(device);
     free_[device].push_back(event);
+  }
+
+  void lock_for_fork() { mutex_.lock(); }
+  void unlock_after_fork(bool in_child) {
+    if (in_child) {
+      // The refill thread does not exist in the child; the next request starts one. A waiter
+      // that vanished in the fork may linger in the condition variable: start afresh.
+      worker_started_ = false;
+      std::fill(refill_wanted_.begin(), refill_wanted_.end(), false);
+      new (&wake_) std::condition_variable();
+    }
+    mutex_.unlock();
   }
 
   // Starts the refill thread and fills every device's pool (at registration, so that starting
@@ -98,7 +114,7 @@ class SharedEventPool {
       fresh.reserve(kRefill);
       try {
         for (size_t i = 0; i < kRefill; ++i) {
-          fresh.push_back(runtime::get().create_event(device, /*enable_timing=*/true));
+          fresh.push_back(create_timing_event(device));
         }
       } catch (...) {
         // The device cannot make more events now; record() creates them inline instead.
@@ -144,6 +160,22 @@ class Timeline {
     }
     chunks_.back()[used_++] = record;
     ++total_;
+  }
+
+  void lock_for_fork() { mutex_.lock(); }
+  void unlock_after_fork(bool in_child) {
+    if (in_child) {
+      // The child's timeline is its own; its prefetch thread starts on the next request.
+      chunks_.clear();
+      used_ = 0;
+      total_ = 0;
+      annotations_.clear();
+      dropped_ = 0;
+      want_spare_ = false;
+      prefetcher_started_ = false;
+      new (&wake_) std::condition_variable();
+    }
+    mutex_.unlock();
   }
 
   // Starts the prefetch thread and prepares the first chunk (at registration).
@@ -331,10 +363,31 @@ class BrickProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
   }
 };
 
+// Every lock the profiler's threads take, held across fork() so none is copied locked.
+void prepare_fork() {
+  prepare_observer_for_fork();
+  event_pool().lock_for_fork();
+  the_timeline().lock_for_fork();
+}
+
+void after_fork_in_parent() {
+  the_timeline().unlock_after_fork(/*in_child=*/false);
+  event_pool().unlock_after_fork(/*in_child=*/false);
+  observer_after_fork_in_parent();
+}
+
+void after_fork_in_child() {
+  the_timeline().unlock_after_fork(/*in_child=*/true);
+  event_pool().unlock_after_fork(/*in_child=*/true);
+  g_record_failures.store(0, std::memory_order_relaxed);
+  observer_after_fork_in_child();
+}
+
 }  // namespace
 
 void register_profiler_stubs() {
   static BrickProfilerStubs* stubs = [] {
+    pthread_atfork(&prepare_fork, &after_fork_in_parent, &after_fork_in_child);
     auto* instance = new BrickProfilerStubs();  // PyTorch keeps the raw pointer for the process
     torch::profiler::impl::registerPrivateUse1Methods(instance);
     event_pool().warm_up(runtime::get().device_count());
