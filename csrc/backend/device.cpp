@@ -174,6 +174,12 @@ class BrickGuardImpl final : public c10::impl::DeviceGuardImplInterface {
                      const c10::DeviceIndex /*device_index*/) const override {
     TORCH_CHECK(start != nullptr && end != nullptr,
                 "brick: elapsed_time needs both events to be recorded first");
+    const int start_device = rt().event_device(as_event(start));
+    const int end_device = rt().event_device(as_event(end));
+    TORCH_CHECK(start_device == end_device,
+                "brick: elapsed_time needs two events of the same device, got one recorded on "
+                "brick:",
+                start_device, " and one on brick:", end_device);
     return runtime_call([&] { return rt().elapsed_ms(as_event(start), as_event(end)); });
   }
 
