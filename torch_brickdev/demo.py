@@ -31,6 +31,9 @@ from torch.profiler import record_function
 
 import torch_brickdev  # noqa: F401  (registers brick)
 from torch_brickdev import profiler as bp
+from torch_brickdev.brick._utils import (
+    check_bool, check_int, check_path, describe, describe_value, device_index,
+)
 
 BLOCK_NAMES = (
     "Embedding", "RmsNorm", "QkvProjection", "RopeEmbedding", "AttentionScore", "AttentionSoftmax",
@@ -45,6 +48,22 @@ FINAL_TOKEN_NOTE = (
 
 
 # ---- configuration ---------------------------------------------------------------------------
+
+class DecodeConfigTypeError(TypeError, ValueError):
+    """A :class:`DecodeConfig` field of the wrong type. A TypeError, and also a ValueError so that
+    code catching the ValueError that :meth:`DecodeConfig.validate` raises for bad values (the
+    command line does) catches it too."""
+
+
+def _check_field(name: str, value, expected: str, kind, *, minimum, exclusive: bool = False):
+    """Raises when a config field is not a finite ``kind`` (never a bool) above ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise DecodeConfigTypeError(
+            f"decode config: {name} must be {expected}, got {describe_value(value)}")
+    too_small = value <= minimum if exclusive else value < minimum
+    if not math.isfinite(value) or too_small:
+        raise ValueError(f"decode config: {name} must be {expected}, got {value!r}")
+
 
 @dataclass
 class DecodeConfig:
@@ -72,23 +91,19 @@ class DecodeConfig:
         return max(64, int(round(2.75 * self.hidden / 64)) * 64)
 
     def validate(self) -> "DecodeConfig":
-        """Raises ValueError naming the field; creates nothing."""
+        """Raises naming the field; creates nothing. A field of the wrong type raises
+        :class:`DecodeConfigTypeError` (a TypeError that is also a ValueError), a bad value
+        ValueError."""
         for name in ("layers", "hidden", "heads", "kv_heads", "vocab", "prompt_tokens", "tokens",
                      "max_positions"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"decode config: {name} must be a positive integer, got {value!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"decode config: seed must be a non-negative integer, got {self.seed!r}")
-        if self.intermediate is not None and (
-                isinstance(self.intermediate, bool) or not isinstance(self.intermediate, int)
-                or self.intermediate < 1):
-            raise ValueError(
-                f"decode config: intermediate must be a positive integer or None, got {self.intermediate!r}")
+            _check_field(name, getattr(self, name), "a positive integer", int, minimum=1)
+        _check_field("seed", self.seed, "a non-negative integer", int, minimum=0)
+        if self.intermediate is not None:
+            _check_field("intermediate", self.intermediate, "a positive integer or None", int,
+                         minimum=1)
         for name in ("rope_theta", "eps"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                raise ValueError(f"decode config: {name} must be a positive number, got {value!r}")
+            _check_field(name, getattr(self, name), "a positive number", (int, float),
+                         minimum=0, exclusive=True)
         if self.hidden % self.heads:
             raise ValueError(f"decode config: heads ({self.heads}) must divide hidden size ({self.hidden})")
         if self.heads % self.kv_heads:
@@ -102,6 +117,30 @@ class DecodeConfig:
                 f"decode config: prompt_tokens + tokens ({self.prompt_tokens} + {self.tokens}) must not "
                 f"exceed max_positions ({self.max_positions})")
         return self
+
+
+def _check_config(config, where: str) -> "DecodeConfig":
+    """``config`` validated; it must be a :class:`DecodeConfig`."""
+    if not isinstance(config, DecodeConfig):
+        raise TypeError(f"decode demo: {where}: config must be a DecodeConfig, got {describe(config)}")
+    return config.validate()
+
+
+def _check_device(device, where: str) -> torch.device:
+    """``device`` (a str or a torch.device) as a torch.device; a brick device must exist."""
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(
+            f"decode demo: {where}: device must be a str or a torch.device such as 'brick:0', "
+            f"got {describe(device)}")
+    try:
+        device = torch.device(device)
+    except RuntimeError as error:
+        raise ValueError(
+            f"decode demo: {where}: device={device!r} is not a device; expected e.g. 'brick:0' "
+            f"or 'cpu' ({error})") from None
+    if device.type == "brick":
+        device_index(device, where=f"decode demo: {where}")  # raises when out of range
+    return device
 
 
 # ---- model -----------------------------------------------------------------------------------
@@ -121,7 +160,8 @@ class QwenStyleDecoder(torch.nn.Module):
 
     def __init__(self, config: DecodeConfig, device: Union[str, torch.device] = "cpu"):
         super().__init__()
-        c = config.validate()
+        c = _check_config(config, "QwenStyleDecoder()")
+        device = _check_device(device, "QwenStyleDecoder()")
         self.config = c
         gen = torch.Generator(device="cpu").manual_seed(c.seed)
         h, d, ffn = c.hidden, c.head_dim, c.intermediate_size
@@ -191,6 +231,21 @@ class QwenStyleDecoder(torch.nn.Module):
         with record_function("OutputProjection"):
             return residual + F.linear(out, layer.o_weight)
 
+    def _check_inputs(self, ids, pos) -> None:
+        # Cheap next to a forward pass; without it a position past the rotary tables fails deep
+        # inside as a reshape of an empty slice.
+        where = "decode demo: QwenStyleDecoder.forward()"
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.shape[0] != 1 \
+                or ids.dtype not in (torch.int64, torch.int32):
+            shape = f"{ids.dtype} tensor of shape {tuple(ids.shape)}" \
+                if isinstance(ids, torch.Tensor) else describe(ids)
+            raise TypeError(f"{where}: ids must be an integer tensor of shape [1, T], got {shape}")
+        pos = check_int(pos, "pos", where, low=0)
+        if pos + ids.shape[1] > self.max_len:
+            raise ValueError(
+                f"{where}: pos + T must be <= {self.max_len} (prompt_tokens + tokens), got "
+                f"pos={pos}, T={ids.shape[1]}")
+
     def _mlp(self, layer, residual: torch.Tensor) -> torch.Tensor:
         x = _rms_norm(residual, layer.post_norm, self.config.eps)
         with record_function("GateProjection"):
@@ -205,6 +260,7 @@ class QwenStyleDecoder(torch.nn.Module):
     def forward(self, ids: torch.Tensor, pos: int, logits: bool = True) -> Optional[torch.Tensor]:
         """``ids`` [1, T] at positions pos..pos+T-1 -> logits [1, vocab] of the last position
         (None with ``logits=False``, as the prefill needs none)."""
+        self._check_inputs(ids, pos)
         c = self.config
         with record_function("Embedding"):
             x = F.embedding(ids, self.embed)
@@ -218,8 +274,8 @@ class QwenStyleDecoder(torch.nn.Module):
 
 
 def build_model(config: DecodeConfig, device: Union[str, torch.device] = "brick:0") -> QwenStyleDecoder:
-    config.validate()
-    return QwenStyleDecoder(config, torch.device(device)).eval()
+    config = _check_config(config, "build_model()")
+    return QwenStyleDecoder(config, _check_device(device, "build_model()")).eval()
 
 
 # ---- decoding --------------------------------------------------------------------------------
@@ -236,6 +292,7 @@ class DecodeResult:
 
 
 def prompt_ids(config: DecodeConfig) -> torch.Tensor:
+    config = _check_config(config, "prompt_ids()")
     gen = torch.Generator(device="cpu").manual_seed(config.seed + 1)
     return torch.randint(0, config.vocab, (1, config.prompt_tokens), generator=gen)
 
@@ -243,6 +300,8 @@ def prompt_ids(config: DecodeConfig) -> torch.Tensor:
 def _synchronize(device: torch.device) -> None:
     if device.type == "brick":
         torch.brick.synchronize(device)
+    elif device.type == "cuda":  # the plain-cuda baseline of benchmarks/bench_cuda.py
+        torch.cuda.synchronize(device)
 
 
 def decode(model: QwenStyleDecoder, config: DecodeConfig, device: Union[str, torch.device], *,
@@ -252,8 +311,18 @@ def decode(model: QwenStyleDecoder, config: DecodeConfig, device: Union[str, tor
     steps inside ``region`` (e.g. a profiler; entered after the prefill). Step k feeds the
     current token at its position through Embedding … LmHead, then Sampling (greedy) picks the
     next. ``progress(step, total, latency_ns)`` is called after each step."""
-    config.validate()
-    device = torch.device(device)
+    where = "decode()"
+    if not callable(model):
+        raise TypeError(f"decode demo: {where}: model must be a model from build_model(), "
+                        f"got {describe(model)}")
+    config = _check_config(config, where)
+    device = _check_device(device, where)
+    if region is not None and not (hasattr(region, "__enter__") and hasattr(region, "__exit__")):
+        raise TypeError(f"decode demo: {where}: region must be a context manager (such as a "
+                        f"profiler) or None, got {describe(region)}")
+    if progress is not None and not callable(progress):
+        raise TypeError(f"decode demo: {where}: progress must be a callable or None, "
+                        f"got {describe(progress)}")
     prompt = prompt_ids(config)
     with torch.no_grad():
         ids = prompt.to(device)
@@ -318,16 +387,25 @@ def run_demo(config: Optional[DecodeConfig] = None, device: Union[str, torch.dev
     registry (the last run's report is kept and written to ``out_dir/report.json``), then runs
     one decode under the legacy autograd profiler for ``out_dir/trace.json`` and its
     ``key_averages()`` table. ``legacy=True`` adds the registry-vs-key_averages comparison."""
-    config = (config or DecodeConfig()).validate()
-    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
-        raise ValueError(f"decode demo: runs must be a positive integer, got {runs!r}")
-    mode = bp.SyncMode.parse(sync_mode)
-    device = torch.device(device)
+    # Every argument is checked before any work (no model built, no folder created).
+    where = "run_demo()"
+    config = _check_config(DecodeConfig() if config is None else config, where)
+    if isinstance(runs, bool) or not isinstance(runs, int):
+        raise TypeError(f"decode demo: {where}: runs must be a positive integer, got {describe(runs)}")
+    if runs < 1:
+        raise ValueError(f"decode demo: {where}: runs must be a positive integer, got {runs!r}")
+    mode = bp.SyncMode.parse(sync_mode, arg="sync_mode", where=f"decode demo: {where}")
+    device = _check_device(device, where)
     if device.type != "brick":
-        raise ValueError(f"decode demo: device must be a brick device such as brick:0, got {device}")
+        raise ValueError(
+            f"decode demo: {where}: device must be a brick device such as brick:0, got {device}")
     if device.index is None:
         device = torch.device("brick", torch.brick.current_device())
-    out_dir = os.fspath(out_dir)
+    out_dir = check_path(out_dir, "out_dir", f"decode demo: {where}")
+    check_bool(legacy, "legacy", f"decode demo: {where}")
+    check_bool(progress, "progress", f"decode demo: {where}")
+    # As key_averages().table(row_limit=...): a positive count, or <= 0 for every row.
+    check_int(legacy_rows, "legacy_rows", f"decode demo: {where}")
     os.makedirs(out_dir, exist_ok=True)
 
     bar = _ProgressBar(progress, phases=runs + 2)
@@ -379,7 +457,23 @@ def run_demo(config: Optional[DecodeConfig] = None, device: Union[str, torch.dev
     }
 
 
+_SUMMARY_KEYS = ("config", "device", "runs", "sync_mode", "brick_table", "key_averages_table",
+                 "run_mean_token_ns", "tokens_per_s", "p50_token_ns", "p99_token_ns",
+                 "report_path", "trace_path")
+
+
 def format_summary(result: dict) -> str:
+    """The text summary of a :func:`run_demo` result."""
+    where = "decode demo: format_summary()"
+    if not isinstance(result, dict):
+        raise TypeError(f"{where}: result must be the dict run_demo() returns, got {describe(result)}")
+    missing = [key for key in _SUMMARY_KEYS if key not in result]
+    if missing:
+        raise ValueError(f"{where}: result must be the dict run_demo() returns; it lacks "
+                         f"{', '.join(missing)} (got keys: {', '.join(map(str, result)) or 'none'})")
+    if not isinstance(result["config"], DecodeConfig):
+        raise TypeError(f"{where}: result['config'] must be a DecodeConfig, "
+                        f"got {describe(result['config'])}")
     c = result["config"]
     lines = [
         f"Qwen-style decoder on {result['device']}: {c.layers} layers, hidden {c.hidden}, "

@@ -43,8 +43,17 @@ class BrickProfile:
     def check(self, *ids: str, layers: Optional[int] = None, tokens: Optional[int] = None) -> List:
         """Runs the checks (all, or ``ids``) on the last report; raises AssertionError listing
         every failed check's message. Returns the results (n/a does not fail)."""
+        from torch_brickdev.brick._utils import check_int, describe_value
         from torch_brickdev.contract import failures, format_results, run_checks
 
+        where = "brick_profile.check()"
+        for check_id in ids:
+            if not isinstance(check_id, str):
+                raise TypeError(f"{where}: check ids must be str such as 'coverage', "
+                                f"got {describe_value(check_id)}")
+        # Types here; the contract checks the values (positive) and the ids (known).
+        layers = check_int(layers, "layers", where, optional=True)
+        tokens = check_int(tokens, "tokens", where, optional=True)
         if self.report is None:
             raise RuntimeError("brick_profile.check(): nothing profiled yet; use "
                                "`with brick_profile.profile(...):` first")

@@ -1,7 +1,11 @@
 import torch
 
 from .. import _C
-from ._utils import device_index
+from ._utils import describe, device_index
+
+# torch.cuda's "no device" index: what tensor.get_device() returns for a CPU tensor.
+# torch.cuda.set_device and torch.cuda.device treat it as a no-op, and so does brick.
+_NO_DEVICE = -1
 
 
 def is_available() -> bool:
@@ -25,26 +29,35 @@ def current_device() -> int:
 
 
 def set_device(device) -> None:
-    """Sets the calling thread's current brick device (an int, ``"brick:N"`` or a device)."""
-    _C._set_device(device_index(device, optional=False))
+    """Sets the calling thread's current brick device (an int, ``"brick:N"`` or a device).
+
+    ``-1`` is a no-op, as for ``torch.cuda.set_device``; other negative indices are errors.
+    """
+    if _is_no_device(device):
+        return
+    _C._set_device(device_index(device, optional=False, where="torch.brick.set_device()"))
 
 
 def synchronize(device=None) -> None:
     """Waits for all work on all streams of a brick device (default: the current one)."""
-    _C._synchronize(device_index(device))
+    _C._synchronize(device_index(device, where="torch.brick.synchronize()"))
+
+
+def _is_no_device(device) -> bool:
+    return isinstance(device, int) and not isinstance(device, bool) and device == _NO_DEVICE
 
 
 class device:
     """Context manager that makes ``device`` the current brick device, like ``torch.cuda.device``.
 
-    ``None`` or a negative index leaves the current device unchanged.
+    ``None`` or ``-1`` leaves the current device unchanged (other negative indices are errors).
     """
 
     def __init__(self, device):
-        if isinstance(device, int) and not isinstance(device, bool) and device < 0:
-            self.idx = -1
+        if device is None or _is_no_device(device):
+            self.idx = _NO_DEVICE
         else:
-            self.idx = -1 if device is None else device_index(device, optional=False)
+            self.idx = device_index(device, optional=False, where="torch.brick.device()")
         self.prev_idx = -1
 
     def __enter__(self):
@@ -63,4 +76,8 @@ class device_of(device):
     """Context manager that makes the device of ``tensor`` current (no-op for non-brick tensors)."""
 
     def __init__(self, tensor: torch.Tensor):
-        super().__init__(tensor.get_device() if tensor.device.type == "brick" else -1)
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(
+                f"torch.brick.device_of(): tensor must be a torch.Tensor, got {describe(tensor)}"
+            )
+        super().__init__(tensor.get_device() if tensor.device.type == "brick" else _NO_DEVICE)

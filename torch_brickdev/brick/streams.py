@@ -1,7 +1,12 @@
 import torch
 
 from .. import _C
-from ._utils import device_index
+from ._utils import check_bool, check_int, describe, device_index
+
+# A stream priority is a C int in the runtime; like torch.cuda, values beyond the device's
+# range of priorities are clamped (the host runtime has one priority), not refused.
+_INT32_MIN, _INT32_MAX = -2**31, 2**31 - 1
+
 
 def _as_stream(stream_tuple) -> "torch.Stream":
     stream_id, index, device_type = stream_tuple
@@ -22,17 +27,17 @@ class Stream(metaclass=_BrickKind):
 
     Args:
         device: brick device of the stream (default: the current one).
-        priority: 0 or negative; lower is higher priority.
+        priority: 0 or negative; lower is higher priority. An int beyond the device's range is
+            clamped to it, as for ``torch.cuda.Stream``.
     """
 
     _base = torch.Stream
 
     def __new__(cls, device=None, priority: int = 0) -> torch.Stream:
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise TypeError(
-                f"torch.brick.Stream: priority must be an int, got {type(priority).__name__}"
-            )
-        return torch.Stream(device=torch.device("brick", device_index(device)), priority=priority)
+        where = "torch.brick.Stream()"
+        priority = check_int(priority, "priority", where, low=_INT32_MIN, high=_INT32_MAX)
+        index = device_index(device, where=where)
+        return torch.Stream(device=torch.device("brick", index), priority=priority)
 
 
 class Event(metaclass=_BrickKind):
@@ -45,34 +50,50 @@ class Event(metaclass=_BrickKind):
     def __new__(
         cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False
     ) -> torch.Event:
-        if interprocess:
-            raise ValueError("torch.brick.Event: interprocess events are not supported")
+        where = "torch.brick.Event()"
+        # Bools only, as torch.Event itself requires: a truthy "no" must not enable timing.
+        check_bool(enable_timing, "enable_timing", where)
+        check_bool(blocking, "blocking", where)
+        if check_bool(interprocess, "interprocess", where):
+            raise ValueError(
+                f"{where}: interprocess must be False (interprocess events are not supported "
+                f"by brick), got True"
+            )
         return torch.Event(
             device=torch.device("brick", _C._current_device()),
-            enable_timing=bool(enable_timing),
-            blocking=bool(blocking),
+            enable_timing=enable_timing,
+            blocking=blocking,
         )
 
 
 def current_stream(device=None) -> torch.Stream:
     """The calling thread's current stream on a brick device."""
-    return _as_stream(_C._current_stream(device_index(device)))
+    index = device_index(device, where="torch.brick.current_stream()")
+    return _as_stream(_C._current_stream(index))
 
 
 def default_stream(device=None) -> torch.Stream:
     """The default stream (id 0) of a brick device."""
-    return _as_stream(_C._default_stream(device_index(device)))
+    index = device_index(device, where="torch.brick.default_stream()")
+    return _as_stream(_C._default_stream(index))
 
 
 def set_stream(stream: torch.Stream) -> None:
-    """Makes ``stream`` the current stream of its device for the calling thread."""
-    if stream is None:
+    """Makes ``stream`` the current stream of its device for the calling thread (None: no-op)."""
+    if _check_stream(stream, "torch.brick.set_stream()") is None:
         return
-    if not isinstance(stream, torch.Stream):
-        raise TypeError(f"torch.brick.set_stream: expected a torch.Stream, got {type(stream).__name__}")
-    if stream.device.type != "brick":
-        raise ValueError(f"torch.brick.set_stream: expected a brick stream, got one on {stream.device}")
     _C._set_stream(stream.stream_id, stream.device_index)
+
+
+def _check_stream(stream, where: str):
+    """``stream`` if it is None or a brick ``torch.Stream``; raises otherwise."""
+    if stream is None:
+        return None
+    if not isinstance(stream, torch.Stream):
+        raise TypeError(f"{where}: stream must be a torch.Stream or None, got {describe(stream)}")
+    if stream.device.type != "brick":
+        raise ValueError(f"{where}: stream must be a brick stream, got one on {stream.device}")
+    return stream
 
 
 class StreamContext:
@@ -80,7 +101,7 @@ class StreamContext:
     ``torch.cuda.StreamContext``."""
 
     def __init__(self, stream):
-        self.stream = stream
+        self.stream = _check_stream(stream, "torch.brick.stream()")
         self._previous = None
 
     def __enter__(self):
@@ -96,4 +117,6 @@ class StreamContext:
 
 
 def stream(stream) -> StreamContext:
+    """Makes ``stream`` current within a ``with`` block (``None``: no-op), like
+    ``torch.cuda.stream``."""
     return StreamContext(stream)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import json
 import time
 from dataclasses import dataclass
 from typing import List, Optional, Union
@@ -10,6 +11,7 @@ from typing import List, Optional, Union
 import torch
 
 from .. import _C
+from ..brick._utils import check_bool, describe
 
 _native = _C._profiler
 
@@ -22,19 +24,23 @@ class SyncMode(str, enum.Enum):
     EVENT = "event"
 
     @classmethod
-    def parse(cls, mode: Union["SyncMode", str]) -> "SyncMode":
+    def parse(cls, mode: Union["SyncMode", str], *, arg: str = "mode",
+              where: str = "brick profiler: SyncMode.parse()") -> "SyncMode":
+        """The member named ``mode`` (case-insensitive). ``arg`` and ``where`` name the caller's
+        argument and function in error messages."""
         if isinstance(mode, SyncMode):
             return mode
+        valid = ", ".join(repr(m.value) for m in cls)
         if not isinstance(mode, str):
             raise TypeError(
-                f"brick profiler: sync_mode must be a SyncMode or a str, got {type(mode).__name__}"
+                f"{where}: {arg} must be a SyncMode or a str ({valid}), "
+                f"got {describe(mode)}"
             )
         try:
             return cls(mode.lower())
         except ValueError:
-            valid = ", ".join(repr(m.value) for m in cls)
             raise ValueError(
-                f"brick profiler: unknown sync mode {mode!r}; expected one of {valid}"
+                f"{where}: {arg}={mode!r} is not a sync mode; expected one of {valid}"
             ) from None
 
 
@@ -72,6 +78,8 @@ class BrickStats:
 
 def enable(sync_mode: Optional[Union[SyncMode, str]] = None) -> None:
     """Starts recording every op and range into the registry (optionally setting the mode)."""
+    if sync_mode is not None:
+        sync_mode = SyncMode.parse(sync_mode, arg="sync_mode", where="brick profiler: enable()")
     if is_enabled():
         raise RuntimeError("brick profiler: enable() called while already enabled")
     if sync_mode is not None:
@@ -95,7 +103,7 @@ def reset() -> None:
 
 def set_sync_mode(mode: Union[SyncMode, str]) -> None:
     """Sets the sync mode; not allowed while profiling (a region is timed in one mode)."""
-    _native.set_sync_mode(SyncMode.parse(mode).value)
+    _native.set_sync_mode(SyncMode.parse(mode, where="brick profiler: set_sync_mode()").value)
 
 
 def sync_mode() -> SyncMode:
@@ -108,8 +116,12 @@ def stats(by: str = "name") -> List[BrickStats]:
     ``by="name"`` merges every call path of a name into one entry; ``by="path"`` keeps one entry
     per call path (nested ranges keep their parents, for per-layer breakdowns).
     """
+    if not isinstance(by, str):
+        raise TypeError(
+            f"brick profiler: stats(): by must be a str, 'name' or 'path', got {describe(by)}"
+        )
     if by not in ("name", "path"):
-        raise ValueError(f"brick profiler: by must be 'name' or 'path', got {by!r}")
+        raise ValueError(f"brick profiler: stats(): by must be 'name' or 'path', got {by!r}")
     return [BrickStats(**d) for d in _native.stats(by == "name")]
 
 
@@ -146,9 +158,28 @@ def clear_timeline() -> None:
 
 def _check_name(name, where: str) -> None:
     if not isinstance(name, str):
-        raise TypeError(f"brick profiler: {where}() needs a str name, got {type(name).__name__}")
+        raise TypeError(f"brick profiler: {where}() needs a str name, got {describe(name)}")
     if not name:
-        raise ValueError(f"brick profiler: {where}() needs a non-empty name")
+        raise ValueError(f"brick profiler: {where}() needs a non-empty name, got ''")
+
+
+def _check_metadata(metadata, where: str) -> dict:
+    """A copy of ``metadata``, checked now rather than when the report is written at the end of
+    the run: it must be a dict that ``json.dumps`` accepts (the report is JSON, without NaN)."""
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, dict):
+        raise TypeError(
+            f"{where}: metadata must be a dict or None, got {describe(metadata)}"
+        )
+    try:
+        json.dumps(metadata, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            f"{where}: metadata must be JSON-serializable (it is written to the "
+            f"report), got {error}"
+        ) from None
+    return dict(metadata)
 
 
 class profile:
@@ -164,9 +195,11 @@ class profile:
 
     def __init__(self, sync_mode: Optional[Union[SyncMode, str]] = None, *, reset: bool = True,
                  metadata: Optional[dict] = None):
-        self._mode = None if sync_mode is None else SyncMode.parse(sync_mode)
-        self._reset = bool(reset)
-        self._metadata = dict(metadata or {})
+        where = "brick profiler: profile()"
+        self._mode = None if sync_mode is None else SyncMode.parse(sync_mode, arg="sync_mode",
+                                                                     where=where)
+        self._reset = check_bool(reset, "reset", where)
+        self._metadata = _check_metadata(metadata, where)
         self._previous_mode: Optional[SyncMode] = None
         self.report = None
         self.wall_ns = 0

@@ -28,6 +28,7 @@ from typing import Optional, Union
 import torch
 
 from .. import _C
+from ..brick._utils import check_int, check_path, describe
 
 _SKIPPED_EVENTS = ("[memory]", "[OutOfMemory]")
 _ANNOTATION_TID_BASE = 10_000_000
@@ -55,12 +56,22 @@ def _boundaries(events):
     return points
 
 
+def _check_finished_profile(prof, where: str) -> None:
+    if not isinstance(prof, torch.autograd.profiler.profile):
+        raise TypeError(
+            f"{where}: prof must be a torch.autograd.profiler.profile, got {describe(prof)}"
+        )
+    if getattr(prof, "kineto_results", None) is None:
+        raise RuntimeError(f"{where}: the profiler has not finished (leave its with block first)")
+
+
 def device_intervals(prof):
     """Matches each op of a legacy-profiler run to its device interval.
 
     Returns ``(matches, info)``: ``matches`` is a list of ``(kineto_event, device, stream,
     device_start_ns, device_end_ns)`` on the CPU time base of PyTorch's events (``c10::getTime``
     nanoseconds); ``info`` counts what matched and what could not be."""
+    _check_finished_profile(prof, "brick profiler: device_intervals()")
     results = prof.kineto_results
     trace_start = results.trace_start_ns()
     by_thread = defaultdict(list)
@@ -103,20 +114,27 @@ def device_intervals(prof):
     return matches, info
 
 
+def _check_output_path(path, where: str) -> str:
+    """``path`` as a str, refused before any work when the file cannot be written there."""
+    path = check_path(path, "path", where)
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{where}: path {path!r} is a directory; expected a file path")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"{where}: the folder of path {path!r} does not exist ({folder})")
+    return path
+
+
 def export_chrome_trace(prof, path: Union[str, os.PathLike], *, rank: Optional[int] = None) -> str:
     """Writes PyTorch's chrome trace of ``prof`` plus brick's device timeline to ``path``.
 
     ``prof`` is a finished ``torch.autograd.profiler.profile(use_device="brick")``. Returns the
     path. The file loads in Perfetto (ui.perfetto.dev), chrome://tracing and
     HolisticTraceAnalysis."""
-    if not isinstance(prof, torch.autograd.profiler.profile):
-        raise TypeError(
-            "export_chrome_trace: expected a torch.autograd.profiler.profile, got "
-            f"{type(prof).__name__}"
-        )
-    if getattr(prof, "kineto_results", None) is None:
-        raise RuntimeError("export_chrome_trace: the profiler has not finished (leave its with block first)")
-    path = os.fspath(path)
+    where = "brick profiler: export_chrome_trace()"
+    _check_finished_profile(prof, where)
+    path = _check_output_path(path, where)
+    rank = check_int(rank, "rank", where, low=0, optional=True)
     # PyTorch's export can be saved once per profile: keep its text for later exports.
     base_text = getattr(prof, "_brick_base_trace", None)
     if base_text is None:
