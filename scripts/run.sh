@@ -4,6 +4,8 @@
 #   scripts/run.sh demo    set up, build, run the example of a model on brick (the main job)
 #   scripts/run.sh test    set up, build with the C++ tests, run GoogleTest (CTest) and pytest
 #   scripts/run.sh bench   set up, build, run the benchmarks
+#   scripts/run.sh sanitize  build and run the C++ suites under ASan+UBSan and TSan (also part of
+#                            `test`; BRICK_SKIP_SANITIZERS=1 skips them there)
 #
 # Uses the torch already installed, else installs torch==2.13.0 (never an open-ended torch).
 set -euo pipefail
@@ -60,6 +62,24 @@ setup_python() {
   fi
 }
 
+# The C++ suites under sanitizers, each in its own build folder: AddressSanitizer +
+# UndefinedBehaviorSanitizer (LeakSanitizer included) over every GoogleTest suite, and
+# ThreadSanitizer over the runtime and registry suites (plain C++, no torch).
+sanitize() {
+  local asan="$PWD/build/asan" tsan="$PWD/build/tsan"
+  log "GoogleTest under AddressSanitizer + UndefinedBehaviorSanitizer ($asan)"
+  cmake -S . -B "$asan" -G Ninja -DPython_EXECUTABLE="$(command -v "$PYTHON")" \
+    -DBRICK_BUILD_TESTS=ON -DBRICK_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+  cmake --build "$asan"
+  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 \
+    ctest --test-dir "$asan" --output-on-failure -j 2
+  log "GoogleTest under ThreadSanitizer ($tsan)"
+  cmake -S . -B "$tsan" -G Ninja -DBRICK_WITH_TORCH=OFF -DBRICK_BUILD_TESTS=ON \
+    -DBRICK_SANITIZE=thread -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+  cmake --build "$tsan"
+  TSAN_OPTIONS=halt_on_error=1 ctest --test-dir "$tsan" --output-on-failure -j 2
+}
+
 build() {
   log "building torch_brickdev (CMake, $BUILD_DIR)"
   BRICK_BUILD_TESTS=${1:-0} "$PYTHON" -m pip install -q --no-build-isolation --no-deps -e .
@@ -81,6 +101,11 @@ case "$job" in
     ctest --test-dir "$BRICK_BUILD_DIR" --output-on-failure -j 2
     log "pytest"
     "$PYTHON" -m pytest tests/python -q "${@:2}"
+    if [ "${BRICK_SKIP_SANITIZERS:-0}" != 1 ]; then sanitize; fi
+    ;;
+  sanitize)
+    setup_system; setup_python
+    sanitize
     ;;
   bench)
     setup_system; setup_python; build 0
@@ -88,13 +113,17 @@ case "$job" in
     "$PYTHON" benchmarks/bench_ops.py
     log "benchmarks: profiler overhead"
     "$PYTHON" benchmarks/bench_profiler.py
+    log "benchmarks: registry under concurrent resets (8 threads x 100k ops, exact counts)"
+    "$PYTHON" benchmarks/stress_concurrency.py
+    log "benchmarks: memory over 1M profiled ops (RSS and device events bounded)"
+    "$PYTHON" benchmarks/stress_memory.py
     if [ -x "$BRICK_BUILD_DIR/registry_bench" ]; then
       log "benchmarks: registry start/stop (Google Benchmark)"
       "$BRICK_BUILD_DIR/registry_bench" --benchmark_min_time=0.2
     fi
     ;;
   *)
-    echo "usage: scripts/run.sh demo|test|bench [args...]" >&2
+    echo "usage: scripts/run.sh demo|test|bench|sanitize [args...]" >&2
     exit 2
     ;;
 esac

@@ -14,11 +14,16 @@ def _autoload() -> None:
     """
 
 
+from typing import Optional  # noqa: E402
+
 import torch  # noqa: E402
 
 try:
     from . import _C  # loads the backend and registers it with PyTorch
-except ImportError as error:  # pragma: no cover - only on a broken install
+except ImportError as error:  # pragma: no cover - only on a broken install or configuration
+    reason = str(error).splitlines()[0] if str(error) else ""
+    if reason.startswith("brick:"):  # brick's own verdict, e.g. on BRICK_RUNTIME: say just that
+        raise ImportError(reason) from None
     raise ImportError(
         "torch_brickdev: the native module torch_brickdev._C is missing or does not match the "
         f"installed torch ({torch.__version__}); rebuild with "
@@ -26,7 +31,7 @@ except ImportError as error:  # pragma: no cover - only on a broken install
         "TORCH_DEVICE_BACKEND_AUTOLOAD=0 to skip loading brick)"
     ) from error
 
-__all__ = ["BACKEND_NAME", "runtime_name", "backing_device_type"]
+__all__ = ["BACKEND_NAME", "runtime_name", "runtime_note", "backing_device_type", "backing_stream"]
 
 BACKEND_NAME = "brick"
 
@@ -50,13 +55,36 @@ def _register() -> None:
 
 
 def runtime_name() -> str:
-    """Name of the runtime behind the brick devices (``"host"``)."""
+    """Name of the runtime behind the brick devices: ``"host"`` or ``"cuda"``.
+
+    Chosen once per process by ``BRICK_RUNTIME`` (``auto``, the default: CUDA when this PyTorch
+    can run CUDA kernels and a GPU is usable; ``host``; ``cuda``, an error when it cannot be had).
+    """
     return _C._runtime_name()
 
 
+def runtime_note() -> str:
+    """One sentence saying which runtime was chosen and why (e.g. why ``auto`` chose the host)."""
+    return _C._runtime_note()
+
+
 def backing_device_type() -> str:
-    """Device type whose kernels execute brick ops (``"cpu"`` for the host runtime)."""
+    """Device type whose kernels execute brick ops: ``"cpu"`` (host runtime) or ``"cuda"``."""
     return _C._backing_device_type()
+
+
+def backing_stream(stream: Optional["torch.Stream"] = None) -> "torch.cuda.Stream":
+    """The ``torch.cuda.Stream`` behind a brick stream (default: the current one) on CUDA backing,
+    e.g. to capture brick work into a CUDA graph or to order it with plain ``cuda`` work."""
+    if stream is None:
+        stream = torch.brick.current_stream()
+    if not isinstance(stream, torch.Stream) or stream.device.type != BACKEND_NAME:
+        raise TypeError(
+            f"torch_brickdev.backing_stream(): stream must be a brick torch.Stream or None, got "
+            f"{type(stream).__name__}"
+        )
+    stream_id, cuda_index = _C._backing_stream(stream.device_index, stream.stream_id)
+    return torch.cuda.Stream(stream_id=stream_id, device_index=cuda_index, device_type=1)
 
 
 _register()

@@ -48,6 +48,11 @@ class DeviceScope {
 c10::Allocator* brick_allocator();
 bool is_brick_allocation(const c10::DataPtr& data_ptr);
 
+// Brick memory `data_ptr` is used by work queued on `stream` of brick `device`: its free waits
+// for that work (record_stream). Memory of any other kind is left alone.
+void record_stream_use(const c10::DataPtr& data_ptr, c10::DeviceIndex device,
+                       runtime::StreamId stream);
+
 // Turns a DataPtr allocated by the backing device's allocator into brick memory without copying:
 // relabels its device and counts its bytes in brick's statistics until it is freed.
 c10::DataPtr adopt_data_ptr(c10::DataPtr original, size_t nbytes, c10::DeviceIndex device);

@@ -1,6 +1,7 @@
 // PrivateUse1 registration: the device guard, the generator and the hooks.
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/Generator.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -9,6 +10,7 @@
 #include <mutex>
 
 #include "backend/backend.h"
+#include "backend/backing.h"
 #include "backend/errors.h"
 #include "backend/generator.h"
 
@@ -97,12 +99,14 @@ class BrickGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   c10::Stream getStreamFromGlobalPool(c10::Device device, bool is_high_priority) const override {
     const auto index = resolve_device_index(device.index());
+    // On CUDA backing the pool is PyTorch's own CUDA stream pool.
+    if (cuda_backing()) return make_stream(index, pooled_brick_stream(index, is_high_priority));
     return make_stream(index, pooled_stream(index, is_high_priority));
   }
 
   c10::Stream getNewStream(c10::Device device, int priority) const override {
     const auto index = resolve_device_index(device.index());
-    return make_stream(index, runtime_call([&] { return rt().create_stream(index, priority); }));
+    return make_stream(index, new_brick_stream(index, priority));
   }
 
   c10::Stream exchangeStream(c10::Stream stream) const override {
@@ -164,10 +168,9 @@ class BrickGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     BRICK_RUNTIME_CALL(rt().synchronize_device(resolve_device_index(device_index)));
   }
 
-  void recordDataPtrOnStream(const c10::DataPtr& /*data_ptr*/,
-                             const c10::Stream& /*stream*/) const override {
-    // Memory is freed only after the work that used it completed: on the host runtime every
-    // op has completed by the time it returns.
+  void recordDataPtrOnStream(const c10::DataPtr& data_ptr,
+                             const c10::Stream& stream) const override {
+    record_stream_use(data_ptr, stream.device_index(), stream.id());
   }
 
   double elapsedTime(void* start, void* end,
@@ -196,7 +199,7 @@ class BrickGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     Pool& pool = pools[2 * index + (high_priority ? 1 : 0)];
     std::call_once(pool.once, [&] {
       for (auto& id : pool.ids) {
-        id = runtime_call([&] { return rt().create_stream(index, high_priority ? -1 : 0); });
+        id = pooled_brick_stream(index, high_priority);
       }
     });
     return pool.ids[pool.next.fetch_add(1, std::memory_order_relaxed) % kPoolSize];
@@ -219,7 +222,11 @@ const at::Generator& default_generator(c10::DeviceIndex device) {
 struct BrickHooks final : public at::PrivateUse1HooksInterface {
   bool isBuilt() const override { return true; }
   bool isAvailable() const override { return rt().device_count() > 0; }
-  bool hasPrimaryContext(c10::DeviceIndex /*device_index*/) const override { return true; }
+  bool hasPrimaryContext(c10::DeviceIndex device_index) const override {
+    if (!cuda_backing()) return true;
+    return at::detail::getCUDAHooks().hasPrimaryContext(
+        static_cast<c10::DeviceIndex>(rt().backing_device_index(device_index)));
+  }
 
   const at::Generator& getDefaultGenerator(c10::DeviceIndex device_index) const override {
     return default_generator(device_index);
@@ -230,14 +237,27 @@ struct BrickHooks final : public at::PrivateUse1HooksInterface {
                                               c10::default_rng_seed_val);
   }
 
-  at::Device getDeviceFromPtr(void* /*data*/) const override {
-    TORCH_CHECK(false, "brick: cannot infer the device of a raw pointer; pass device= explicitly");
+  at::Device getDeviceFromPtr(void* data) const override {
+    TORCH_CHECK(cuda_backing(),
+                "brick: cannot infer the device of a raw pointer on the host runtime; pass "
+                "device= explicitly");
+    const c10::Device cuda = at::detail::getCUDAHooks().getDeviceFromPtr(data);
+    for (int index = 0; index < rt().device_count(); ++index) {
+      if (rt().backing_device_index(index) == cuda.index()) {
+        return c10::Device(kBrick, static_cast<c10::DeviceIndex>(index));
+      }
+    }
+    TORCH_CHECK(false, "brick: pointer ", data, " is on ", cuda, ", which backs no brick device");
   }
 
-  bool isPinnedPtr(const void* /*data*/) const override { return false; }
+  bool isPinnedPtr(const void* data) const override {
+    return cuda_backing() && at::detail::getCUDAHooks().isPinnedPtr(data);
+  }
 
   c10::Allocator* getPinnedMemoryAllocator() const override {
-    // Host memory is what every brick device already uses on the host runtime.
+    // On the host runtime brick memory is host memory already; on CUDA, page-locked host memory
+    // comes from PyTorch's CUDA host allocator, as for torch.cuda.
+    if (cuda_backing()) return at::detail::getCUDAHooks().getPinnedMemoryAllocator();
     return c10::GetCPUAllocator();
   }
 
@@ -277,6 +297,7 @@ const at::Generator& brick_default_generator(c10::DeviceIndex device) {
 
 void ensure_registered() {
   static const bool registered = [] {
+    configure_runtime_backing();  // before the runtime's first use, which picks its backing
     // Fail at import with the runtime's own message if its configuration is invalid.
     runtime_call([] { return rt().device_count(); });
     // Hooks must outlive every user: intentionally never freed.

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "backend/backing.h"
 #include "backend/errors.h"
 #include "backend/generator.h"
 
@@ -39,7 +40,7 @@ class FallbackCall {
       (*stack)[first + i] = c10::IValue(generator_backing(brick_default_generator(device_)));
     }
 
-    DeviceScope scope(device_);
+    BackingScope scope(device_);
     try {
       op_.redispatchBoxed(backing_dispatch_key_set(), stack);
     } catch (c10::Error& error) {

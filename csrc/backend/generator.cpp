@@ -1,26 +1,16 @@
 #include "backend/generator.h"
 
-#include <ATen/CPUGeneratorImpl.h>
-
 #include <mutex>
 
 #include "backend/backend.h"
+#include "backend/backing.h"
 
 namespace brick::backend {
-
-namespace {
-
-at::Generator make_backing_generator(uint64_t seed) {
-  // The host runtime's kernels are CPU kernels; a CUDA runtime supplies CUDA generators.
-  return at::make_generator<at::CPUGeneratorImpl>(seed);
-}
-
-}  // namespace
 
 BrickGenerator::BrickGenerator(c10::DeviceIndex device, uint64_t seed)
     : c10::GeneratorImpl(c10::Device(kBrick, device),
                          c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)),
-      backing_(make_backing_generator(seed)) {}
+      backing_(make_backing_generator(device, seed)) {}
 
 void BrickGenerator::set_current_seed(uint64_t seed) {
   std::lock_guard<std::mutex> lock(backing_.mutex());

@@ -1,9 +1,11 @@
 // Brick memory: the allocator, adoption of backing-device allocations, and backing aliases.
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/TensorImpl.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
 #include "backend/backend.h"
+#include "backend/backing.h"
 #include "backend/errors.h"
 
 namespace brick::backend {
@@ -89,6 +91,22 @@ c10::Allocator* brick_allocator() { return &g_brick_allocator; }
 bool is_brick_allocation(const c10::DataPtr& data_ptr) {
   return data_ptr.get_deleter() == &delete_brick_memory ||
          data_ptr.get_deleter() == &delete_adopted;
+}
+
+void record_stream_use(const c10::DataPtr& data_ptr, c10::DeviceIndex device,
+                       runtime::StreamId stream) {
+  if (data_ptr.get() == nullptr) return;
+  if (data_ptr.get_deleter() == &delete_brick_memory) {
+    BRICK_RUNTIME_CALL(rt().record_stream(data_ptr.get(), device, stream));
+  } else if (data_ptr.get_deleter() == &delete_adopted) {
+    // Memory of the backing device's own allocator: its record_stream, on the backing stream.
+    const auto* adopted = static_cast<const AdoptedContext*>(data_ptr.get_context());
+    if (cuda_backing()) {
+      c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)
+          ->recordDataPtrOnStream(adopted->original, backing_cuda_stream(device, stream));
+    }
+  }
+  // The host runtime completes every op before it returns: nothing to wait for.
 }
 
 c10::DataPtr adopt_data_ptr(c10::DataPtr original, size_t nbytes, c10::DeviceIndex device) {

@@ -13,6 +13,7 @@
 #include <torch/library.h>
 
 #include "backend/backend.h"
+#include "backend/backing.h"
 #include "backend/errors.h"
 
 namespace brick::backend {
@@ -139,7 +140,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   const at::Tensor source = self.is_privateuseone() ? make_backing_alias(self) : self;
   const at::Tensor target = dst.is_privateuseone() ? make_backing_alias(dst) : dst;
   const auto device = dst.is_privateuseone() ? dst.device().index() : self.device().index();
-  DeviceScope scope(device);
+  BackingScope scope(device);
   target.copy_(source, non_blocking);
   return dst;
 }
@@ -154,8 +155,7 @@ void record_stream(at::Tensor& self, c10::Stream stream) {
               stream);
   TORCH_CHECK(stream.device() == self.device(), "brick: record_stream got a stream of ",
               stream.device(), " for a tensor on ", self.device());
-  // Host runtime: work on every stream has completed when its op returns, so the memory may be
-  // reused as soon as the tensor dies.
+  record_stream_use(self.storage().data_ptr(), self.device().index(), stream.id());
 }
 
 at::Tensor backing_or_undefined(const std::optional<at::Tensor>& tensor) {
@@ -170,7 +170,7 @@ at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& w
                                     int64_t groups) {
   TORCH_CHECK(input.device() == weight.device(), "brick: convolution got input on ", input.device(),
               " and weight on ", weight.device());
-  DeviceScope scope(input.device().index());
+  BackingScope scope(input.device().index());
   at::Tensor out = at::convolution(make_backing_alias(input), make_backing_alias(weight),
                                    backing_or_undefined(bias), stride, padding, dilation,
                                    transposed, output_padding, groups);
@@ -182,7 +182,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable
     c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
     c10::IntArrayRef output_padding, int64_t groups, std::array<bool, 3> output_mask) {
   const auto device = input.device().index();
-  DeviceScope scope(device);
+  BackingScope scope(device);
   const int64_t bias_channels = transposed ? weight.size(1) * groups : weight.size(0);
   auto [grad_input, grad_weight, grad_bias] =
       at::convolution_backward(make_backing_alias(grad_output), make_backing_alias(input),

@@ -3,6 +3,7 @@
 #include <torch/csrc/Generator.h>
 
 #include "backend/backend.h"
+#include "backend/backing.h"
 #include "backend/errors.h"
 #include "backend/generator.h"
 
@@ -47,6 +48,15 @@ PYBIND11_MODULE(_C, m) {
   m.def("_backing_device_type", [] {
     return std::string(
         c10::DeviceTypeName(brick::backend::backing_device_type(), /*lower_case=*/true));
+  });
+  m.def("_runtime_note", [] { return brick::runtime::runtime_choice_note(); });
+  m.def("_backing_stream", [](int device, int64_t stream_id) {
+    // The PyTorch CUDA stream behind a brick stream, as (stream id, CUDA device index).
+    const auto index = resolve_device_index(device);
+    TORCH_CHECK(brick::backend::cuda_backing(), "brick: brick:", static_cast<int>(index),
+                " is backed by the host runtime, whose streams have no CUDA stream behind them");
+    const c10::Stream cuda = brick::backend::backing_cuda_stream(index, stream_id);
+    return py::make_tuple(cuda.id(), static_cast<int>(cuda.device_index()));
   });
   m.def("_device_count", [] { return rt().device_count(); });
   m.def("_current_device", [] { return rt().current_device(); });

@@ -87,6 +87,10 @@ void bind_profiler(py::module_& parent) {
     d["unbalanced_exits"] = h.unbalanced_exits;
     d["timing_failures"] = h.timing_failures;
     d["pending_events"] = h.pending_events;
+    d["live_events"] = h.live_events;
+    d["capture_skipped"] = h.capture_skipped;
+    // Records that resets discarded: with stats()' counts, every call made is accounted for.
+    d["discarded_by_reset"] = profiler::brick_registry().discarded_by_reset();
     return d;
   });
   m.def("timeline", [] {

@@ -13,6 +13,10 @@ namespace brick::profiler {
 // run can show the figure stays bounded.
 inline std::atomic<int64_t> g_live_events{0};
 
+// Bricks and stub records skipped because their stream was being captured into a CUDA graph
+// (recording an event there is illegal): reported by health().
+inline std::atomic<uint64_t> g_capture_skipped{0};
+
 inline runtime::Event* create_timing_event(int device) {
   runtime::Event* event = runtime::get().create_event(device, /*enable_timing=*/true);
   g_live_events.fetch_add(1, std::memory_order_relaxed);
@@ -47,7 +51,14 @@ class EventPool {
     return event;
   }
 
-  void release(int device, runtime::Event* event) { free_[device].push_back(event); }
+  void release(int device, runtime::Event* event) {
+    if (device >= static_cast<int>(free_.size())) free_.resize(device + 1);
+    free_[device].push_back(event);
+  }
+
+  bool has_free(int device) const noexcept {
+    return device < static_cast<int>(free_.size()) && !free_[device].empty();
+  }
 
   size_t created() const noexcept { return created_; }
 

@@ -7,7 +7,9 @@
 #include <c10/util/Exception.h>
 
 #include <atomic>
+#include <deque>
 #include <mutex>
+#include <new>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -26,6 +28,10 @@ using registry::NodeId;
 using registry::SyncMode;
 
 constexpr NodeId kIgnored = UINT32_MAX - 1;  // profiler-internal ops are not bricks
+// A brick that began while its stream was being captured into a CUDA graph: nothing may be
+// recorded on such a stream, and the work it launches runs only at replay, so it is skipped
+// (and counted: health().capture_skipped).
+constexpr NodeId kSkippedInCapture = UINT32_MAX - 2;
 
 std::mutex g_control_mutex;  // enable / disable / set_sync_mode / reset
 std::atomic<bool> g_enabled{false};
@@ -36,6 +42,13 @@ at::CallbackHandle g_handle = 0;
 
 std::atomic<uint64_t> g_unbalanced_exits{0};
 std::atomic<uint64_t> g_timing_failures{0};
+
+// Whether the runtime runs work asynchronously (CUDA): event pairs may then complete after
+// their brick ends, and streams may be captured into graphs. Read once the runtime exists.
+bool async_runtime() {
+  static const bool is_async = runtime::get().backing_kind() != runtime::BackingKind::Host;
+  return is_async;
+}
 
 struct Frame {
   NodeId node;
@@ -109,10 +122,22 @@ struct CachedNode {
   std::string name;
 };
 
+// Finished event pairs whose device work may still be running. Only an asynchronous runtime
+// queues any (on the host every pair has completed when its brick ends), and only that path
+// takes the lock: snapshot() resolves every thread's queue, so it must see them all.
+struct PendingQueue {
+  std::mutex mutex;
+  std::deque<PendingPair> pairs;  // oldest first: streams complete their work in order
+  // Events of pairs resolved by another thread (snapshot), for the owner's pool.
+  std::vector<std::pair<int, runtime::Event*>> returned;
+  std::atomic<size_t> size{0};  // pairs.size(), readable without the lock
+  std::atomic<bool> has_returned{false};
+};
+
 struct ThreadState {
   uint64_t session = 0;
   std::vector<Frame> stack;
-  std::vector<PendingPair> pending;
+  PendingQueue pending;
   // Op names are mostly the schema's own strings: stable pointers, looked up without hashing
   // text (and checked, since some FUNCTION-scope names are per-call strings).
   std::unordered_map<PointerKey, CachedNode, PointerKeyHash> by_pointer;
@@ -127,27 +152,41 @@ struct ThreadState {
 // device threads is attributed to the brick open on this thread (the one waiting in backward()).
 std::atomic<ThreadState*> g_owner{nullptr};
 
-void resolve(ThreadState& state, bool wait);
+// Every live thread's state, so snapshot() can resolve the pairs each thread still owes.
+std::mutex g_states_mutex;
+std::vector<ThreadState*> g_states;
+
+void resolve_locked(ThreadState& state, bool by_owner, bool wait_all);
 
 // The calling thread's state: initial-exec, a direct %fs access even inside a dlopen()ed module.
 [[gnu::tls_model("initial-exec")]] constinit thread_local ThreadState* tls_state = nullptr;
 
 struct ThreadStateOwner {
   ThreadState state;
-  ThreadStateOwner() { tls_state = &state; }
+  ThreadStateOwner() {
+    std::lock_guard<std::mutex> lock(g_states_mutex);
+    g_states.push_back(&state);
+    tls_state = &state;
+  }
   ~ThreadStateOwner() {
     tls_state = nullptr;
     ThreadState* self = &state;
     g_owner.compare_exchange_strong(self, nullptr);
-    try {
-      resolve(state, /*wait=*/true);  // what this thread still owes, before its state goes
-    } catch (...) {
-      g_timing_failures.fetch_add(state.pending.size(), std::memory_order_relaxed);
+    {
+      // Once out of the list no snapshot can be resolving this state.
+      std::lock_guard<std::mutex> lock(g_states_mutex);
+      std::erase(g_states, &state);
     }
+    std::lock_guard<std::mutex> lock(state.pending.mutex);
+    resolve_locked(state, /*by_owner=*/true, /*wait_all=*/true);  // what this thread still owes
   }
 };
 
 [[gnu::noinline]] ThreadState& create_thread_state() {
+  // The registry's per-thread state must outlive this thread's ThreadStateOwner, whose
+  // destructor records the pairs still pending: thread_locals die in reverse order of
+  // construction, so it is touched (constructed) first.
+  (void)brick_registry().depth();
   thread_local ThreadStateOwner owner;
   return owner.state;
 }
@@ -200,25 +239,55 @@ void publish_top(ThreadState& state) {
                             std::memory_order_relaxed);
 }
 
-void resolve(ThreadState& state, bool wait) {
-  auto& rt = runtime::get();
-  size_t kept = 0;
-  for (PendingPair& pair : state.pending) {
-    if (!wait && !rt.query_event(pair.end)) {
-      state.pending[kept++] = pair;
-      continue;
-    }
-    rt.synchronize_event(pair.end);
-    const double ms = rt.elapsed_ms(pair.start, pair.end);
-    brick_registry().record(pair.node, static_cast<int64_t>(ms * 1e6));
-    state.events.release(pair.device, pair.start);
-    state.events.release(pair.device, pair.end);
-  }
-  state.pending.resize(kept);
-}
-
 // Bounds outstanding events however long the run: beyond this, wait for the oldest.
 constexpr size_t kMaxPending = 4096;
+// Completed pairs are collected every this many queued pairs (a query per pair is not free).
+constexpr size_t kResolveEvery = 32;
+
+// Resolves pairs from the front of `state`'s queue: every one when `wait_all`, else those
+// complete (and the oldest beyond kMaxPending). Called with state.pending.mutex held; a pair
+// that cannot be timed is dropped and counted, never retried forever.
+void resolve_locked(ThreadState& state, bool by_owner, bool wait_all) {
+  PendingQueue& queue = state.pending;
+  auto& rt = runtime::get();
+  while (!queue.pairs.empty()) {
+    const PendingPair pair = queue.pairs.front();
+    try {
+      const bool must_wait = wait_all || queue.pairs.size() > kMaxPending;
+      if (!must_wait && !rt.query_event(pair.end)) break;
+      rt.synchronize_event(pair.end);
+      const double ms = rt.elapsed_ms(pair.start, pair.end);
+      brick_registry().record(pair.node, static_cast<int64_t>(ms * 1e6));
+    } catch (...) {
+      g_timing_failures.fetch_add(1, std::memory_order_relaxed);
+    }
+    queue.pairs.pop_front();
+    if (by_owner) {
+      state.events.release(pair.device, pair.start);
+      state.events.release(pair.device, pair.end);
+    } else {
+      queue.returned.emplace_back(pair.device, pair.start);
+      queue.returned.emplace_back(pair.device, pair.end);
+      queue.has_returned.store(true, std::memory_order_relaxed);
+    }
+  }
+  queue.size.store(queue.pairs.size(), std::memory_order_relaxed);
+}
+
+// An event from the calling (owning) thread's pool, taking back first the events that a
+// snapshot on another thread freed.
+runtime::Event* acquire_event(ThreadState& state, int device) {
+  if (state.pending.has_returned.load(std::memory_order_relaxed) && !state.events.has_free(device))
+      [[unlikely]] {
+    std::lock_guard<std::mutex> lock(state.pending.mutex);
+    for (auto [owner_device, event] : state.pending.returned) {
+      state.events.release(owner_device, event);
+    }
+    state.pending.returned.clear();
+    state.pending.has_returned.store(false, std::memory_order_relaxed);
+  }
+  return state.events.acquire(device);
+}
 
 std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   try {
@@ -236,12 +305,17 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
         parent = owner->published_top.load(std::memory_order_relaxed);
       }
     }
+    if (parent == kIgnored || parent == kSkippedInCapture) parent = registry::kNoParent;
     auto& rt = runtime::get();
     const int device = rt.current_device();
-    const NodeId node =
-        node_for(state, fn, parent == kIgnored ? registry::kNoParent : parent, device);
+    NodeId node = node_for(state, fn, parent, device);
+    if (node != kIgnored && async_runtime() && rt.is_capturing(device, rt.current_stream(device)))
+        [[unlikely]] {
+      node = kSkippedInCapture;
+      g_capture_skipped.fetch_add(1, std::memory_order_relaxed);
+    }
     Frame frame{node, device, 0, nullptr};
-    if (node != kIgnored) {
+    if (node != kIgnored && node != kSkippedInCapture) {
       switch (g_mode.load(std::memory_order_relaxed)) {
         case SyncMode::Immediate:
           rt.synchronize_device(device);
@@ -251,8 +325,13 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
           frame.start_ns = registry::Registry::now_ns();
           break;
         case SyncMode::Event:
-          frame.start_event = state.events.acquire(device);
-          rt.record_event(frame.start_event, device, rt.current_stream(device));
+          frame.start_event = acquire_event(state, device);
+          try {
+            rt.record_event(frame.start_event, device, rt.current_stream(device));
+          } catch (...) {
+            state.events.release(device, frame.start_event);
+            throw;
+          }
           break;
       }
     }
@@ -274,7 +353,7 @@ void on_exit(const at::RecordFunction& /*fn*/, at::ObserverContext* /*ctx*/) {
     const Frame frame = state.stack.back();
     state.stack.pop_back();
     publish_top(state);
-    if (frame.node == kIgnored) return;
+    if (frame.node == kIgnored || frame.node == kSkippedInCapture) return;
     auto& rt = runtime::get();
     switch (g_mode.load(std::memory_order_relaxed)) {
       case SyncMode::Immediate: {
@@ -289,7 +368,7 @@ void on_exit(const at::RecordFunction& /*fn*/, at::ObserverContext* /*ctx*/) {
         break;
       }
       case SyncMode::Event: {
-        runtime::Event* end = state.events.acquire(frame.device);
+        runtime::Event* end = acquire_event(state, frame.device);
         try {
           rt.record_event(end, frame.device, rt.current_stream(frame.device));
         } catch (...) {
@@ -297,16 +376,21 @@ void on_exit(const at::RecordFunction& /*fn*/, at::ObserverContext* /*ctx*/) {
           state.events.release(frame.device, frame.start_event);
           throw;
         }
-        if (state.pending.empty() && rt.query_event(end)) {
-          // Completed already (always, on the host runtime): resolve without queueing.
+        if (!async_runtime()) {
+          // The host runtime: the pair has completed; resolve it without queueing.
           const double ms = rt.elapsed_ms(frame.start_event, end);
-          brick_registry().record(frame.node, static_cast<int64_t>(ms * 1e6));
           state.events.release(frame.device, frame.start_event);
           state.events.release(frame.device, end);
+          brick_registry().record(frame.node, static_cast<int64_t>(ms * 1e6));
           break;
         }
-        state.pending.push_back({frame.node, frame.device, frame.start_event, end});
-        resolve(state, /*wait=*/state.pending.size() > kMaxPending);
+        std::lock_guard<std::mutex> lock(state.pending.mutex);
+        state.pending.pairs.push_back({frame.node, frame.device, frame.start_event, end});
+        state.pending.size.store(state.pending.pairs.size(), std::memory_order_relaxed);
+        if (state.pending.pairs.size() % kResolveEvery == 0 ||
+            state.pending.pairs.size() > kMaxPending) {
+          resolve_locked(state, /*by_owner=*/true, /*wait_all=*/false);
+        }
         break;
       }
     }
@@ -343,17 +427,25 @@ void observer_after_fork_in_child() {
   g_session.fetch_add(1, std::memory_order_acq_rel);
   g_unbalanced_exits.store(0, std::memory_order_relaxed);
   g_timing_failures.store(0, std::memory_order_relaxed);
+  g_capture_skipped.store(0, std::memory_order_relaxed);
   ThreadState* state = tls_state;
+  // Other threads' states are gone; a lock another thread held at the fork stays held: renew.
+  new (&g_states_mutex) std::mutex();
+  g_states.clear();
   if (state != nullptr) {
+    g_states.push_back(state);
+    new (&state->pending.mutex) std::mutex();
     state->stack.clear();
     state->session = g_session.load(std::memory_order_relaxed);
     state->by_pointer.clear();
     state->by_name.clear();
-    for (const PendingPair& pair : state->pending) {
+    // The parent resolves these pairs; in the child they are dropped, their events reused.
+    for (const PendingPair& pair : state->pending.pairs) {
       state->events.release(pair.device, pair.start);
       state->events.release(pair.device, pair.end);
     }
-    state->pending.clear();
+    state->pending.pairs.clear();
+    state->pending.size.store(0, std::memory_order_relaxed);
     state->published_top.store(registry::kNoParent, std::memory_order_relaxed);
   }
   g_owner.store(g_enabled.load(std::memory_order_relaxed) ? state : nullptr,
@@ -400,9 +492,17 @@ void set_sync_mode(SyncMode mode) {
 SyncMode sync_mode() noexcept { return g_mode.load(std::memory_order_relaxed); }
 
 std::vector<registry::BrickStats> snapshot() {
-  // The calling thread's outstanding pairs resolve here; other threads resolve theirs as they
-  // complete (on the host runtime every pair completes when its op returns).
-  resolve(thread_state(), /*wait=*/true);
+  // Every thread's outstanding pairs (asynchronous runtimes only) resolve here, waiting for
+  // their device work.
+  {
+    ThreadState* self = &thread_state();
+    std::lock_guard<std::mutex> states(g_states_mutex);
+    for (ThreadState* state : g_states) {
+      if (state->pending.size.load(std::memory_order_relaxed) == 0) continue;
+      std::lock_guard<std::mutex> lock(state->pending.mutex);
+      resolve_locked(*state, /*by_owner=*/state == self, /*wait_all=*/true);
+    }
+  }
   return brick_registry().snapshot();
 }
 
@@ -415,7 +515,13 @@ Health health() {
   Health h;
   h.unbalanced_exits = g_unbalanced_exits.load(std::memory_order_relaxed);
   h.timing_failures = g_timing_failures.load(std::memory_order_relaxed);
-  h.pending_events = thread_state().pending.size();
+  {
+    std::lock_guard<std::mutex> states(g_states_mutex);
+    for (const ThreadState* state : g_states) {
+      h.pending_events += state->pending.size.load(std::memory_order_relaxed);
+    }
+  }
+  h.capture_skipped = g_capture_skipped.load(std::memory_order_relaxed);
   h.live_events = g_live_events.load(std::memory_order_relaxed);
   return h;
 }

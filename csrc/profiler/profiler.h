@@ -33,6 +33,7 @@ struct Health {
   uint64_t timing_failures = 0;   // a runtime call failed while timing; the brick was dropped
   uint64_t pending_events = 0;    // event pairs recorded but not yet resolved
   int64_t live_events = 0;        // device events the profiler holds (pooled or in use)
+  uint64_t capture_skipped = 0;   // bricks skipped: their stream was being captured (CUDA graph)
 };
 Health health();
 

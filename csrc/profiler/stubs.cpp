@@ -135,7 +135,10 @@ class SharedEventPool {
 struct StubEvent {
   runtime::Event* event;
   int device;
+  uint64_t record_index;  // in the timeline, when its device time was not known at record()
 };
+
+constexpr uint64_t kNoRecord = UINT64_MAX;
 
 // The log of record() calls. PyTorch reads the op's CPU start time right after record()
 // returns, so appending must never stall (a vector's reallocation, a page's first touch):
@@ -143,11 +146,14 @@ struct StubEvent {
 // touched, before it is needed.
 class Timeline {
  public:
-  void add(const StubRecord& record) {
+  // Logs `record`. On an asynchronous device its event may not have completed yet (device_ns
+  // -1): pass it as `unresolved` and the returned index, and the device time is read from the
+  // event before it is reused (resolve()) or when the log is read, whichever comes first.
+  uint64_t add(const StubRecord& record, runtime::Event* unresolved) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (total_ >= kMaxRecords) {
       ++dropped_;
-      return;
+      return kNoRecord;
     }
     if (chunks_.empty() || used_ == kChunkRecords) {
       if (spare_) {
@@ -159,7 +165,20 @@ class Timeline {
       request_spare();
     }
     chunks_.back()[used_++] = record;
-    ++total_;
+    const uint64_t index = total_++;
+    if (unresolved != nullptr) {
+      unresolved_.emplace_back(index, unresolved);
+      ++live_unresolved_;
+    }
+    return index;
+  }
+
+  // Reads the device time of record `index` from `event`, which is about to be reused.
+  void resolve(uint64_t index, runtime::Event* event) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = std::lower_bound(unresolved_.begin(), unresolved_.end(),
+                               std::make_pair(index, static_cast<runtime::Event*>(nullptr)));
+    if (it != unresolved_.end() && it->first == index && it->second == event) resolve_entry(*it);
   }
 
   void lock_for_fork() { mutex_.lock(); }
@@ -167,6 +186,8 @@ class Timeline {
     if (in_child) {
       // The child's timeline is its own; its prefetch thread starts on the next request.
       chunks_.clear();
+      unresolved_.clear();
+      live_unresolved_ = 0;
       used_ = 0;
       total_ = 0;
       annotations_.clear();
@@ -193,6 +214,9 @@ class Timeline {
     TimelineSnapshot out;
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      for (auto& entry : unresolved_) {
+        if (entry.second != nullptr) resolve_entry(entry);
+      }
       out.records.reserve(total_);
       for (size_t c = 0; c < chunks_.size(); ++c) {
         const size_t n = c + 1 == chunks_.size() ? used_ : kChunkRecords;
@@ -207,6 +231,8 @@ class Timeline {
 
   void clear() {
     std::lock_guard<std::mutex> lock(mutex_);
+    unresolved_.clear();
+    live_unresolved_ = 0;
     chunks_.clear();
     used_ = 0;
     total_ = 0;
@@ -217,6 +243,21 @@ class Timeline {
  private:
   static constexpr size_t kChunkRecords = 16384;
   using Chunk = std::unique_ptr<StubRecord[]>;
+
+  // Called with mutex_ held.
+  void resolve_entry(std::pair<uint64_t, runtime::Event*>& entry) {
+    auto& rt = runtime::get();
+    int64_t device_ns = -1;
+    try {
+      rt.synchronize_event(entry.second);
+      device_ns = rt.event_host_time_ns(entry.second);
+    } catch (...) {
+      // Left unknown (-1): the trace shows the op without a device interval.
+    }
+    chunks_[entry.first / kChunkRecords][entry.first % kChunkRecords].device_ns = device_ns;
+    entry.second = nullptr;
+    if (--live_unresolved_ == 0) unresolved_.clear();
+  }
 
   static Chunk make_chunk() {
     Chunk chunk(new StubRecord[kChunkRecords]);
@@ -278,6 +319,9 @@ class Timeline {
   bool prefetcher_started_ = false;
   std::vector<Annotation> annotations_;
   uint64_t dropped_ = 0;
+  // (record index, event) of records whose device time is not known yet, in index order.
+  std::vector<std::pair<uint64_t, runtime::Event*>> unresolved_;
+  size_t live_unresolved_ = 0;
 };
 
 SharedEventPool& event_pool() {
@@ -304,6 +348,15 @@ class BrickProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
       auto& rt = runtime::get();
       const int index = rt.current_device();
       const runtime::StreamId stream = rt.current_stream(index);
+      if (rt.backing_kind() != runtime::BackingKind::Host && rt.is_capturing(index, stream))
+          [[unlikely]] {
+        // Nothing may be recorded on a capturing stream: the op gets no device time.
+        g_capture_skipped.fetch_add(1, std::memory_order_relaxed);
+        if (device != nullptr) *device = static_cast<c10::DeviceIndex>(index);
+        if (event != nullptr) event->reset();
+        if (cpu_ns != nullptr) *cpu_ns = c10::getTime();
+        return;
+      }
       runtime::Event* raw = event_pool().acquire(index);
       try {
         rt.record_event(raw, index, stream);
@@ -314,14 +367,18 @@ class BrickProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
       const int64_t now = c10::getTime();
       if (device != nullptr) *device = static_cast<c10::DeviceIndex>(index);
       if (cpu_ns != nullptr) *cpu_ns = now;
-      auto* stub = new StubEvent{raw, index};
+      // Known at once on the host runtime; on an asynchronous device, once the event completes.
+      const int64_t device_ns = rt.event_host_time_ns(raw);
+      const uint64_t record_index = the_timeline().add(
+          StubRecord{at::RecordFunction::currentThreadId(), now, device_ns, index, stream},
+          device_ns < 0 ? raw : nullptr);
+      auto* stub = new StubEvent{raw, index, device_ns < 0 ? record_index : kNoRecord};
       *event = torch::profiler::impl::ProfilerVoidEventStub(stub, [](void* p) {
         auto* s = static_cast<StubEvent*>(p);
+        if (s->record_index != kNoRecord) the_timeline().resolve(s->record_index, s->event);
         event_pool().release(s->device, s->event);
         delete s;
       });
-      the_timeline().add(StubRecord{at::RecordFunction::currentThreadId(), now,
-                                    rt.event_host_time_ns(raw), index, stream});
     } catch (...) {
       g_record_failures.fetch_add(1, std::memory_order_relaxed);
       if (event != nullptr) event->reset();

@@ -25,8 +25,20 @@
 //   reset() bumps the registry generation. A shard whose generation is stale is ignored by
 //   snapshots; its owner zeroes it on its next record (a seqlock-style write: the shard's
 //   generation is first set to kZeroing, so a snapshot that overlapped the zeroing discards the
-//   shard). A record racing a reset is either zeroed away or lands in the new generation: it may
-//   be dropped, never counted twice.
+//   shard). A record racing a reset either lands in the new generation or stays in the stale
+//   one, to be zeroed: never counted twice.
+//
+// Accounting for resets
+//   Nothing is lost silently: a slot's count only ever drops to zero in renew(), which first
+//   adds the counts it zeroes to Impl::discarded_by_renewal (one read-modify-write per renewal,
+//   off the fast path), and only then publishes the new generation. The records a reset has
+//   discarded are that total plus the counts still held by stale shards whose owner has not
+//   recorded since (an idle thread, or an exited one whose shard nobody adopted).
+//   discarded_by_reset() reads both under shards_mutex, which holds reset() off, so the
+//   generation is fixed and renewals run out. It retries until a pass sees no renewal in
+//   progress and the same total before and after (a seqlock read over the whole registry), so
+//   each renewal's counts are taken once: from the total or from the stale shard. Hence, once
+//   recording stops: records made == the counts of a snapshot + discarded_by_reset().
 //
 // Thread-local lookup
 //   Each thread keeps (registry id -> shard) entries; registry ids come from a global counter and
@@ -365,15 +377,35 @@ struct Shard {
     return chunk;
   }
 
-  // Zeroes the figures of a stale generation and moves the shard to `gen`.
-  [[gnu::noinline]] void renew(uint64_t gen) noexcept {
+  // Zeroes the figures of a stale generation, adds the records zeroed to `discarded`, and moves
+  // the shard to `gen` (owner only).
+  [[gnu::noinline]] void renew(uint64_t gen, std::atomic<uint64_t>& discarded) noexcept {
     generation.store(kZeroing, std::memory_order_relaxed);  // ordered by the release stores after
+    uint64_t zeroed = 0;
     for (auto& entry : chunks) {
       Chunk* chunk = entry.load(std::memory_order_relaxed);
       if (chunk == nullptr) continue;
-      for (Slot& s : chunk->slots) s.zero();
+      for (Slot& s : chunk->slots) {
+        zeroed += s.count.load(std::memory_order_relaxed);
+        s.zero();
+      }
     }
+    // Release: a reader whose load of the total sees this addition also sees kZeroing, so it
+    // cannot count these records again from the shard. The new generation is published after
+    // it: a reader that sees the shard renewed finds the addition in the total.
+    if (zeroed != 0) discarded.fetch_add(zeroed, std::memory_order_release);
     generation.store(gen, std::memory_order_release);
+  }
+
+  // The sum of the counts of every slot (any thread; a live shard's sum may race its owner).
+  uint64_t recorded() const noexcept {
+    uint64_t sum = 0;
+    for (const auto& entry : chunks) {
+      const Chunk* chunk = entry.load(std::memory_order_acquire);
+      if (chunk == nullptr) continue;
+      for (const Slot& s : chunk->slots) sum += s.count.load(std::memory_order_acquire);
+    }
+    return sum;
   }
 };
 
@@ -463,6 +495,9 @@ struct Registry::Impl {
   // Read by every record; written by reset() only.
   alignas(64) std::atomic<uint64_t> generation{1};
   std::atomic<uint32_t> node_count{0};  // published after a node is complete (debug checks)
+  // Records zeroed by renewals of stale shards (see "Accounting for resets"); on a line of its
+  // own so that renewals after a reset do not evict `generation` from every recorder's cache.
+  alignas(64) std::atomic<uint64_t> discarded_by_renewal{0};
 
   alignas(64) std::mutex shards_mutex;
   std::vector<std::shared_ptr<Shard>> shards;
@@ -518,7 +553,7 @@ struct Registry::Impl {
   void record_into(Shard& shard, NodeId node, int64_t ns, int64_t at) noexcept {
     const uint64_t gen = generation.load(std::memory_order_relaxed);
     if (shard.generation.load(std::memory_order_relaxed) != gen) [[unlikely]]
-      shard.renew(gen);
+      shard.renew(gen, discarded_by_renewal);
     if (ns < 0) ns = 0;
     Slot& slot = shard.slot(node);
     // The owner's own loads are relaxed; its stores are release (see "Memory order" above).
@@ -734,6 +769,39 @@ std::vector<BrickStats> Registry::snapshot() const {
 void Registry::reset() {
   std::lock_guard<std::mutex> lock(impl_->shards_mutex);
   impl_->generation.fetch_add(1, std::memory_order_relaxed);
+}
+
+uint64_t Registry::discarded_by_reset() const {
+  Impl& impl = *impl_;
+  // The lock holds reset() and new shards off: the generation and the shard list stay fixed, so
+  // only renewals (to at most this generation) can interleave, and they run out.
+  std::lock_guard<std::mutex> lock(impl.shards_mutex);
+  const uint64_t gen = impl.generation.load(std::memory_order_relaxed);
+  for (;;) {
+    const uint64_t renewed = impl.discarded_by_renewal.load(std::memory_order_acquire);
+    uint64_t in_stale_shards = 0;
+    bool consistent = true;
+    for (const auto& shard : impl.shards) {
+      const uint64_t before = shard->generation.load(std::memory_order_acquire);
+      if (before == gen) continue;  // current: its figures are live, not discarded
+      if (before == kZeroing) {     // its counts are on their way into the total
+        consistent = false;
+        break;
+      }
+      const uint64_t held = shard->recorded();
+      // As in snapshot(): had a count load seen the zeroing, this load would see it too.
+      if (shard->generation.load(std::memory_order_relaxed) != before) {
+        consistent = false;
+        break;
+      }
+      in_stale_shards += held;
+    }
+    // An unchanged total: no renewal moved counts between the shards read and the total.
+    if (consistent && impl.discarded_by_renewal.load(std::memory_order_acquire) == renewed) {
+      return renewed + in_stale_shards;
+    }
+    std::this_thread::yield();  // a renewal is running; it finishes without any lock
+  }
 }
 
 }  // namespace brick::registry

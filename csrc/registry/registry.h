@@ -105,9 +105,20 @@ class Registry {
   // Every node with count > 0 (none omitted), in node order.
   std::vector<BrickStats> snapshot() const;
   // Zeroes all counts; interned nodes stay valid. A brick open across a reset is recorded,
-  // whole, after it. A record that races with a reset may be
-  // dropped; no record is ever counted twice.
+  // whole, after it. A record that races a reset lands on one side of it: in the figures after
+  // the reset, or among those it discarded (discarded_by_reset()); none is counted twice.
   void reset();
+
+  // The records (completed calls) that resets have discarded since the registry was created.
+  // Never decreases. The guarantee: with no record(), stop() or reset() running during or
+  // between the two reads (recording has stopped),
+  //   records made == sum of `count` over snapshot() + discarded_by_reset()
+  // exactly, where records made counts every record() and every stop() that returned, on every
+  // thread, exited or not. (A thread records nothing once its thread-local storage is being
+  // destroyed at exit: calls made from later thread_local destructors are ignored.)
+  // While threads record, the figure is a consistent reading that may miss records racing it.
+  // Takes the lock reset() takes and may wait for a thread zeroing its shard: not for hot paths.
+  uint64_t discarded_by_reset() const;
 
   // Monotonic nanoseconds of the registry's clock (TSC-based where invariant, else steady_clock).
   static int64_t now_ns() noexcept;

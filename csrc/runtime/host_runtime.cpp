@@ -11,19 +11,23 @@
 #include <memory>
 #include <new>
 #include <string>
-#include <vector>
 
 #include "runtime/runtime.h"
+#include "runtime/thread_state.h"
 
 namespace brick::runtime {
+namespace {
 
-struct Event {
-  DeviceIndex device;
-  bool timing;
+struct HostEvent final : Event {
+  DeviceIndex device = 0;
+  bool timing = false;
   std::atomic<int64_t> recorded_ns{-1};
 };
 
-namespace {
+HostEvent* as_host(Event* event) noexcept { return static_cast<HostEvent*>(event); }
+const HostEvent* as_host(const Event* event) noexcept {
+  return static_cast<const HostEvent*>(event);
+}
 
 constexpr size_t kAlignment = 64;  // matches PyTorch's CPU allocator
 constexpr uint64_t kMagic = 0x6b63697262ULL;
@@ -42,28 +46,10 @@ int64_t now_ns() noexcept {
       .count();
 }
 
-struct ThreadState {
-  uint64_t owner = 0;  // id of the runtime this state belongs to
-  DeviceIndex device = 0;
-  StreamId streams[kMaxDevices] = {};
-};
-
-// Per-thread state of every runtime the thread has used. Runtimes are told apart by a unique
-// id, never by address: a new runtime at a dead one's address must not inherit its state.
-struct ThreadStates {
-  std::vector<std::unique_ptr<ThreadState>> all;
-};
-
-thread_local ThreadStates tls_states;
-// The most recently used state: one compare on the hot path. initial-exec: a direct %fs access
-// even inside a dlopen()ed module (8 bytes of static TLS).
-[[gnu::tls_model("initial-exec")]] constinit thread_local ThreadState* tls_last = nullptr;
-std::atomic<uint64_t> next_runtime_id{1};
-
 class HostRuntime final : public Runtime {
  public:
   explicit HostRuntime(int device_count)
-      : id_(next_runtime_id.fetch_add(1, std::memory_order_relaxed)), device_count_(device_count) {
+      : id_(detail::next_runtime_id()), device_count_(device_count) {
     if (device_count < 1 || device_count > kMaxDevices) {
       throw Error("brick: a host runtime needs 1 to " + std::to_string(kMaxDevices) +
                   " devices, got " + std::to_string(device_count));
@@ -124,6 +110,12 @@ class HostRuntime final : public Runtime {
     if (nbytes != 0) std::memmove(dst, src, nbytes);
   }
 
+  void record_stream(void* /*ptr*/, DeviceIndex device, StreamId stream) override {
+    check_stream(device, stream);  // every op completes before it returns: nothing to wait for
+  }
+
+  // Priorities order nothing here (work runs on the calling thread); the meaning the CUDA
+  // runtime gives them: 0 normal, negative higher.
   StreamId create_stream(DeviceIndex device, int /*priority*/) override {
     check_device(device);
     return stream_counts_[device].fetch_add(1, std::memory_order_relaxed);
@@ -150,17 +142,35 @@ class HostRuntime final : public Runtime {
 
   void synchronize_device(DeviceIndex device) override { check_device(device); }
 
+  void* native_stream(DeviceIndex device, StreamId stream) const override {
+    check_stream(device, stream);
+    return nullptr;
+  }
+
+  StreamId stream_from_native(DeviceIndex device, void* /*handle*/) override {
+    check_device(device);
+    throw Error(
+        "brick: stream_from_native is not supported by the host runtime: its streams have no "
+        "native handles");
+  }
+
+  bool is_capturing(DeviceIndex device, StreamId stream) override {
+    check_stream(device, stream);
+    return false;
+  }
+
   Event* create_event(DeviceIndex device, bool enable_timing) override {
     check_device(device);
-    auto* event = new Event;
+    auto* event = new HostEvent;
     event->device = device;
     event->timing = enable_timing;
     return event;
   }
 
-  void destroy_event(Event* event) noexcept override { delete event; }
+  void destroy_event(Event* event) noexcept override { delete as_host(event); }
 
-  void record_event(Event* event, DeviceIndex device, StreamId stream) override {
+  void record_event(Event* base, DeviceIndex device, StreamId stream) override {
+    HostEvent* event = as_host(base);
     check_stream(device, stream);
     if (event->device != device) {
       throw Error("brick: event was created on brick:" + std::to_string(event->device) +
@@ -177,7 +187,9 @@ class HostRuntime final : public Runtime {
     check_stream(device, stream);
   }
 
-  double elapsed_ms(Event* start, Event* end) override {
+  double elapsed_ms(Event* start_base, Event* end_base) override {
+    const HostEvent* start = as_host(start_base);
+    const HostEvent* end = as_host(end_base);
     if (!start->timing || !end->timing) {
       throw Error("brick: elapsed time needs both events created with enable_timing=True");
     }
@@ -189,24 +201,16 @@ class HostRuntime final : public Runtime {
     return static_cast<double>(t1 - t0) / 1e6;
   }
 
-  DeviceIndex event_device(const Event* event) const noexcept override { return event->device; }
+  DeviceIndex event_device(const Event* event) const noexcept override {
+    return as_host(event)->device;
+  }
 
   int64_t event_host_time_ns(Event* event) override {
-    return event->recorded_ns.load(std::memory_order_acquire);
+    return as_host(event)->recorded_ns.load(std::memory_order_acquire);
   }
 
  private:
-  ThreadState& state() const {
-    ThreadState* last = tls_last;
-    if (last != nullptr && last->owner == id_) [[likely]]
-      return *last;
-    for (auto& state : tls_states.all) {
-      if (state->owner == id_) return *(tls_last = state.get());
-    }
-    tls_states.all.push_back(std::make_unique<ThreadState>());
-    tls_states.all.back()->owner = id_;
-    return *(tls_last = tls_states.all.back().get());
-  }
+  detail::ThreadState& state() const { return detail::thread_state(id_); }
 
   void check_stream(DeviceIndex device, StreamId stream) const {
     check_device(device);

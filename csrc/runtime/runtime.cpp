@@ -1,10 +1,43 @@
 #include "runtime/runtime.h"
 
 #include <cstdlib>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "runtime/thread_state.h"
 
 namespace brick::runtime {
+
+namespace detail {
+
+namespace {
+
+// Per-thread state of every runtime the thread has used.
+thread_local std::vector<std::unique_ptr<ThreadState>> tls_thread_states;
+std::atomic<uint64_t> runtime_ids{1};
+
+}  // namespace
+
+[[gnu::tls_model("initial-exec")]] constinit thread_local ThreadState* tls_last_thread_state =
+    nullptr;
+
+uint64_t next_runtime_id() noexcept { return runtime_ids.fetch_add(1, std::memory_order_relaxed); }
+
+ThreadState& thread_state_slow(uint64_t owner) {
+  for (auto& state : tls_thread_states) {
+    if (state->owner == owner) return *(tls_last_thread_state = state.get());
+  }
+  auto fresh = std::make_unique<ThreadState>();
+  fresh->owner = owner;
+  tls_thread_states.push_back(std::move(fresh));
+  return *(tls_last_thread_state = tls_thread_states.back().get());
+}
+
+}  // namespace detail
 
 namespace {
 
@@ -115,18 +148,117 @@ const char* backing_kind_name(BackingKind kind) noexcept {
   return "unknown";
 }
 
-Runtime& get() {
-  // Leaked on purpose: tensors freed during interpreter shutdown still call into it.
-  static Runtime* instance = [] {
-    const char* choice = std::getenv("BRICK_RUNTIME");
-    const std::string wanted = choice == nullptr || *choice == '\0' ? "auto" : choice;
-    if (wanted != "auto" && wanted != "host") {
-      throw Error("brick: BRICK_RUNTIME='" + wanted +
-                  "' is not supported by this build: expected 'auto' or 'host'");
-    }
-    return make_host_runtime(host_device_count_from_env()).release();
+namespace {
+
+struct CudaBackingVerdict {
+  std::mutex mutex;
+  bool allowed = true;
+  std::string reason_if_not;
+};
+
+CudaBackingVerdict& cuda_backing_verdict() {
+  static CudaBackingVerdict* verdict = new CudaBackingVerdict;  // leaked: used until exit
+  return *verdict;
+}
+
+#if BRICK_WITH_CUDA
+constexpr bool kBuiltWithCuda = true;
+#else
+constexpr bool kBuiltWithCuda = false;
+#endif
+
+// An error message without its "brick: " prefix, for quoting inside another message.
+std::string without_prefix(const char* message) {
+  const std::string text = message;
+  constexpr std::string_view kPrefix = "brick: ";
+  return text.starts_with(kPrefix) ? text.substr(kPrefix.size()) : text;
+}
+
+struct Chosen {
+  Runtime* runtime;
+  std::string note;
+};
+
+Chosen& chosen() {
+  // Leaked on purpose: tensors freed during interpreter shutdown still call into the runtime.
+  static Chosen* instance = [] {
+    RuntimeChoice choice = make_runtime_from_env();
+    return new Chosen{choice.runtime.release(), std::move(choice.note)};
   }();
   return *instance;
 }
+
+}  // namespace
+
+void allow_cuda_backing(bool allowed, std::string reason_if_not) {
+  CudaBackingVerdict& verdict = cuda_backing_verdict();
+  std::lock_guard<std::mutex> lock(verdict.mutex);
+  verdict.allowed = allowed;
+  verdict.reason_if_not = allowed ? std::string() : std::move(reason_if_not);
+  if (!allowed && verdict.reason_if_not.empty()) {
+    verdict.reason_if_not = "CUDA backing was disallowed by the layer above the runtime";
+  }
+}
+
+RuntimeChoice make_runtime_from_env() {
+  const char* variable = std::getenv("BRICK_RUNTIME");
+  const std::string wanted = variable == nullptr || *variable == '\0' ? "auto" : variable;
+  if (wanted != "auto" && wanted != "host" && wanted != "cuda") {
+    throw Error("brick: BRICK_RUNTIME='" + wanted +
+                "' is not valid: expected 'auto' (the default), 'host' or 'cuda'");
+  }
+  if (wanted == "host") {
+    return {make_host_runtime(host_device_count_from_env()),
+            "BRICK_RUNTIME=host chose the host runtime"};
+  }
+
+  // Why the CUDA runtime cannot be had, or empty when it can.
+  std::string unavailable;
+  {
+    CudaBackingVerdict& verdict = cuda_backing_verdict();
+    std::lock_guard<std::mutex> lock(verdict.mutex);
+    if (!verdict.allowed) unavailable = verdict.reason_if_not;
+  }
+  if (unavailable.empty()) {
+    std::string why;
+    if (!cuda_runtime_usable(&why)) unavailable = kBuiltWithCuda ? "no GPU is usable: " + why : why;
+  }
+  if (unavailable.empty()) {
+    try {
+      std::unique_ptr<Runtime> cuda = make_cuda_runtime();
+      std::string note = "BRICK_RUNTIME=" + wanted + " chose the cuda runtime (" +
+                         std::to_string(cuda->device_count()) + " CUDA device(s))";
+      return {std::move(cuda), std::move(note)};
+    } catch (const Error& error) {
+      unavailable = "the CUDA runtime failed to start: " + without_prefix(error.what());
+    }
+  }
+  if (wanted == "cuda") {
+    throw Error("brick: BRICK_RUNTIME=cuda was asked for but " + unavailable +
+                "; unset it or use BRICK_RUNTIME=host");
+  }
+  return {make_host_runtime(host_device_count_from_env()),
+          "BRICK_RUNTIME=auto chose the host runtime because " + unavailable};
+}
+
+Runtime& get() { return *chosen().runtime; }
+
+const std::string& runtime_choice_note() { return chosen().note; }
+
+#if !BRICK_WITH_CUDA
+namespace {
+constexpr const char* kNoCudaInThisBuild =
+    "this build of torch_brickdev has no CUDA runtime (built without the CUDA toolkit)";
+}  // namespace
+
+std::unique_ptr<Runtime> make_cuda_runtime() {
+  throw Error(std::string("brick: cannot create the CUDA runtime: ") + kNoCudaInThisBuild);
+}
+
+bool cuda_runtime_usable(std::string* why) {
+  if (why != nullptr) *why = kNoCudaInThisBuild;
+  return false;
+}
+#endif
 
 }  // namespace brick::runtime

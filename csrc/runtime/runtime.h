@@ -1,7 +1,9 @@
 // The brick runtime: devices, streams, events and memory behind one small interface.
 //
-// Plain C++ with no torch dependency. The backend layer talks only to `Runtime`, so a CUDA
-// implementation can slot in beside the host one without the backend changing.
+// Plain C++ with no torch dependency. The backend layer talks only to `Runtime`; two
+// implementations sit behind it: the host runtime (host memory, work runs on the calling thread)
+// and the CUDA runtime (brick device N is CUDA device N). Builds with the CUDA toolkit define
+// BRICK_WITH_CUDA=1.
 #pragma once
 
 #include <atomic>
@@ -64,8 +66,13 @@ class MemoryTracker {
   std::atomic<int64_t> adopted_bytes_{0};
 };
 
-// Opaque event owned by a runtime.
-struct Event;
+// An event owned by a runtime. Opaque to callers: each runtime derives its own event type from
+// this empty base (one definition per runtime, so two runtimes can live in one program).
+struct Event {
+ protected:
+  Event() = default;
+  ~Event() = default;
+};
 
 class Runtime {
  public:
@@ -93,14 +100,28 @@ class Runtime {
   // ordered on the current stream of the device involved.
   virtual void copy(void* dst, DeviceIndex dst_device, const void* src, DeviceIndex src_device,
                     size_t nbytes) = 0;
+  // `ptr` (from `allocate`) is used by work on `stream` of `device`: its deallocation waits for
+  // the work queued there until then, not only for its allocation stream's work.
+  virtual void record_stream(void* ptr, DeviceIndex device, StreamId stream) = 0;
 
   // Streams. Stream 0 is each device's default stream; the current stream is per thread.
+  // `priority`: 0 is normal, negative is higher (CUDA's numbers; the CUDA runtime clamps them
+  // into the device's range, e.g. 0..-5, and positive values to 0). Streams live until exit.
   virtual StreamId create_stream(DeviceIndex device, int priority) = 0;
   virtual StreamId current_stream(DeviceIndex device) const = 0;
   virtual void set_current_stream(DeviceIndex device, StreamId stream) = 0;
   virtual bool query_stream(DeviceIndex device, StreamId stream) = 0;
   virtual void synchronize_stream(DeviceIndex device, StreamId stream) = 0;
   virtual void synchronize_device(DeviceIndex device) = 0;
+  // The backing stream handle (a cudaStream_t for the CUDA runtime; nullptr for its default
+  // stream, which is the CUDA legacy default stream, and for every host runtime stream).
+  virtual void* native_stream(DeviceIndex device, StreamId stream) const = 0;
+  // The brick stream of a backing stream handle, registering an external one on first sight
+  // (it is never destroyed by brick). The host runtime has no native streams and throws Error.
+  virtual StreamId stream_from_native(DeviceIndex device, void* handle) = 0;
+  // True while `stream` is being captured into a CUDA graph. Recording an event on it,
+  // querying or synchronizing it is then illegal, so callers check this first.
+  virtual bool is_capturing(DeviceIndex device, StreamId stream) = 0;
 
   // Events.
   virtual Event* create_event(DeviceIndex device, bool enable_timing) = 0;
@@ -133,14 +154,43 @@ class Runtime {
   MemoryTracker trackers_[kMaxDevices];
 };
 
-// The process-wide runtime, created on first use. Which implementation is chosen by the
-// BRICK_RUNTIME environment variable (`host`, or `auto`, the default).
+// The process-wide runtime, created on first use. The implementation is chosen by the
+// BRICK_RUNTIME environment variable:
+//   auto (the default)  the CUDA runtime when CUDA backing is allowed and a GPU is usable,
+//                       the host runtime otherwise (runtime_choice_note() says why);
+//   host                the host runtime;
+//   cuda                the CUDA runtime, or Error saying why it cannot be had.
 Runtime& get();
+
+// Says whether the layer above can run CUDA kernels on brick memory (a CPU-only PyTorch cannot);
+// `reason_if_not` is shown to users when it cannot. Call before the first get(); later calls do
+// not change the runtime already chosen. Without a call CUDA backing is allowed.
+void allow_cuda_backing(bool allowed, std::string reason_if_not);
+
+// One sentence saying which runtime get() chose and why (e.g. why auto chose the host runtime).
+// Creates the runtime if needed, so it throws what get() throws.
+const std::string& runtime_choice_note();
+
+// What get() does, without keeping the result: reads BRICK_RUNTIME (and BRICK_HOST_DEVICES) and
+// the allow_cuda_backing verdict now. For tests and tools; the backend uses get().
+struct RuntimeChoice {
+  std::unique_ptr<Runtime> runtime;
+  std::string note;  // as runtime_choice_note()
+};
+RuntimeChoice make_runtime_from_env();
 
 // Number of virtual host devices: BRICK_HOST_DEVICES (1..kMaxDevices, default 2).
 int host_device_count_from_env();
 
 std::unique_ptr<Runtime> make_host_runtime(int device_count);
+
+// The CUDA runtime over every visible CUDA device (at most kMaxDevices). Throws Error saying why
+// when no GPU is usable or this build has no CUDA support.
+std::unique_ptr<Runtime> make_cuda_runtime();
+
+// Whether make_cuda_runtime() can succeed: this build has CUDA support and cudaGetDeviceCount
+// reports at least one device. When not, and `why` is given, stores the reason in it.
+bool cuda_runtime_usable(std::string* why);
 
 const char* backing_kind_name(BackingKind kind) noexcept;
 

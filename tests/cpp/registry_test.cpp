@@ -12,6 +12,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -52,6 +53,34 @@ uint64_t count_of(const Registry& registry, NodeId node) {
   const BrickStats* s = find(stats, node);
   return s == nullptr ? 0 : s->count;
 }
+
+// The sum of every node's count in a snapshot.
+uint64_t total_count(const std::vector<BrickStats>& stats) {
+  uint64_t sum = 0;
+  for (const BrickStats& s : stats) sum += s.count;
+  return sum;
+}
+
+uint64_t total_count(const Registry& registry) { return total_count(registry.snapshot()); }
+
+// Steps two threads through numbered phases: one advances, the other waits for a phase.
+class Phases {
+ public:
+  void advance_to(int phase) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    phase_ = phase;
+    cv_.notify_all();
+  }
+  void wait_for(int phase) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [&] { return phase_ >= phase; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  int phase_ = 0;
+};
 
 // ---- names ----
 
@@ -531,6 +560,71 @@ TEST(RegistryReset, ExitedThreadCountsAreDropped) {
   EXPECT_EQ(stats[0].total_ns, 4);
 }
 
+TEST(RegistryReset, DiscardedByResetCountsTheZeroedRecords) {
+  Registry registry;
+  const NodeId a = registry.intern(kNoParent, "a", Kind::Range, -1);
+  const NodeId b = registry.intern(a, "b", Kind::Op, 0);
+  EXPECT_EQ(registry.discarded_by_reset(), 0u);
+  registry.reset();  // nothing recorded yet
+  EXPECT_EQ(registry.discarded_by_reset(), 0u);
+  for (int i = 0; i < 3; ++i) registry.record(a, 5);
+  for (int i = 0; i < 2; ++i) registry.record(b, 7);
+  EXPECT_EQ(registry.discarded_by_reset(), 0u);
+  registry.reset();
+  EXPECT_EQ(registry.discarded_by_reset(), 5u);  // still held by this thread's stale shard
+  registry.record(a, 1);                         // zeroes the shard: the 5 move to the total
+  EXPECT_EQ(registry.discarded_by_reset(), 5u);
+  EXPECT_EQ(count_of(registry, a), 1u);
+  registry.reset();
+  registry.reset();  // twice in a row: the record is discarded once
+  EXPECT_EQ(registry.discarded_by_reset(), 6u);
+  registry.start(a);
+  registry.reset();
+  registry.stop();  // open across the reset: recorded after it, not discarded
+  EXPECT_EQ(registry.discarded_by_reset(), 6u);
+  EXPECT_EQ(count_of(registry, a), 1u);
+}
+
+TEST(RegistryReset, DiscardedByResetCountsIdleAndExitedThreads) {
+  Registry registry;
+  const NodeId node = registry.intern(kNoParent, "op", Kind::Op, 0);
+  Phases phases;
+  std::thread idle([&] {
+    for (int i = 0; i < 4; ++i) registry.record(node, 1);
+    phases.advance_to(1);
+    phases.wait_for(2);
+    registry.record(node, 1);  // after the reset: zeroes its stale shard first
+    phases.advance_to(3);
+    phases.wait_for(4);
+  });
+  phases.wait_for(1);
+  std::thread([&] {
+    for (int i = 0; i < 3; ++i) registry.record(node, 1);
+  }).join();  // its shard is left unowned
+  registry.record(node, 1);
+  registry.record(node, 1);
+  EXPECT_EQ(count_of(registry, node), 9u);
+  registry.reset();
+  // Every shard is stale and none has been zeroed: all three are read where they lie.
+  EXPECT_EQ(registry.discarded_by_reset(), 9u);
+  EXPECT_EQ(count_of(registry, node), 0u);
+  // A new thread adopts the exited thread's shard and zeroes it.
+  std::thread([&] { registry.record(node, 1); }).join();
+  EXPECT_EQ(registry.discarded_by_reset(), 9u);
+  EXPECT_EQ(count_of(registry, node), 1u);
+  phases.advance_to(2);
+  phases.wait_for(3);
+  EXPECT_EQ(registry.discarded_by_reset(), 9u);
+  EXPECT_EQ(count_of(registry, node), 2u);
+  // This thread's shard is still stale: read in place, after its owner went idle.
+  EXPECT_EQ(total_count(registry) + registry.discarded_by_reset(), 11u);
+  phases.advance_to(4);
+  idle.join();
+  registry.reset();
+  EXPECT_EQ(registry.discarded_by_reset(), 11u);
+  EXPECT_TRUE(registry.snapshot().empty());
+}
+
 // ---- threads ----
 
 TEST(RegistryThreads, ConcurrentRecordersAreExact) {
@@ -623,7 +717,7 @@ TEST(RegistryThreads, ResetsRaceWithRecordersAndSnapshots) {
     });
   }
   int resets = 0;
-  while (running.load() > 0) {
+  do {  // at least once, even if the recorders finished first
     registry.reset();
     ++resets;
     for (const BrickStats& s : registry.snapshot()) {
@@ -638,7 +732,7 @@ TEST(RegistryThreads, ResetsRaceWithRecordersAndSnapshots) {
       EXPECT_GE(s.histogram.total(), s.count);
     }
     std::this_thread::yield();
-  }
+  } while (running.load() > 0);
   for (auto& thread : threads) thread.join();
   EXPECT_GT(resets, 0);
   EXPECT_LE(count_of(registry, node), uint64_t{kThreads} * kRecords);
@@ -646,6 +740,174 @@ TEST(RegistryThreads, ResetsRaceWithRecordersAndSnapshots) {
   EXPECT_EQ(count_of(registry, node), 0u);
   registry.record(node, 5);
   EXPECT_EQ(count_of(registry, node), 1u);
+}
+
+// Records a thread has completed, published with release after each record, so that a reader
+// that loads it has seen at least those records' effects on the registry.
+struct alignas(64) Progress {
+  std::atomic<uint64_t> records{0};
+};
+
+uint64_t records_done(const std::vector<Progress>& progress) {
+  uint64_t sum = 0;
+  for (const Progress& p : progress) sum += p.records.load(std::memory_order_acquire);
+  return sum;
+}
+
+// Figures of a thread that snapshots and resets while others record.
+struct ResetterFigures {
+  int resets = 0;
+  int snapshots = 0;
+  uint64_t max_discarded = 0;
+};
+
+// Until `running` drops to 0 (at least once): reset, then take a few snapshots and readings of
+// discarded_by_reset(). Between two resets (only this thread resets) every node's count never
+// decreases, the discarded total never decreases, and the records completed before a snapshot
+// are all in it or discarded, none twice: made before <= live + discarded <= made after, plus
+// one record per thread that is published but not yet in its thread's progress.
+ResetterFigures snapshot_and_reset_until_done(Registry& registry, const std::atomic<int>& running,
+                                              const std::vector<Progress>& progress,
+                                              uint64_t in_flight) {
+  ResetterFigures figures;
+  do {  // at least once, even if the recorders finished first
+    registry.reset();
+    ++figures.resets;
+    std::vector<uint64_t> previous(registry.node_count(), 0);
+    for (int i = 0; i < 3; ++i) {
+      const uint64_t made_before = records_done(progress);
+      const auto stats = registry.snapshot();
+      const uint64_t discarded = registry.discarded_by_reset();
+      const uint64_t made_after = records_done(progress);
+      ++figures.snapshots;
+      if (::testing::Test::HasFailure()) continue;  // one report, not thousands
+      for (const BrickStats& s : stats) {
+        EXPECT_GE(s.count, previous[s.node]) << "count of " << s.path << " went down";
+        previous[s.node] = s.count;
+      }
+      EXPECT_GE(discarded, figures.max_discarded) << "discarded_by_reset() went down";
+      figures.max_discarded = discarded;
+      const uint64_t live = total_count(stats);
+      EXPECT_LE(made_before, live + discarded)
+          << "a completed record is neither live nor discarded";
+      EXPECT_LE(live + discarded, made_after + in_flight) << "a record is counted twice";
+    }
+  } while (running.load() > 0);
+  return figures;
+}
+
+// The reliability requirement: 8 threads each complete 100k iterations of three nested bricks
+// while another thread snapshots and resets. No crash, no deadlock, and every record is either
+// in the final snapshot or counted by discarded_by_reset(), exactly.
+TEST(RegistryThreads, ResetsAccountForEveryRecordUnderLoad) {
+  Registry registry;
+  constexpr int kThreads = 8, kIterations = 100000, kDepth = 3;
+  const NodeId outer = registry.intern(kNoParent, "outer", Kind::Range, -1);
+  const NodeId middle = registry.intern(outer, "middle", Kind::Range, -1);
+  std::vector<NodeId> leaves;  // one per thread, under the shared outer levels
+  for (int t = 0; t < kThreads; ++t) {
+    leaves.push_back(registry.intern(middle, numbered("op", t), Kind::Op, 0));
+  }
+  std::vector<Progress> progress(kThreads);
+  std::atomic<int> running{kThreads};
+  const auto started = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      uint64_t done = 0;
+      for (int i = 0; i < kIterations; ++i) {
+        registry.start(outer);
+        registry.start(middle);
+        registry.start(leaves[t]);
+        for (int level = 0; level < kDepth; ++level) {
+          registry.stop();
+          progress[t].records.store(++done, std::memory_order_release);
+        }
+      }
+      running.fetch_sub(1);
+    });
+  }
+  const ResetterFigures figures =
+      snapshot_and_reset_until_done(registry, running, progress, kThreads);
+  for (auto& thread : threads) thread.join();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+
+  const uint64_t made = uint64_t{kThreads} * kIterations * kDepth;
+  ASSERT_EQ(records_done(progress), made);
+  const auto stats = registry.snapshot();
+  const uint64_t live = total_count(stats);
+  const uint64_t discarded = registry.discarded_by_reset();
+  std::printf(
+      "    %d threads x %d iterations x %d bricks: %llu records, %d resets, %d snapshots;\n"
+      "    after the last reset %llu, discarded %llu, sum %llu: %s (%.2f s)\n",
+      kThreads, kIterations, kDepth, static_cast<unsigned long long>(made), figures.resets,
+      figures.snapshots, static_cast<unsigned long long>(live),
+      static_cast<unsigned long long>(discarded), static_cast<unsigned long long>(live + discarded),
+      live + discarded == made ? "exact" : "NOT exact", seconds);
+  EXPECT_EQ(live + discarded, made);
+  EXPECT_GE(figures.resets, 1);
+  for (const BrickStats& s : stats) EXPECT_EQ(s.histogram.total(), s.count) << s.path;
+  // Once quiescent, the figures do not move; one more reset discards everything left.
+  EXPECT_EQ(registry.discarded_by_reset(), discarded);
+  registry.reset();
+  EXPECT_TRUE(registry.snapshot().empty());
+  EXPECT_EQ(registry.discarded_by_reset(), made);
+}
+
+// Shards change hands while resets run: each of 8 worker slots runs short-lived threads one
+// after another (a new thread adopts a shard whose owner exited, stale or not), and one thread
+// records early, then stays idle (its stale shard is never zeroed by its owner).
+TEST(RegistryThreads, ResetsAccountForAdoptedAndIdleShards) {
+  Registry registry;
+  constexpr int kSlots = 8, kRounds = 20, kIterations = 1000, kDepth = 2, kIdleRecords = 777;
+  const NodeId outer = registry.intern(kNoParent, "outer", Kind::Range, -1);
+  const NodeId inner = registry.intern(outer, "inner", Kind::Op, 0);
+  const NodeId idle_node = registry.intern(kNoParent, "idle", Kind::Op, 0);
+  std::vector<Progress> progress(kSlots + 1);  // the last one is the idle thread's
+  Phases idle_phases;
+  std::thread idle([&] {
+    for (int i = 0; i < kIdleRecords; ++i) {
+      registry.record(idle_node, 1);
+      progress[kSlots].records.store(i + 1, std::memory_order_release);
+    }
+    idle_phases.advance_to(1);
+    idle_phases.wait_for(2);  // alive, never recording again, until the checks are done
+  });
+  idle_phases.wait_for(1);
+  std::atomic<int> running{kSlots};
+  std::vector<std::thread> slots;
+  for (int t = 0; t < kSlots; ++t) {
+    slots.emplace_back([&, t] {
+      for (int round = 0; round < kRounds; ++round) {
+        std::thread([&] {
+          uint64_t done = progress[t].records.load(std::memory_order_relaxed);
+          for (int i = 0; i < kIterations; ++i) {
+            registry.start(outer);
+            registry.start(inner);
+            for (int level = 0; level < kDepth; ++level) {
+              registry.stop();
+              progress[t].records.store(++done, std::memory_order_release);
+            }
+          }
+        }).join();
+      }
+      running.fetch_sub(1);
+    });
+  }
+  const ResetterFigures figures =
+      snapshot_and_reset_until_done(registry, running, progress, kSlots);
+  for (auto& slot : slots) slot.join();
+
+  const uint64_t made = uint64_t{kSlots} * kRounds * kIterations * kDepth + kIdleRecords;
+  ASSERT_EQ(records_done(progress), made);
+  EXPECT_GE(figures.resets, 1);
+  EXPECT_EQ(total_count(registry) + registry.discarded_by_reset(), made);
+  registry.reset();
+  EXPECT_EQ(registry.discarded_by_reset(), made);
+  idle_phases.advance_to(2);
+  idle.join();
+  EXPECT_EQ(registry.discarded_by_reset(), made);
 }
 
 TEST(RegistryThreads, ThreadExitKeepsCounts) {

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -577,6 +578,36 @@ TEST_F(EventTest, RecordingOnAnInvalidStreamThrows) {
 
 TEST_F(EventTest, DestroyNullEventIsANoOp) { EXPECT_NO_FATAL_FAILURE(rt().destroy_event(nullptr)); }
 
+TEST_F(EventTest, HostEventsAreNeverCapturedAndHaveNoNativeStream) {
+  const StreamId s = rt().create_stream(1, -1);
+  for (const StreamId stream : {kDefaultStream, s}) {
+    EXPECT_EQ(rt().native_stream(1, stream), nullptr);
+    EXPECT_FALSE(rt().is_capturing(1, stream));
+  }
+  EXPECT_CONTAINS(error_message([&] { rt().native_stream(1, s + 1); }), ("does not exist"));
+  EXPECT_THROW(rt().is_capturing(1, s + 1), Error);
+  EXPECT_THROW(rt().native_stream(kDevices, kDefaultStream), Error);
+}
+
+TEST_F(RuntimeTest, StreamFromNativeIsNotSupportedByTheHostRuntime) {
+  int handle = 0;
+  EXPECT_CONTAINS(error_message([&] { rt().stream_from_native(0, &handle); }), ("not supported"));
+  EXPECT_CONTAINS(error_message([&] { rt().stream_from_native(kDevices, nullptr); }),
+                  ("device index"));
+}
+
+TEST_F(RuntimeTest, RecordStreamIsANoOpThatValidatesTheStream) {
+  void* ptr = rt().allocate(0, 128);
+  const StreamId s = rt().create_stream(0, 0);
+  EXPECT_NO_THROW(rt().record_stream(ptr, 0, s));
+  EXPECT_NO_THROW(rt().record_stream(ptr, 1, kDefaultStream));  // used on another device
+  EXPECT_THROW(rt().record_stream(ptr, 0, s + 1), Error);
+  EXPECT_THROW(rt().record_stream(ptr, kDevices, kDefaultStream), Error);
+  const Runtime::Released released = rt().deallocate(ptr);
+  EXPECT_EQ(released.nbytes, 128u);
+  EXPECT_EQ(rt().memory_stats(0).allocations, 0);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Concurrency
 
@@ -742,6 +773,121 @@ TEST_F(HostDevicesEnvTest, RejectsInvalidCounts) {
     EXPECT_CONTAINS(message, (std::string("BRICK_HOST_DEVICES='") + bad + "'")) << bad;
     EXPECT_CONTAINS(message, ("1 to " + std::to_string(kMaxDevices))) << bad;
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Runtime selection (BRICK_RUNTIME, allow_cuda_backing). make_runtime_from_env() is what get()
+// runs once; these tests hold on either kind of machine.
+
+class SelectionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (size_t i = 0; i < kVariables.size(); ++i) {
+      if (const char* value = std::getenv(kVariables[i])) saved_[i] = value;
+    }
+    gpu_usable_ = cuda_runtime_usable(&gpu_reason_);
+    unsetenv("BRICK_HOST_DEVICES");
+  }
+  void TearDown() override {
+    allow_cuda_backing(true, "");
+    for (size_t i = 0; i < kVariables.size(); ++i) {
+      if (saved_[i]) {
+        setenv(kVariables[i], saved_[i]->c_str(), 1);
+      } else {
+        unsetenv(kVariables[i]);
+      }
+    }
+  }
+
+  static constexpr std::array<const char*, 2> kVariables = {"BRICK_RUNTIME", "BRICK_HOST_DEVICES"};
+  std::array<std::optional<std::string>, 2> saved_;
+  bool gpu_usable_ = false;
+  std::string gpu_reason_;
+};
+
+TEST_F(SelectionTest, InvalidValueListsTheValidOnes) {
+  for (const char* bad : {"gpu", "CUDA", "host ", "none"}) {
+    setenv("BRICK_RUNTIME", bad, 1);
+    const std::string message = error_message([] { make_runtime_from_env(); });
+    EXPECT_CONTAINS(message, (std::string("BRICK_RUNTIME='") + bad + "' is not valid")) << bad;
+    EXPECT_CONTAINS(message, ("'auto'"));
+    EXPECT_CONTAINS(message, ("'host'"));
+    EXPECT_CONTAINS(message, ("'cuda'"));
+  }
+}
+
+TEST_F(SelectionTest, HostIsAlwaysTheHostRuntime) {
+  setenv("BRICK_RUNTIME", "host", 1);
+  setenv("BRICK_HOST_DEVICES", "3", 1);
+  const RuntimeChoice choice = make_runtime_from_env();
+  EXPECT_EQ(choice.runtime->backing_kind(), BackingKind::Host);
+  EXPECT_EQ(choice.runtime->device_count(), 3);
+  EXPECT_CONTAINS(choice.note, ("BRICK_RUNTIME=host"));
+}
+
+TEST_F(SelectionTest, AutoIsTheDefaultAndFallsBackToHostWithTheReason) {
+  for (const char* value : {static_cast<const char*>(nullptr), "", "auto"}) {
+    if (value == nullptr) {
+      unsetenv("BRICK_RUNTIME");
+    } else {
+      setenv("BRICK_RUNTIME", value, 1);
+    }
+    const RuntimeChoice choice = make_runtime_from_env();
+    if (gpu_usable_) {
+      EXPECT_EQ(choice.runtime->backing_kind(), BackingKind::Cuda);
+      EXPECT_CONTAINS(choice.note, ("chose the cuda runtime"));
+    } else {
+      EXPECT_EQ(choice.runtime->backing_kind(), BackingKind::Host);
+      EXPECT_EQ(choice.runtime->device_count(), 2) << "BRICK_HOST_DEVICES' default";
+      EXPECT_CONTAINS(choice.note, ("BRICK_RUNTIME=auto chose the host runtime because"));
+      EXPECT_CONTAINS(choice.note, (gpu_reason_));
+    }
+  }
+}
+
+TEST_F(SelectionTest, AutoRespectsADisallowedCudaBacking) {
+  setenv("BRICK_RUNTIME", "auto", 1);
+  allow_cuda_backing(false, "this PyTorch build cannot run CUDA kernels");
+  const RuntimeChoice choice = make_runtime_from_env();
+  EXPECT_EQ(choice.runtime->backing_kind(), BackingKind::Host);
+  EXPECT_CONTAINS(choice.note, ("because this PyTorch build cannot run CUDA kernels"));
+}
+
+TEST_F(SelectionTest, CudaWithoutAGpuThrowsTheReason) {
+  setenv("BRICK_RUNTIME", "cuda", 1);
+  if (gpu_usable_) {
+    EXPECT_EQ(make_runtime_from_env().runtime->backing_kind(), BackingKind::Cuda);
+    return;
+  }
+  const std::string message = error_message([] { make_runtime_from_env(); });
+  EXPECT_CONTAINS(message, ("brick: BRICK_RUNTIME=cuda was asked for but "));
+  EXPECT_CONTAINS(message, (gpu_reason_));
+  EXPECT_CONTAINS(message, ("; unset it or use BRICK_RUNTIME=host"));
+}
+
+TEST_F(SelectionTest, CudaWhenCudaBackingIsDisallowedThrowsThatReason) {
+  setenv("BRICK_RUNTIME", "cuda", 1);
+  allow_cuda_backing(false, "this PyTorch build cannot run CUDA kernels");
+  EXPECT_CONTAINS(error_message([] { make_runtime_from_env(); }),
+                  ("BRICK_RUNTIME=cuda was asked for but this PyTorch build cannot run CUDA "
+                   "kernels; unset it or use BRICK_RUNTIME=host"));
+  allow_cuda_backing(false, "");  // no reason given: still a sentence
+  EXPECT_CONTAINS(error_message([] { make_runtime_from_env(); }), ("disallowed"));
+}
+
+TEST(CudaAvailability, UnusableCudaExplainsItselfConsistently) {
+  std::string why;
+  if (cuda_runtime_usable(&why)) GTEST_SKIP() << "a GPU is usable here";
+  EXPECT_FALSE(why.empty());
+  EXPECT_FALSE(cuda_runtime_usable(nullptr));
+#if BRICK_WITH_CUDA
+  EXPECT_CONTAINS(why, ("cudaGetDeviceCount"));
+#else
+  EXPECT_EQ(why,
+            "this build of torch_brickdev has no CUDA runtime (built without the CUDA toolkit)");
+#endif
+  const std::string message = error_message([] { make_cuda_runtime(); });
+  EXPECT_CONTAINS(message, ("brick: cannot create the CUDA runtime"));
 }
 
 }  // namespace

@@ -1,0 +1,153 @@
+// Running brick work on its backing device: see backing.h.
+#include "backend/backing.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <array>
+#include <atomic>
+#include <memory>
+#include <mutex>
+
+#include "backend/errors.h"
+
+namespace brick::backend {
+
+namespace {
+
+constexpr c10::DeviceType kCuda = c10::DeviceType::CUDA;
+
+const c10::impl::DeviceGuardImplInterface& cuda_guard() {
+  return *c10::impl::getDeviceGuardImpl(kCuda);
+}
+
+c10::Device cuda_device_of(c10::DeviceIndex brick_device) {
+  return c10::Device(kCuda, static_cast<c10::DeviceIndex>(rt().backing_device_index(brick_device)));
+}
+
+// Brick stream id -> id of the PyTorch CUDA stream behind it, per device. Written once per
+// stream (under a lock), read on every op (lock-free). Id 0 is the default stream on both sides.
+class CudaStreamTable {
+ public:
+  static constexpr runtime::StreamId kCapacity = 4096;
+  static constexpr c10::StreamId kUnmapped = -1;
+
+  c10::StreamId find(c10::DeviceIndex device, runtime::StreamId stream) const {
+    if (stream == runtime::kDefaultStream) return 0;
+    const Row* row = rows_[device].load(std::memory_order_acquire);
+    if (row == nullptr || stream < 0 || stream >= kCapacity) return kUnmapped;
+    return (*row)[stream].load(std::memory_order_acquire);
+  }
+
+  void add(c10::DeviceIndex device, runtime::StreamId stream, c10::StreamId cuda_stream) {
+    TORCH_CHECK(stream >= 0 && stream < kCapacity, "brick: brick:", static_cast<int>(device),
+                " has more than ", kCapacity, " streams backed by CUDA streams");
+    std::lock_guard<std::mutex> lock(mutex_);
+    Row* row = rows_[device].load(std::memory_order_relaxed);
+    if (row == nullptr) {
+      row = new Row();  // lives for the process, like the streams it maps
+      for (auto& entry : *row) entry.store(kUnmapped, std::memory_order_relaxed);
+      rows_[device].store(row, std::memory_order_release);
+    }
+    (*row)[stream].store(cuda_stream, std::memory_order_release);
+  }
+
+ private:
+  using Row = std::array<std::atomic<c10::StreamId>, kCapacity>;
+  std::array<std::atomic<Row*>, runtime::kMaxDevices> rows_{};
+  std::mutex mutex_;
+};
+
+CudaStreamTable& cuda_streams() {
+  static auto* table = new CudaStreamTable();
+  return *table;
+}
+
+// Registers a PyTorch CUDA stream as a brick stream of `device`.
+runtime::StreamId adopt_cuda_stream(c10::DeviceIndex device, const c10::Stream& cuda_stream) {
+  const runtime::StreamId id =
+      runtime_call([&] { return rt().stream_from_native(device, cuda_stream.native_handle()); });
+  cuda_streams().add(device, id, cuda_stream.id());
+  return id;
+}
+
+}  // namespace
+
+void configure_runtime_backing() {
+  // Only a CUDA build of PyTorch with a usable GPU can run CUDA kernels on brick memory.
+  const bool torch_cuda = at::hasCUDA();
+  runtime::allow_cuda_backing(
+      torch_cuda, torch_cuda ? std::string()
+                             : "this PyTorch cannot run CUDA kernels (a CPU-only build, or no GPU "
+                               "visible to it)");
+}
+
+bool cuda_backing() {
+  static const bool is_cuda = rt().backing_kind() == runtime::BackingKind::Cuda;
+  return is_cuda;
+}
+
+BackingScope::BackingScope(c10::DeviceIndex device) : device_scope_(device) {
+  if (cuda_backing()) enter_cuda(device < 0 ? rt().current_device() : device);
+}
+
+BackingScope::~BackingScope() {
+  if (entered_cuda_) leave_cuda();
+}
+
+void BackingScope::enter_cuda(c10::DeviceIndex device) {
+  const auto& guard = cuda_guard();
+  previous_device_ = guard.exchangeDevice(cuda_device_of(device));
+  try {
+    previous_stream_ = guard.exchangeStream(
+        backing_cuda_stream(device, runtime_call([&] { return rt().current_stream(device); })));
+  } catch (...) {
+    guard.uncheckedSetDevice(previous_device_);
+    throw;
+  }
+  entered_cuda_ = true;
+}
+
+void BackingScope::leave_cuda() noexcept {
+  const auto& guard = cuda_guard();
+  try {
+    guard.exchangeStream(previous_stream_);
+  } catch (...) {
+    // Restoring a stream that was current before cannot fail; nothing sensible to do here.
+  }
+  guard.uncheckedSetDevice(previous_device_);
+}
+
+runtime::StreamId new_brick_stream(c10::DeviceIndex device, int priority) {
+  if (!cuda_backing()) return runtime_call([&] { return rt().create_stream(device, priority); });
+  return adopt_cuda_stream(device, cuda_guard().getNewStream(cuda_device_of(device), priority));
+}
+
+runtime::StreamId pooled_brick_stream(c10::DeviceIndex device, bool high_priority) {
+  if (!cuda_backing()) {
+    return runtime_call([&] { return rt().create_stream(device, high_priority ? -1 : 0); });
+  }
+  return adopt_cuda_stream(
+      device, cuda_guard().getStreamFromGlobalPool(cuda_device_of(device), high_priority));
+}
+
+c10::Stream backing_cuda_stream(c10::DeviceIndex device, runtime::StreamId stream) {
+  const c10::StreamId id = cuda_streams().find(device, stream);
+  TORCH_CHECK(id != CudaStreamTable::kUnmapped, "brick: stream ", stream,
+              " of brick:", static_cast<int>(device),
+              " has no CUDA stream behind it (brick streams come from torch.brick.Stream, "
+              "torch.Stream(device='brick') or the stream pool)");
+  return c10::Stream(c10::Stream::UNSAFE, cuda_device_of(device), id);
+}
+
+at::Generator make_backing_generator(c10::DeviceIndex device, uint64_t seed) {
+  if (!cuda_backing()) return at::make_generator<at::CPUGeneratorImpl>(seed);
+  // A clone: brick's seeds must not move torch.cuda's default generator, nor the reverse.
+  at::Generator generator = at::globalContext().defaultGenerator(cuda_device_of(device)).clone();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_current_seed(seed);
+  return generator;
+}
+
+}  // namespace brick::backend

@@ -1,0 +1,57 @@
+// Running brick work on its backing device.
+//
+// The host runtime's backing device is the CPU: a brick op only needs brick's current device
+// set. The CUDA runtime's is CUDA device N: PyTorch's CUDA kernels must also find that device
+// and the CUDA stream behind brick's current stream as *their* current ones, and brick streams
+// are PyTorch's own CUDA streams (registered with the runtime), so brick and plain `cuda` code
+// order their work alike. Everything here goes through PyTorch's device-generic interfaces
+// (guard implementations, hooks), so one build serves CPU-only and CUDA builds of PyTorch.
+#pragma once
+
+#include <ATen/core/Generator.h>
+#include <c10/core/Device.h>
+#include <c10/core/Stream.h>
+
+#include "backend/backend.h"
+
+namespace brick::backend {
+
+// Tells the runtime, before its first use, whether this PyTorch can run CUDA kernels.
+void configure_runtime_backing();
+
+// True when brick devices are backed by CUDA devices (decided once, when the runtime starts).
+bool cuda_backing();
+
+// For the scope: `device` is brick's current device and, on CUDA backing, its CUDA device and the
+// CUDA stream behind its current brick stream are PyTorch's current CUDA device and stream.
+// Everything is restored on exit, also when an exception leaves the scope.
+class BackingScope {
+ public:
+  explicit BackingScope(c10::DeviceIndex device);
+  ~BackingScope();
+  BackingScope(const BackingScope&) = delete;
+  BackingScope& operator=(const BackingScope&) = delete;
+
+ private:
+  void enter_cuda(c10::DeviceIndex device);
+  void leave_cuda() noexcept;
+
+  DeviceScope device_scope_;
+  bool entered_cuda_ = false;
+  c10::Device previous_device_{c10::DeviceType::CUDA};
+  c10::Stream previous_stream_{c10::Stream::DEFAULT, c10::Device(c10::DeviceType::CUDA)};
+};
+
+// A brick stream for `device`: on CUDA backing a stream of PyTorch's CUDA stream pool (the same
+// streams torch.cuda hands out), registered with the runtime; on the host, a runtime stream.
+runtime::StreamId new_brick_stream(c10::DeviceIndex device, int priority);
+runtime::StreamId pooled_brick_stream(c10::DeviceIndex device, bool high_priority);
+
+// The CUDA stream behind brick stream `stream` of `device` (CUDA backing only).
+c10::Stream backing_cuda_stream(c10::DeviceIndex device, runtime::StreamId stream);
+
+// A generator of the backing device for brick device `device`, seeded with `seed`: a CPU
+// generator on the host, an independent CUDA generator (not torch.cuda's default) on CUDA.
+at::Generator make_backing_generator(c10::DeviceIndex device, uint64_t seed);
+
+}  // namespace brick::backend

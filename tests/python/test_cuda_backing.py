@@ -1,0 +1,263 @@
+"""Brick devices backed by CUDA GPUs (the CUDA runtime). Skipped where brick runs on the host.
+
+Run on a machine with a GPU and a CUDA build of PyTorch (``BRICK_RUNTIME=auto`` picks CUDA there).
+"""
+
+import time
+
+import pytest
+import torch
+
+import torch_brickdev
+import torch_brickdev.profiler as bp
+
+ON_CUDA = torch_brickdev.runtime_name() == "cuda"
+pytestmark = pytest.mark.skipif(
+    not ON_CUDA, reason=f"brick is not backed by CUDA here: {torch_brickdev.runtime_note()}"
+)
+TWO_GPUS = ON_CUDA and torch.brick.device_count() >= 2
+
+
+def big_matmul_inputs(n=4096, device="brick"):
+    torch.manual_seed(0)
+    return torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+
+
+def test_brick_is_backed_by_cuda_device_n():
+    assert torch_brickdev.backing_device_type() == "cuda"
+    assert torch.brick.device_count() == torch.cuda.device_count()
+    assert "cuda" in torch_brickdev.runtime_note()
+
+
+def test_tensors_live_in_gpu_memory_and_ops_are_cuda_kernels():
+    before = torch.brick.memory_allocated()
+    a, b = big_matmul_inputs(1024)
+    assert torch.brick.memory_allocated() >= before + 2 * 1024 * 1024 * 4
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        c = a @ b
+        torch.brick.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert kernels, "a brick matmul must launch CUDA kernels"
+    expected = a.to("cuda") @ b.to("cuda")
+    torch.testing.assert_close(c.to("cuda"), expected)
+
+
+def test_work_is_asynchronous_and_synchronize_waits():
+    a, b = big_matmul_inputs(8192)
+    torch.brick.synchronize()
+    start = time.perf_counter()
+    for _ in range(8):
+        c = a @ b
+    launched = time.perf_counter() - start
+    torch.brick.synchronize()
+    finished = time.perf_counter() - start
+    assert finished > 2 * launched, (launched, finished)
+    assert torch.isfinite(c).all().item()
+
+
+def test_brick_streams_are_pytorch_cuda_streams():
+    side = torch.brick.Stream()
+    cuda_side = torch_brickdev.backing_stream(side)
+    assert isinstance(cuda_side, torch.cuda.Stream)
+    default = torch_brickdev.backing_stream(torch.brick.default_stream())
+    assert default == torch.cuda.default_stream()
+    a, b = big_matmul_inputs(4096)
+    torch.brick.synchronize()
+    with torch.brick.stream(side):
+        c = a @ b
+        done = torch.brick.Event()
+        done.record()
+    assert not cuda_side.query() or done.query()  # running, or already done: never wrong
+    torch.brick.current_stream().wait_event(done)
+    torch.testing.assert_close((c @ torch.eye(4096, device="brick")).to("cuda"),
+                               a.to("cuda") @ b.to("cuda"), rtol=1e-3, atol=1e-2)
+
+
+def test_event_elapsed_time_matches_cuda_events():
+    a, b = big_matmul_inputs(4096)
+    for _ in range(3):
+        a @ b
+    brick_start, brick_end = (torch.brick.Event(enable_timing=True) for _ in range(2))
+    cuda_start, cuda_end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+    cuda_stream = torch_brickdev.backing_stream()
+    torch.brick.synchronize()
+    brick_start.record()
+    cuda_start.record(cuda_stream)
+    for _ in range(10):
+        a @ b
+    cuda_end.record(cuda_stream)
+    brick_end.record()
+    brick_end.synchronize()
+    brick_ms, cuda_ms = brick_start.elapsed_time(brick_end), cuda_start.elapsed_time(cuda_end)
+    assert cuda_ms > 1.0
+    assert abs(brick_ms - cuda_ms) <= 0.02 * cuda_ms + 0.05, (brick_ms, cuda_ms)
+
+
+def test_copies_between_brick_cpu_and_cuda():
+    host = torch.arange(1 << 20, dtype=torch.float32)
+    on_brick = host.to("brick")
+    on_cuda = on_brick.to("cuda")
+    assert torch.equal(on_cuda.cpu(), host)
+    back = on_cuda.to("brick")
+    assert back.device.type == "brick"
+    assert torch.equal(back.cpu(), host)
+    strided = on_brick.view(1024, 1024).t()
+    assert torch.equal(strided.cpu(), host.view(1024, 1024).t())
+    halves = on_brick.to(torch.float16)
+    assert torch.equal(halves.cpu(), host.to(torch.float16))
+
+
+@pytest.mark.skipif(not TWO_GPUS, reason="needs two GPUs")
+def test_copies_between_brick_devices_on_two_gpus():
+    host = torch.randn(1 << 20)
+    first = host.to("brick:0")
+    second = first.to("brick:1")
+    assert second.device == torch.device("brick:1")
+    assert torch.equal(second.cpu(), host)
+    with torch.brick.device(1):
+        assert torch.equal((second * 2).cpu(), host * 2)
+
+
+def test_memory_statistics_follow_allocations():
+    torch.brick.synchronize()
+    base = torch.brick.memory_allocated()
+    torch.brick.reset_peak_memory_stats()
+    x = torch.empty(1 << 24, device="brick")  # 64 MiB
+    assert torch.brick.memory_allocated() - base == x.nbytes
+    y = x + 1  # a CUDA kernel's result, adopted by brick
+    stats = torch.brick.memory_stats()
+    assert stats["adopted_bytes.all.current"] >= y.nbytes
+    del x, y
+    assert torch.brick.memory_allocated() == base
+    assert torch.brick.max_memory_allocated() >= base + 2 * (1 << 26)
+
+
+@pytest.mark.parametrize("allocate", ["empty", "op_result"])
+def test_record_stream_delays_reuse_until_the_stream_is_done(allocate):
+    side = torch.brick.Stream()
+    a, b = big_matmul_inputs(4096)
+    if allocate == "op_result":
+        a = a * 1.0  # memory of PyTorch's CUDA allocator, adopted by brick
+    expected = a.to("cuda") @ b.to("cuda")
+    torch.brick.synchronize()
+    side.wait_stream(torch.brick.current_stream())
+    with torch.brick.stream(side):
+        for _ in range(4):
+            c = a @ b  # long enough that the default stream runs ahead
+    a.record_stream(side)
+    del a  # its memory must not be reused before the side stream's matmuls are done
+    for _ in range(8):
+        torch.zeros(4096, 4096, device="brick")  # would clobber `a` if reused too early
+    side.synchronize()
+    torch.testing.assert_close(c.to("cuda"), expected)
+
+
+def test_rng_matches_seeding_and_is_independent_of_torch_cuda():
+    torch.brick.manual_seed(123)
+    first = torch.randn(1000, device="brick").cpu()
+    torch.cuda.manual_seed(999)  # must not move brick's generator
+    torch.brick.manual_seed(123)
+    second = torch.randn(1000, device="brick").cpu()
+    assert torch.equal(first, second)
+
+
+@pytest.mark.parametrize("mode", ["event", "immediate"])
+def test_registry_device_time_of_a_long_op(mode):
+    a, b = big_matmul_inputs(4096)
+    for _ in range(3):
+        a @ b
+    torch.brick.synchronize()
+    with bp.profile(sync_mode=mode) as session:
+        for _ in range(20):
+            a @ b
+    mm = session.report.brick("aten::mm")
+    assert mm.count == 20
+    # A 4096^3 fp32 matmul is far above 20 us on any GPU, and far below a second.
+    assert 20.0 < mm.avg_us() < 1e6
+    assert bp.health()["timing_failures"] == 0
+
+
+def test_event_mode_agrees_with_cupti_kernel_times():
+    """Per-op device time in Event mode vs the kernel time CUPTI reports, for ops >= 20 us."""
+    torch.manual_seed(0)
+    sizes = (2048, 3072, 4096)
+    inputs = {n: big_matmul_inputs(n) for n in sizes}
+    for a, b in inputs.values():
+        a @ b
+    torch.brick.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        with bp.profile(sync_mode="event"):
+            for n in sizes:
+                a, b = inputs[n]
+                for _ in range(10):
+                    with torch.autograd.profiler.record_function(f"mm{n}"):
+                        a @ b
+            torch.brick.synchronize()
+    registry = {s.name: s for s in bp.stats() if s.name.startswith("mm")}
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    by_size = {}
+    kernel_iter = iter(sorted(kernels, key=lambda e: e.time_range.start))
+    for n in sizes:
+        total = 0.0
+        for _ in range(10):
+            total += next(kernel_iter).time_range.elapsed_us()
+        by_size[n] = total / 10
+    for n in sizes:
+        cupti_us = by_size[n]
+        brick_us = registry[f"mm{n}"].avg_us()
+        assert cupti_us >= 20.0
+        assert abs(brick_us - cupti_us) <= 0.05 * cupti_us, (n, brick_us, cupti_us)
+
+
+def test_deferred_mode_measures_launch_cost_only():
+    a, b = big_matmul_inputs(4096)
+    torch.brick.synchronize()
+    with bp.profile(sync_mode="deferred") as deferred:
+        for _ in range(20):
+            a @ b
+    with bp.profile(sync_mode="event") as event:
+        for _ in range(20):
+            a @ b
+    assert deferred.report.brick("aten::mm").avg_us() < 0.5 * event.report.brick("aten::mm").avg_us()
+
+
+def test_cuda_graph_capture_skips_bricks_and_says_so():
+    side = torch.brick.Stream()
+    cuda_side = torch_brickdev.backing_stream(side)
+    x = torch.ones(1024, device="brick")
+    torch.brick.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    before = bp.health()["capture_skipped"]
+    with bp.profile(sync_mode="event") as session:
+        with torch.brick.stream(side):
+            with torch.cuda.graph(graph, stream=cuda_side):
+                y = x * 2 + 1
+        skipped = bp.health()["capture_skipped"] - before
+    assert skipped > 0
+    assert session.report is not None
+    graph.replay()
+    torch.brick.synchronize()
+    assert torch.equal(y.cpu(), torch.full((1024,), 3.0))
+
+
+def test_legacy_profiler_shows_brick_device_time_of_cuda_kernels():
+    a, b = big_matmul_inputs(2048)
+    torch.brick.synchronize()
+    with torch.autograd.profiler.profile(use_device="brick") as prof:
+        for _ in range(5):
+            a @ b
+    rows = {e.key: e for e in prof.key_averages()}
+    assert rows["aten::mm"].count == 5
+    assert rows["aten::mm"].self_device_time_total > 0
+
+
+def test_demo_decode_satisfies_the_contract_on_cuda(tmp_path):
+    from torch_brickdev import contract, demo
+
+    config = demo.DecodeConfig(tokens=16)
+    for mode in ("event", "immediate"):
+        result = demo.run_demo(config, device="brick:0", sync_mode=mode, runs=2,
+                               out_dir=tmp_path / mode, progress=False)
+        report = torch_brickdev.profiler.load_report(tmp_path / mode / "report.json")
+        failed = [r for r in contract.run_checks(report) if not r.passed]
+        assert not failed, (mode, [str(r) for r in failed], result)
