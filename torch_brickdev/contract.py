@@ -29,16 +29,14 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import math
 import os
-import statistics
 import sys
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Union
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
-from .profiler import Report, SyncMode, load_report
-from .profiler.report import ReportError
+from .profiler import Report, SyncMode
+from .profiler.report import ReportError, _read, _show
 
 __all__ = [
     "CHECKS",
@@ -69,7 +67,8 @@ STABILITY_MAX_CV = 0.15
 
 PASS, FAIL, NA = "pass", "fail", "n/a"
 _NO_METADATA = "report has no decode metadata ({}): run the demo or pass them"
-# Attribute of a Report returned by load(): the per-call figures as written in the file.
+# Attribute of a Report returned by load(): the derived figures as written in the file
+# (``avg_us`` per entry, ``wall_s``, ``top_level_ns``), to compare with what they derive from.
 _RAW_ATTR = "_contract_raw_avg_us"
 
 
@@ -84,6 +83,18 @@ class CheckResult:
     message: str
     figures: dict = field(default_factory=dict)
 
+    def __post_init__(self):
+        for name in ("id", "title", "message"):
+            if not isinstance(getattr(self, name), str):
+                raise TypeError(f"CheckResult: {name} must be a str, got "
+                                f"{type(getattr(self, name)).__name__}")
+        if self.status not in (PASS, FAIL, NA) or not isinstance(self.status, str):
+            raise ValueError(f"CheckResult: status must be one of {PASS!r}, {FAIL!r}, {NA!r}, "
+                             f"got {self.status!r}")
+        if not isinstance(self.figures, dict):
+            raise TypeError(f"CheckResult: figures must be a dict, got "
+                            f"{type(self.figures).__name__}")
+
     @property
     def passed(self) -> bool:
         return self.status == PASS
@@ -94,6 +105,17 @@ class CheckResult:
 
 
 # ---- helpers ----------------------------------------------------------------------------------
+#
+# A Report from load() holds validated figures (integers, finite numbers); a Report built or
+# altered in memory, and the free-form metadata of any report, may hold anything. Every
+# comparison below is written so that NaN (for which every comparison is False) and Infinity
+# fail a check instead of slipping through a ``not (x > y)``.
+
+
+def _expect_report(report, func: str) -> None:
+    if not isinstance(report, Report):
+        raise TypeError(f"{func}: report must be a Report (see load()), got "
+                        f"{type(report).__name__}")
 
 
 def _decode(report: Report) -> dict:
@@ -101,11 +123,57 @@ def _decode(report: Report) -> dict:
     return decode if isinstance(decode, dict) else {}
 
 
-def _int_field(decode: dict, name: str) -> Optional[int]:
-    value = decode.get(name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        return None
-    return value
+def _finite(x) -> bool:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an int beyond float range: no arithmetic on it is meaningful
+        return False
+
+
+def _positive(x) -> bool:
+    return _finite(x) and x > 0
+
+
+def _call_count(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _decode_int(decode: dict, name: str) -> Tuple[Optional[int], Optional[str]]:
+    """``(value, None)``; ``(None, None)`` when absent; ``(None, problem)`` when present but not
+    a positive integer (a decode of 0 tokens or layers has nothing to check)."""
+    if name not in decode:
+        return None, None
+    value = decode[name]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return None, f"metadata decode.{name} is {_show(value)}: expected a positive integer"
+    return value, None
+
+
+def _decode_number(decode: dict, name: str) -> Tuple[Optional[float], Optional[str]]:
+    """A finite number > 0, as :func:`_decode_int`."""
+    if name not in decode:
+        return None, None
+    value = decode[name]
+    if not _positive(value):
+        return None, f"metadata decode.{name} is {_show(value)}: expected a finite number > 0"
+    return value, None
+
+
+def _decode_series(decode: dict, name: str, allow_empty: bool
+                   ) -> Tuple[Optional[list], Optional[str]]:
+    """A list of finite numbers > 0, as :func:`_decode_int`."""
+    if name not in decode:
+        return None, None
+    values = decode[name]
+    expected = "a " + ("" if allow_empty else "non-empty ") + "list of finite numbers > 0"
+    if not isinstance(values, (list, tuple)) or not (values or allow_empty):
+        return None, f"metadata decode.{name} is {_show(values)}: expected {expected}"
+    for i, value in enumerate(values):
+        if not _positive(value):
+            return None, f"metadata decode.{name}[{i}] is {_show(value)}: expected {expected}"
+    return values, None
 
 
 def _named(report: Report) -> Dict[str, object]:
@@ -116,20 +184,25 @@ def _named(report: Report) -> Dict[str, object]:
     return out
 
 
-def _missing_metadata(decode: dict, *names: str) -> List[str]:
-    return [n for n in names if _int_field(decode, n) is None]
-
-
-def _finite(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
 def _cv(values: Sequence[float]) -> float:
-    mean = statistics.fmean(values)
-    return statistics.stdev(values) / mean if mean else math.inf
+    """Sample standard deviation / mean; NaN when a value is not finite, Infinity when the mean
+    is not > 0. Scaled by the largest value first, so that no sum can overflow."""
+    if not all(_finite(v) for v in values):
+        return math.nan
+    xs = [float(v) for v in values]
+    scale = max(abs(x) for x in xs)
+    if scale == 0:
+        return math.inf
+    xs = [x / scale for x in xs]
+    mean = math.fsum(xs) / len(xs)
+    if mean <= 0:
+        return math.inf
+    variance = math.fsum((x - mean) ** 2 for x in xs) / (len(xs) - 1)
+    return math.sqrt(variance) / mean
 
 
-def _result(check_id: str, status: str, message: str, **figures) -> CheckResult:
+def _result(check_id: str, status: str, message: str, /, **figures) -> CheckResult:
+    # positional-only: a figure (a health counter, say) may be named "status" or "message"
     return CheckResult(check_id, _TITLES[check_id], status, message, figures)
 
 
@@ -137,14 +210,26 @@ def _fmt_ms(ns: float) -> str:
     return f"{ns / 1e6:.3f} ms"
 
 
+def _written(report: Report) -> dict:
+    raw = getattr(report, _RAW_ATTR, None)
+    return raw if isinstance(raw, dict) else {}
+
+
 # ---- the checks -------------------------------------------------------------------------------
 
 
 def check_coverage(report: Report) -> CheckResult:
-    top, wall = report.top_level_ns(), report.wall_ns
-    if wall <= 0:
-        return _result("coverage", FAIL, f"wall time is {wall} ns: expected a measured region "
-                       "(> 0)", top_level_ns=top, wall_ns=wall)
+    _expect_report(report, "check_coverage")
+    wall = report.wall_ns
+    if not _positive(wall):
+        return _result("coverage", FAIL, f"wall time is {wall!r} ns: expected a measured region "
+                       "(a finite number > 0)", wall_ns=wall)
+    odd = [p.path for p in report.paths if p.depth == 0
+           and not (_finite(p.total_ns) and p.total_ns >= 0)]
+    if odd:
+        return _result("coverage", FAIL, f"top-level brick(s) {', '.join(map(repr, odd[:5]))} "
+                       "have no measured total_ns (expected finite numbers >= 0)", wall_ns=wall)
+    top = report.top_level_ns()
     ratio = top / wall
     status = PASS if COVERAGE_MIN <= ratio <= COVERAGE_MAX else FAIL
     message = (f"top-level {ratio:.2f} of wall (expected {COVERAGE_MIN}-{COVERAGE_MAX}): "
@@ -153,14 +238,29 @@ def check_coverage(report: Report) -> CheckResult:
         message += "; bricks are hidden (e.g. by graph replay) or work runs outside them"
     elif ratio > COVERAGE_MAX:
         message += "; time is counted twice"
+    # The file's own copies of the figures must agree with what they derive from.
+    written = _written(report)
+    written_top, written_wall_s = written.get("top_level_ns"), written.get("wall_s")
+    if written_top is not None and written_top != top:
+        status = FAIL
+        message += (f"; the file's top_level_ns {written_top} disagrees with its top-level "
+                    f"paths ({top} ns)")
+    if written_wall_s is not None and not abs(written_wall_s - wall / 1e9) <= 1e-9 * max(
+            1.0, wall / 1e9):
+        status = FAIL
+        message += (f"; the file's wall_s {written_wall_s!r} disagrees with wall_ns / 1e9 "
+                    f"({wall / 1e9!r})")
     return _result("coverage", status, message, coverage=ratio, top_level_ns=top, wall_ns=wall)
 
 
 def check_lmhead_count(report: Report) -> CheckResult:
+    _expect_report(report, "check_lmhead_count")
     decode = _decode(report)
-    if _int_field(decode, "tokens") is None:
+    tokens, problem = _decode_int(decode, "tokens")
+    if problem:
+        return _result("lmhead-count", FAIL, problem)
+    if tokens is None:
         return _result("lmhead-count", NA, _NO_METADATA.format("tokens"))
-    tokens = decode["tokens"]
     lm = _named(report).get("LmHead")
     count = lm.count if lm is not None else 0
     final = decode.get("final_token")
@@ -168,53 +268,58 @@ def check_lmhead_count(report: Report) -> CheckResult:
            "logits come from its own LmHead) and no forward pass runs after it")
     if isinstance(final, str):
         how += f"; final token {final!r}"
-    if count == tokens:
+    if _call_count(count) and count == tokens:
         return _result("lmhead-count", PASS, f"LmHead ran {count} times for {tokens} decoded "
                        f"tokens ({how})", lmhead_count=count, tokens=tokens, final_token=final)
-    found = "never ran" if lm is None else f"ran {count} times"
+    found = "never ran" if lm is None else f"ran {count!r} times"
     return _result("lmhead-count", FAIL, f"expected LmHead.count == {tokens} decoded tokens "
                    f"({how}); LmHead {found}", lmhead_count=count, tokens=tokens,
                    final_token=final)
 
 
 def check_token_accounting(report: Report) -> CheckResult:
+    _expect_report(report, "check_token_accounting")
     decode = _decode(report)
-    lm = _named(report).get("LmHead")
-    rate = decode.get("tokens_per_s")
-    latencies = decode.get("token_latencies_ns")
-    missing = []
-    if not _finite(rate):
-        missing.append("tokens_per_s")
-    if not isinstance(latencies, list) or not latencies or not all(_finite(x) for x in latencies):
-        missing.append("token_latencies_ns")
+    rate, rate_problem = _decode_number(decode, "tokens_per_s")
+    latencies, latency_problem = _decode_series(decode, "token_latencies_ns", allow_empty=False)
+    problems = [p for p in (rate_problem, latency_problem) if p]
+    if problems:
+        return _result("token-accounting", FAIL, "; ".join(problems))
+    missing = [n for n, v in (("tokens_per_s", rate), ("token_latencies_ns", latencies))
+               if v is None]
     if missing:
         return _result("token-accounting", NA, _NO_METADATA.format(", ".join(missing)))
+    lm = _named(report).get("LmHead")
     if lm is None or lm.count == 0:
         return _result("token-accounting", NA, "no LmHead brick: per-token figures have no "
                        "denominator (see completeness)")
-    elapsed = float(sum(latencies))
+    if not _call_count(lm.count) or not all(_call_count(b.count) for b in report.bricks):
+        return _result("token-accounting", FAIL, "brick counts are not call counts (integers "
+                       ">= 0): per-token figures have no denominator", lmhead_count=lm.count)
+    elapsed = sum(float(x) for x in latencies)  # > 0: every latency is; inf on overflow
     total_calls = sum(b.count for b in report.bricks)
     range_calls = sum(b.count for b in report.bricks if b.kind == "range")
     figures = dict(tokens_per_s=rate, lmhead_count=lm.count, decode_ns=elapsed,
                    total_calls=total_calls, range_calls=range_calls)
-    if elapsed <= 0:
-        return _result("token-accounting", FAIL, f"token latencies sum to {elapsed:.0f} ns: "
-                       "expected measured (> 0) latencies", **figures)
     expected = lm.count / elapsed * 1e9
+    if not (math.isfinite(elapsed) and math.isfinite(expected) and expected > 0):
+        return _result("token-accounting", FAIL, f"token latencies sum to {elapsed!r} ns for "
+                       f"{lm.count} LmHead calls: expected a finite per-token rate", **figures)
     figures["expected_tokens_per_s"] = expected
     if total_calls == lm.count:
         return _result("token-accounting", FAIL, f"total brick calls ({total_calls}) equal "
                        f"LmHead.count ({lm.count}): the denominator is ambiguous", **figures)
     for calls, label in ((total_calls, "total brick calls"), (range_calls, "range-brick calls")):
         naive = calls / elapsed * 1e9
-        if calls != lm.count and abs(rate - naive) <= TOKEN_RATE_TOLERANCE * naive:
+        if calls != lm.count and math.isfinite(naive) and \
+                abs(rate - naive) <= TOKEN_RATE_TOLERANCE * naive:
             return _result("token-accounting", FAIL, f"tokens_per_s {rate:.1f} is {label} / time "
                            f"({calls} / {_fmt_ms(elapsed)} = {naive:.1f}): per-token figures "
                            f"must divide by LmHead.count ({lm.count}), expected {expected:.1f}",
                            **figures)
     error = abs(rate - expected) / expected
     figures["relative_error"] = error
-    if error > TOKEN_RATE_TOLERANCE:
+    if not error <= TOKEN_RATE_TOLERANCE:
         return _result("token-accounting", FAIL, f"tokens_per_s {rate:.1f}, expected LmHead.count"
                        f" / time = {lm.count} / {_fmt_ms(elapsed)} = {expected:.1f} within "
                        f"{TOKEN_RATE_TOLERANCE:.0%} (off by {error:.1%})", **figures)
@@ -224,13 +329,25 @@ def check_token_accounting(report: Report) -> CheckResult:
 
 
 def check_per_call_ordering(report: Report) -> CheckResult:
+    _expect_report(report, "check_per_call_ordering")
     named = _named(report)
     missing = [n for n in ("LmHead", "GateProjection", "RmsNorm")
                if n not in named or named[n].count == 0]
     if missing:
         return _result("per-call-ordering", NA, f"cannot order: brick(s) {', '.join(missing)} "
                        "never ran (see completeness)")
+    counts = [f"{n} {named[n].count!r}" for n in ("LmHead", "GateProjection", "RmsNorm")
+              if not _call_count(named[n].count)]
+    if counts:  # avg_us() of a count None is 0.0: it would order
+        return _result("per-call-ordering", FAIL, f"call counts {', '.join(counts)}: expected "
+                       "integers >= 0 to divide by")
     lm, gate, norm = (named[n].avg_us() for n in ("LmHead", "GateProjection", "RmsNorm"))
+    odd = [f"{n} {v!r}" for n, v in (("LmHead", lm), ("GateProjection", gate), ("RmsNorm", norm))
+           if not (_finite(v) and v >= 0)]
+    if odd:
+        return _result("per-call-ordering", FAIL, f"per-call figures {', '.join(odd)} us: "
+                       "expected finite numbers >= 0 to order", lmhead_avg_us=lm,
+                       gate_avg_us=gate, rmsnorm_avg_us=norm)
     mode = report.sync_mode if isinstance(report.sync_mode, SyncMode) else None
     need_factor = mode in (SyncMode.IMMEDIATE, SyncMode.EVENT)
     ratio = lm / norm if norm > 0 else math.inf
@@ -247,6 +364,7 @@ def check_per_call_ordering(report: Report) -> CheckResult:
 
 
 def check_sync_mode(report: Report) -> CheckResult:
+    _expect_report(report, "check_sync_mode")
     raw = getattr(report, "sync_mode", None)
     try:
         mode = SyncMode.parse(raw) if raw is not None else None
@@ -281,6 +399,7 @@ def check_sync_mode(report: Report) -> CheckResult:
 
 
 def check_completeness(report: Report) -> CheckResult:
+    _expect_report(report, "check_completeness")
     problems = []
     seen, duplicates = set(), []
     for b in report.bricks:
@@ -289,11 +408,11 @@ def check_completeness(report: Report) -> CheckResult:
         seen.add(b.name)
     if duplicates:
         problems.append(f"duplicate brick name(s) {', '.join(map(repr, duplicates))}")
-    zero = [b.name for b in report.bricks if b.count <= 0]
+    zero = [b.name for b in report.bricks if not b.count > 0]  # NaN is not > 0 either
     if zero:
         problems.append(f"brick(s) with count 0 listed: {', '.join(map(repr, zero))}")
     named = _named(report)
-    missing = [n for n in DECODE_BRICKS if n not in named or named[n].count <= 0]
+    missing = [n for n in DECODE_BRICKS if n not in named or not named[n].count > 0]
     problems += [f"brick {n!r} never ran" for n in missing]
     # Every name of the per-path view is in the per-name view, with the same number of calls.
     path_counts: Dict[str, int] = {}
@@ -306,7 +425,7 @@ def check_completeness(report: Report) -> CheckResult:
     if dup_paths:
         problems.append(f"duplicate path(s) {', '.join(map(repr, dup_paths[:5]))}")
     if report.paths:
-        for name in sorted(set(path_counts) | set(named)):
+        for name in sorted(set(path_counts) | set(named), key=str):
             by_path, by_name = path_counts.get(name, 0), named[name].count if name in named else 0
             if by_path != by_name and name not in duplicates:
                 problems.append(f"brick {name!r}: {by_name} calls by name but {by_path} by path")
@@ -321,25 +440,38 @@ def check_completeness(report: Report) -> CheckResult:
 
 
 def check_avg_agreement(report: Report) -> CheckResult:
-    raw = getattr(report, _RAW_ATTR, None) or {}
+    _expect_report(report, "check_avg_agreement")
+    raw = _written(report)
     worst, bad, checked, source = 0.0, [], 0, "file" if raw else "avg_us()"
     for section in ("bricks", "paths"):
         entries = getattr(report, section)
         written = raw.get(section)
-        if written is not None and len(written) != len(entries):
+        if not isinstance(written, list) or len(written) != len(entries):
             written = None
         for i, b in enumerate(entries):
-            if b.count <= 0:
+            figure = written[i] if written is not None else None
+            if not _call_count(b.count):
+                bad.append(f"{b.path}: count {b.count!r} is not a call count (an integer >= 0)")
+                continue
+            if b.count == 0:
+                # Nothing ran: any time or per-call figure is a disagreement, not a pass.
+                if b.total_ns != 0 or figure not in (None, 0):
+                    bad.append(f"{b.path}: ran 0 times but total_ns {b.total_ns!r}, avg_us "
+                               f"{figure!r} (expected 0)")
+                continue
+            if not (_finite(b.total_ns) and b.total_ns >= 0):
+                bad.append(f"{b.path}: total_ns {b.total_ns!r} is not a finite number >= 0")
                 continue
             canonical = b.total_ns / b.count / 1000.0
-            figure = written[i] if written is not None and written[i] is not None else b.avg_us()
+            if figure is None:
+                figure = b.avg_us()
             if not _finite(figure):
                 bad.append(f"{b.path}: avg_us {figure!r} is not a number")
                 continue
             checked += 1
             error = abs(figure - canonical) / canonical if canonical else (0.0 if figure == 0 else math.inf)
             worst = max(worst, error)
-            if error > AVG_TOLERANCE:
+            if not error <= AVG_TOLERANCE:
                 bad.append(f"{b.path}: avg_us {figure:.3f}, total_ns/count/1000 = {canonical:.3f} "
                            f"({error:.1%} off)")
     figures = dict(checked=checked, worst_relative_error=worst, source=source)
@@ -352,17 +484,22 @@ def check_avg_agreement(report: Report) -> CheckResult:
 
 
 def check_structure(report: Report) -> CheckResult:
+    _expect_report(report, "check_structure")
     decode = _decode(report)
-    missing = _missing_metadata(decode, "layers", "tokens")
+    (layers, layers_problem), (tokens, tokens_problem) = (
+        _decode_int(decode, "layers"), _decode_int(decode, "tokens"))
+    problems = [p for p in (layers_problem, tokens_problem) if p]
+    if problems:
+        return _result("structure", FAIL, "; ".join(problems))
+    missing = [n for n, v in (("layers", layers), ("tokens", tokens)) if v is None]
     if missing:
         return _result("structure", NA, _NO_METADATA.format(", ".join(missing)))
-    layers, tokens = decode["layers"], decode["tokens"]
     named = _named(report)
     expected = {n: tokens * layers for n in ATTENTION_BRICKS}
     expected["RmsNorm"] = (2 * layers + 1) * tokens
     found = {n: (named[n].count if n in named else 0) for n in expected}
-    bad = [f"{n} ran {found[n]} times, expected {expected[n]}" for n in expected
-           if found[n] != expected[n]]
+    bad = [f"{n} ran {found[n]!r} times, expected {expected[n]}" for n in expected
+           if not (_call_count(found[n]) and found[n] == expected[n])]
     figures = dict(layers=layers, tokens=tokens, expected=expected, found=found)
     if bad:
         return _result("structure", FAIL, f"T={tokens}, L={layers}: " + "; ".join(bad)
@@ -372,16 +509,15 @@ def check_structure(report: Report) -> CheckResult:
 
 
 def check_stability(report: Report) -> CheckResult:
-    runs = _decode(report).get("run_mean_token_ns")
-    if not isinstance(runs, list) or not all(_finite(x) for x in runs):
+    _expect_report(report, "check_stability")
+    runs, problem = _decode_series(_decode(report), "run_mean_token_ns", allow_empty=True)
+    if problem:
+        return _result("stability", FAIL, problem)
+    if runs is None:
         return _result("stability", NA, _NO_METADATA.format("run_mean_token_ns"))
     if len(runs) < 2:
         return _result("stability", NA, f"{len(runs)} run(s) of the decode: the coefficient of "
                        "variation needs at least 2", runs=len(runs))
-    mean = statistics.fmean(runs)
-    if mean <= 0:
-        return _result("stability", FAIL, f"mean per-token time {mean:.0f} ns across "
-                       f"{len(runs)} runs: expected measured (> 0) times", runs=len(runs))
     cv = _cv(runs)
     status = PASS if cv < STABILITY_MAX_CV else FAIL
     return _result("stability", status, f"CV of per-token time across {len(runs)} runs {cv:.3f} "
@@ -391,8 +527,9 @@ def check_stability(report: Report) -> CheckResult:
 
 
 def check_no_placeholders(report: Report) -> CheckResult:
+    _expect_report(report, "check_no_placeholders")
     problems = []
-    if not isinstance(report.wall_ns, int) or report.wall_ns <= 0:
+    if not _call_count(report.wall_ns) or report.wall_ns <= 0:
         problems.append(f"wall_ns is {report.wall_ns!r}, expected > 0")
     for section in ("bricks", "paths"):
         for b in getattr(report, section):
@@ -403,7 +540,14 @@ def check_no_placeholders(report: Report) -> CheckResult:
             if odd:
                 problems.append(f"{where}: {', '.join(odd)} not a finite number")
                 continue
-            if b.count <= 0:
+            negative = [k for k, v in values.items() if v < 0]
+            if negative:
+                problems.append(f"{where}: {', '.join(negative)} negative")
+                continue
+            if not _call_count(b.count):
+                problems.append(f"{where}: count {b.count!r} is not a call count")
+                continue
+            if b.count == 0:
                 continue
             if b.kind == "range" and b.total_ns <= 0:
                 problems.append(f"{where}: ran {b.count} times in {b.total_ns} ns")
@@ -416,20 +560,20 @@ def check_no_placeholders(report: Report) -> CheckResult:
                                 f"[min {b.min_ns}, max {b.max_ns}]")
     named = _named(report)
     totals = [(named[n].total_ns, named[n].count) for n in DECODE_BRICKS
-              if n in named and named[n].count]
+              if n in named and _call_count(named[n].count) and named[n].count
+              and _finite(named[n].total_ns)]
     if len(totals) >= 2 and len({t * 1.0 / c for t, c in totals}) == 1:
         problems.append(f"all {len(totals)} decode bricks share one avg "
                         f"({totals[0][0] / totals[0][1] / 1e3:.3f} us)")
     decode = _decode(report)
     for key in ("token_latencies_ns", "run_mean_token_ns"):
-        values = decode.get(key)
-        if isinstance(values, list):
-            if not all(_finite(v) and v > 0 for v in values):
-                problems.append(f"metadata {key}: expected finite values > 0")
-            elif len(values) >= 3 and len(set(values)) == 1:
-                problems.append(f"metadata {key}: all {len(values)} values are {values[0]}")
+        values, problem = _decode_series(decode, key, allow_empty=True)
+        if problem:
+            problems.append(f"metadata {key}: expected finite values > 0 ({problem})")
+        elif values is not None and len(values) >= 3 and len(set(values)) == 1:
+            problems.append(f"metadata {key}: all {len(values)} values are {values[0]}")
     for key in ("tokens_per_s", "p50_token_ns", "p99_token_ns"):
-        if key in decode and not (_finite(decode[key]) and decode[key] > 0):
+        if key in decode and not _positive(decode[key]):
             problems.append(f"metadata {key} is {decode[key]!r}, expected a finite value > 0")
     figures = dict(problems=len(problems))
     if problems:
@@ -442,27 +586,32 @@ def check_no_placeholders(report: Report) -> CheckResult:
 
 
 def check_graph_capture(report: Report) -> CheckResult:
+    _expect_report(report, "check_graph_capture")
     h = report.health if isinstance(report.health, dict) else {}
     if not h:
         return _result("graph-capture", NA, "report has no health section: cannot tell whether "
                        "the profiler saw every brick")
+
+    def zero(value) -> bool:  # a counter at 0; False, 0.0 or NaN are not counters
+        return _call_count(value) and value == 0
+
     problems = []
     for key in ("timing_failures", "pending_events", "unbalanced_exits"):
-        value = h.get(key)
-        if value is None:
+        if key not in h:
             problems.append(f"health has no {key!r}")
-        elif value != 0:
-            problems.append(f"{key} {value} (expected 0)")
-    for key, value in sorted(h.items()):
-        if "captur" in key.lower() and _finite(value) and value > 0:
-            problems.append(f"{key} {value}: bricks ran inside a graph capture or replay the "
+        elif not zero(h[key]):
+            problems.append(f"{key} {h[key]!r} (expected 0)")
+    for key, value in sorted(h.items(), key=lambda kv: str(kv[0])):
+        if "captur" in str(key).lower() and not zero(value):
+            problems.append(f"{key} {value!r}: bricks ran inside a graph capture or replay the "
                             "profiler did not see (expected 0; disable graph replay while "
                             "profiling)")
+    figures = {str(k): v for k, v in h.items()}
     if problems:
         return _result("graph-capture", FAIL, "the profiler missed bricks: " + "; ".join(problems),
-                       **dict(h))
+                       **figures)
     return _result("graph-capture", PASS, "the profiler saw every brick: "
-                   + ", ".join(f"{k} {v}" for k, v in sorted(h.items())), **dict(h))
+                   + ", ".join(f"{k} {v}" for k, v in sorted(figures.items())), **figures)
 
 
 _TITLES = {
@@ -499,35 +648,41 @@ CHECK_IDS = tuple(i for i, _ in CHECKS)
 # ---- running ----------------------------------------------------------------------------------
 
 
+def _load(source, func: str, arg: str) -> Report:
+    if isinstance(source, Report):
+        return source
+    if not isinstance(source, (dict, str, bytes, os.PathLike)):
+        raise TypeError(f"{func}: {arg} must be a Report, a report dict or the path of a report "
+                        f"file, got {type(source).__name__}")
+    report, written = _read(source, func, arg)
+    setattr(report, _RAW_ATTR, written)
+    return report
+
+
 def load(source: Union[str, os.PathLike, dict, Report]) -> Report:
     """A Report from a path, a parsed dict or a Report (returned as is). Raises ReportError
     naming the file and the field for an unreadable, malformed or wrong-version report.
 
-    A report read from a file or dict keeps the per-call figures (``avg_us``) as written, so
-    ``avg-agreement`` checks what a consumer of the file reads."""
-    if isinstance(source, Report):
-        return source
-    report = load_report(source)
-    data = source
-    if not isinstance(source, dict):
-        with open(os.fspath(source), encoding="utf-8") as f:
-            data = json.load(f)
-    raw = {}
-    for section in ("bricks", "paths"):
-        raw[section] = [item.get("avg_us") if isinstance(item, dict) else None
-                        for item in data.get(section, [])]
-    setattr(report, _RAW_ATTR, raw)
-    return report
+    A report read from a file or dict keeps the derived figures as written (``avg_us`` of each
+    entry, ``wall_s``, ``top_level_ns``), so the checks see what a consumer of the file reads:
+    ``avg-agreement`` and ``coverage`` compare them with what they derive from."""
+    return _load(source, "load", "source")
 
 
 def _with_overrides(report: Report, layers: Optional[int], tokens: Optional[int]) -> Report:
+    for name, value, what in (("layers", layers, "decoder layers"), ("tokens", tokens,
+                                                                     "decoded tokens")):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"run_checks: {name} ({what}) must be a positive int or None, got "
+                            f"{type(value).__name__}")
+        if value < 1:
+            raise ValueError(f"run_checks: {name} ({what}) must be a positive int, got {value!r}")
     if layers is None and tokens is None:
         return report
-    for name, value in (("layers", layers), ("tokens", tokens)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ValueError(f"decode contract: {name} must be a positive int, got {value!r}")
     view = copy.copy(report)
-    view.metadata = dict(report.metadata)
+    view.metadata = dict(report.metadata) if isinstance(report.metadata, dict) else {}
     decode = dict(_decode(report))
     if layers is not None:
         decode["layers"] = layers
@@ -537,20 +692,37 @@ def _with_overrides(report: Report, layers: Optional[int], tokens: Optional[int]
     return view
 
 
+def _selected(only) -> Sequence[str]:
+    if only is None:
+        return CHECK_IDS
+    if isinstance(only, str):
+        wanted = [only]
+    elif isinstance(only, (bytes, dict)) or not isinstance(only, Iterable):
+        raise TypeError(f"run_checks: only must be a check id or an iterable of check ids, got "
+                        f"{type(only).__name__}")
+    else:
+        wanted = list(only)
+    for item in wanted:
+        if not isinstance(item, str):
+            raise TypeError(f"run_checks: only must hold check ids (str), got "
+                            f"{type(item).__name__} {item!r}")
+    if not wanted:  # no check at all would make a vacuous PASS verdict
+        raise ValueError(f"run_checks: only names no check; expected some of "
+                         f"{', '.join(CHECK_IDS)} (or None for all)")
+    unknown = [i for i in wanted if i not in CHECK_IDS]
+    if unknown:
+        raise ValueError(f"run_checks: only: unknown check id(s) {', '.join(map(repr, unknown))};"
+                         f" expected some of {', '.join(CHECK_IDS)}")
+    return [i for i in CHECK_IDS if i in wanted]
+
+
 def run_checks(report: Union[Report, dict, str, os.PathLike], *, layers: Optional[int] = None,
                tokens: Optional[int] = None, only: Optional[Iterable[str]] = None
                ) -> List[CheckResult]:
     """Runs the checks (all, or those in ``only``, in :data:`CHECKS` order) on a report.
     ``layers`` / ``tokens`` override (or stand in for) ``metadata["decode"]``."""
-    report = _with_overrides(load(report), layers, tokens)
-    selected = CHECK_IDS
-    if only is not None:
-        wanted = [only] if isinstance(only, str) else list(only)
-        unknown = [i for i in wanted if i not in CHECK_IDS]
-        if unknown:
-            raise ValueError(f"decode contract: unknown check id(s) {', '.join(map(repr, unknown))};"
-                             f" expected some of {', '.join(CHECK_IDS)}")
-        selected = [i for i in CHECK_IDS if i in wanted]
+    selected = _selected(only)
+    report = _with_overrides(_load(report, "run_checks", "report"), layers, tokens)
     results = []
     for check_id, fn in CHECKS:
         if check_id in selected:
@@ -562,13 +734,28 @@ def run_checks(report: Union[Report, dict, str, os.PathLike], *, layers: Optiona
     return results
 
 
+def _results_list(results, func: str) -> List[CheckResult]:
+    if isinstance(results, (str, bytes, dict)) or not isinstance(results, Iterable):
+        raise TypeError(f"{func}: results must be a list of CheckResult (from run_checks), got "
+                        f"{type(results).__name__}")
+    results = list(results)
+    for i, r in enumerate(results):
+        if not isinstance(r, CheckResult):
+            raise TypeError(f"{func}: results[{i}] must be a CheckResult, got "
+                            f"{type(r).__name__}")
+    return results
+
+
 def failures(results: Iterable[CheckResult]) -> List[CheckResult]:
-    return [r for r in results if r.status == FAIL]
+    return [r for r in _results_list(results, "failures") if r.status == FAIL]
 
 
 def format_results(results: Sequence[CheckResult]) -> str:
     """One line per check (``PASS  coverage  top-level 0.93 of wall …``) and a verdict line."""
-    results = list(results)
+    results = _results_list(results, "format_results")
+    if not results:  # "verdict: PASS" over no check would be a verdict on nothing
+        raise ValueError("format_results: results is empty; expected the results of at least "
+                         "one check (from run_checks)")
     width = max([len(r.id) for r in results] + [1])
     lines = [f"{r.status.upper():<4}  {r.id:<{width}}  {r.message}" for r in results]
     failed = [r.id for r in results if r.status == FAIL]
@@ -582,7 +769,7 @@ def format_results(results: Sequence[CheckResult]) -> str:
     return "\n".join(lines)
 
 
-def _positive(text: str) -> int:
+def _positive_arg(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -601,25 +788,45 @@ def _ids(text: str) -> List[str]:
     return wanted
 
 
+def _emit(text: str, stream) -> None:
+    """Prints ``text``; what the stream's encoding cannot hold is written as escapes (a brick or
+    metadata name must not turn a verdict into a UnicodeEncodeError traceback)."""
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    stream.write(text.encode(encoding, "backslashreplace").decode(encoding, "replace") + "\n")
+
+
 def main(argv: Optional[Sequence[str]] = None, prog: str = "torch_brickdev check") -> int:
     """``check report.json [--layers L] [--tokens T] [--only id,id]``: prints one line per check
     and a verdict; returns 0 when nothing failed, 1 when a check failed, 2 when the report cannot
-    be read (the reason, naming file and field, goes to stderr)."""
+    be read or the arguments are wrong (the reason, naming file and field, goes to stderr)."""
+    if argv is not None:
+        if not isinstance(argv, (list, tuple)):
+            raise TypeError(f"main: argv must be a list of str or None, got {type(argv).__name__}")
+        for i, item in enumerate(argv):
+            if not isinstance(item, str):
+                raise TypeError(f"main: argv[{i}] must be a str, got {type(item).__name__}")
+    if not isinstance(prog, str):
+        raise TypeError(f"main: prog must be a str, got {type(prog).__name__}")
     parser = argparse.ArgumentParser(prog=prog, description="Check a brick report against the "
                                      "decode-profiling contract (gpu-decode-profiling-v1).")
     parser.add_argument("report", help="a report written by Report.write_json")
-    parser.add_argument("--layers", type=_positive, help="decoder layers L (overrides metadata)")
-    parser.add_argument("--tokens", type=_positive, help="decoded tokens T (overrides metadata)")
+    parser.add_argument("--layers", type=_positive_arg,
+                        help="decoder layers L (overrides metadata)")
+    parser.add_argument("--tokens", type=_positive_arg,
+                        help="decoded tokens T (overrides metadata)")
     parser.add_argument("--only", type=_ids, help="comma-separated check ids: "
                         + ", ".join(CHECK_IDS))
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # usage errors (2) and --help (0) return, as the rest does
+        return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 2)
     try:
         report = load(args.report)
     except ReportError as error:
-        print(f"{prog}: {error}", file=sys.stderr)
+        _emit(f"{prog}: {error}", sys.stderr)
         return 2
     results = run_checks(report, layers=args.layers, tokens=args.tokens, only=args.only)
-    print(format_results(results))
+    _emit(format_results(results), sys.stdout)
     return 1 if failures(results) else 0
 
 

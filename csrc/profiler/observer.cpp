@@ -202,8 +202,13 @@ bool is_profiler_internal(const char* name) {
   return std::string_view(name).starts_with("profiler::");
 }
 
+// The name a brick gets for a range opened with an empty name (record_function("")): it is
+// timed like any other, not dropped.
+constexpr const char* kUnnamedRange = "(unnamed range)";
+
 NodeId intern_node(ThreadState& state, const char* name, NodeId parent, int device,
                    registry::Kind kind) {
+  if (*name == '\0') name = kUnnamedRange;
   const NameKeyView view{parent, device, name};
   auto it = state.by_name.find(view);
   if (it != state.by_name.end()) return it->second;

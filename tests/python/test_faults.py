@@ -357,3 +357,14 @@ def torch_brickdev_timeline():
     from torch_brickdev import _C
 
     return _C._profiler.timeline()["records"]
+
+
+def test_a_range_with_an_empty_name_is_timed_not_lost():
+    x = torch.ones(4, device="brick")
+    with bp.profile():
+        with record_function(""):
+            x = x + 1
+    found = counts("path")
+    assert found["(unnamed range)"] == 1
+    assert found["(unnamed range)/aten::add"] == 1
+    assert_healthy()

@@ -1,13 +1,32 @@
 """Reports of the brick registry: JSON, a text table, and a side-by-side view with
-``key_averages()`` of PyTorch's legacy profiler."""
+``key_averages()`` of PyTorch's legacy profiler.
+
+Reading a report (:func:`load_report`) is one schema pass over the parsed JSON: every problem
+raises :class:`ReportError` naming the file, the field by its path (``bricks[3].count``) and
+what was expected. The rules:
+
+* required top-level fields: ``schema``, ``version``, ``sync_mode``, ``wall_ns``, ``device``,
+  ``bricks``, ``paths``; optional: ``created``, ``torch`` (strings), ``metadata`` (an object),
+  ``health`` (an object of counters: non-negative integers), ``wall_s`` and ``top_level_ns``
+  (derived figures: a number, an integer);
+* every brick entry has the thirteen fields of :class:`BrickStats` (names and paths non-empty
+  text, ``kind`` ``"op"`` or ``"range"``, ``device`` >= -1, counts and nanosecond figures
+  integers in [0, 2**63 - 1], percentiles finite numbers >= 0) and optionally ``avg_us`` (a
+  finite number >= 0, the figure the contract compares with ``total_ns / count``);
+* no NaN or Infinity anywhere (the writer never writes one), no integer of more than 400
+  digits, no object repeating a key, nothing nested more than 100 levels deep;
+* unknown keys, at the top level and in brick entries, are ignored (a newer writer may add
+  fields); ``device`` and ``metadata`` are kept as written, unknown ``health`` counters too.
+"""
 
 from __future__ import annotations
 
+import codecs
 import datetime
 import json
 import math
 import os
-from typing import Iterable, List, Optional, Union
+from typing import Iterable, List, NoReturn, Optional, Tuple, Union
 
 import torch
 
@@ -17,11 +36,11 @@ from ._registry import BrickStats, SyncMode, health, stats
 SCHEMA = "torch_brickdev.report"
 VERSION = 1
 
-_BRICK_FIELDS = {
-    "name": str, "path": str, "kind": str, "device": int, "depth": int, "count": int,
-    "total_ns": int, "min_ns": int, "max_ns": int, "last_ns": int,
-    "p50_ns": (int, float), "p90_ns": (int, float), "p99_ns": (int, float),
-}
+_INT64_MAX = 2**63 - 1
+# Integers of free-form sections (metadata, device) stay below 10**400: past float range, no
+# consumer can do arithmetic with them, and json refuses to write ints of > 4300 digits.
+_MAX_DIGITS = 400
+_MAX_NESTING = 100  # far deeper than any report; bounds the walk of a dict with a cycle
 
 
 class ReportError(ValueError):
@@ -36,10 +55,28 @@ class Report:
                  sync_mode: SyncMode, device: dict, metadata: Optional[dict] = None,
                  health: Optional[dict] = None, created: Optional[str] = None,
                  torch_version: Optional[str] = None):
-        self.bricks = list(bricks)
-        self.paths = list(paths)
+        self.bricks = _brick_list(bricks, "bricks")
+        self.paths = _brick_list(paths, "paths")
+        if isinstance(wall_ns, bool) or not isinstance(wall_ns, int):
+            raise TypeError(f"Report: wall_ns must be an int (nanoseconds), got {_type(wall_ns)}")
+        if wall_ns < 0:
+            raise ValueError(f"Report: wall_ns must be >= 0 (nanoseconds), got {wall_ns}")
         self.wall_ns = int(wall_ns)
+        modes = ", ".join(repr(m.value) for m in SyncMode)
+        if not isinstance(sync_mode, (SyncMode, str)):
+            raise TypeError(f"Report: sync_mode must be a SyncMode or a str ({modes}), got "
+                            f"{_type(sync_mode)}")
+        if not isinstance(sync_mode, SyncMode) and sync_mode.lower() not in _SYNC_MODES:
+            raise ValueError(f"Report: sync_mode must be one of {modes}, got {sync_mode!r}")
         self.sync_mode = SyncMode.parse(sync_mode)
+        for name, value, optional in (("device", device, False), ("metadata", metadata, True),
+                                      ("health", health, True)):
+            if not isinstance(value, dict) and not (optional and value is None):
+                expected = "a dict or None" if optional else "a dict"
+                raise TypeError(f"Report: {name} must be {expected}, got {_type(value)}")
+        for name, value in (("created", created), ("torch_version", torch_version)):
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"Report: {name} must be a str or None, got {_type(value)}")
         self.device = dict(device)
         self.metadata = dict(metadata or {})
         self.health = dict(health or {})
@@ -63,12 +100,14 @@ class Report:
 
     # ---- queries ----------------------------------------------------------------------------
     def brick(self, name: str) -> BrickStats:
+        _check_str(name, "Report.brick", "name")
         for b in self.bricks:
             if b.name == name:
                 return b
         raise KeyError(f"brick report: no brick named {name!r}")
 
     def __contains__(self, name: str) -> bool:
+        _check_str(name, "Report.__contains__", "name")
         return any(b.name == name for b in self.bricks)
 
     def top_level_ns(self) -> int:
@@ -94,34 +133,58 @@ class Report:
         }
 
     def to_json(self, indent: Optional[int] = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+        """The report as JSON text. Raises ValueError (NaN, Infinity) or TypeError (a value JSON
+        cannot hold) naming the field, e.g. ``metadata.decode.tokens_per_s``."""
+        if indent is not None and (isinstance(indent, bool) or not isinstance(indent, int)):
+            raise TypeError(f"Report.to_json: indent must be an int or None, got {_type(indent)}")
+        if indent is not None and indent < 0:
+            raise ValueError(f"Report.to_json: indent must be >= 0 or None, got {indent}")
+        data = self.to_dict()
+        try:
+            return json.dumps(data, indent=indent, allow_nan=False)
+        except (TypeError, ValueError) as error:
+            # json names neither the field nor the value: find it, to say which one.
+            detail = _first_unwritable(data) or str(error)
+            raise type(error)(f"brick report: cannot write the report as JSON: {detail}") from None
 
     def write_json(self, path: Union[str, os.PathLike]) -> str:
         """Writes the report; returns the path. Raises OSError naming the path on failure."""
+        if not isinstance(path, (str, bytes, os.PathLike)):
+            raise TypeError(f"Report.write_json: path must be a str or os.PathLike, got "
+                            f"{_type(path)}")
         path = os.fspath(path)
+        if not path:
+            raise ValueError("Report.write_json: path must not be empty")
+        if ("\0" if isinstance(path, str) else b"\0") in path:
+            raise ValueError(f"Report.write_json: path {path!r} contains a NUL character")
         text = self.to_json()
         try:
             with open(path, "w", encoding="utf-8") as f:
                 f.write(text)
         except OSError as error:
-            raise OSError(error.errno, f"brick report: cannot write {path!r}: {error.strerror}") from None
-        return path
+            raise OSError(error.errno, f"brick report: cannot write {os.fsdecode(path)!r}: "
+                          f"{error.strerror}") from None
+        return os.fsdecode(path) if isinstance(path, bytes) else path
 
     # ---- text -------------------------------------------------------------------------------
     def table(self, sort_by: str = "total", row_limit: Optional[int] = None, by: str = "name") -> str:
         """A text table in the style of ``key_averages().table()``.
 
         ``sort_by``: ``total``, ``avg``, ``count``, ``max``, ``p99`` or ``name``; ``by``: ``name``
-        or ``path`` (per call path, indented by depth).
+        or ``path`` (per call path, indented by depth); ``row_limit``: the first rows only (None:
+        every row).
         """
         keys = {
             "total": lambda b: -b.total_ns, "avg": lambda b: -b.avg_us(), "count": lambda b: -b.count,
             "max": lambda b: -b.max_ns, "p99": lambda b: -b.p99_ns, "name": lambda b: b.name,
         }
+        _check_str(sort_by, "Report.table", "sort_by")
         if sort_by not in keys:
             raise ValueError(f"brick report: sort_by must be one of {', '.join(keys)}, got {sort_by!r}")
+        _check_str(by, "Report.table", "by")
         if by not in ("name", "path"):
             raise ValueError(f"brick report: by must be 'name' or 'path', got {by!r}")
+        _check_row_limit(row_limit, "Report.table")
         rows = sorted(self.bricks, key=keys[sort_by]) if by == "name" else list(self.paths)
         if row_limit is not None:
             rows = rows[:row_limit]
@@ -153,81 +216,366 @@ def _label(b: BrickStats, by: str) -> str:
     return b.name if by == "name" else "  " * b.depth + b.name
 
 
-def _require(mapping: dict, field: str, types, where: str):
-    if field not in mapping:
-        raise ReportError(f"{where}: missing field {field!r}")
-    value = mapping[field]
-    if isinstance(value, bool) or not isinstance(value, types):
-        expected = types.__name__ if isinstance(types, type) else " or ".join(t.__name__ for t in types)
-        raise ReportError(f"{where}: field {field!r} must be {expected}, got {type(value).__name__}")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ReportError(f"{where}: field {field!r} must be finite, got {value}")
-    return value
+# ---- argument checks --------------------------------------------------------------------------
 
 
-def _parse_bricks(items, where: str) -> List[BrickStats]:
-    if not isinstance(items, list):
-        raise ReportError(f"{where}: must be a list, got {type(items).__name__}")
-    bricks = []
-    for i, item in enumerate(items):
-        at = f"{where}[{i}]"
-        if not isinstance(item, dict):
-            raise ReportError(f"{at}: must be an object, got {type(item).__name__}")
-        values = {f: _require(item, f, t, at) for f, t in _BRICK_FIELDS.items()}
-        for f in ("count", "total_ns", "min_ns", "max_ns", "last_ns"):
-            if values[f] < 0:
-                raise ReportError(f"{at}: field {f!r} must not be negative, got {values[f]}")
-        if values["kind"] not in ("op", "range"):
-            raise ReportError(f"{at}: field 'kind' must be 'op' or 'range', got {values['kind']!r}")
-        bricks.append(BrickStats(**values))
-    return bricks
+def _type(value) -> str:
+    return type(value).__name__
+
+
+def _check_str(value, func: str, arg: str) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"{func}: {arg} must be a str, got {_type(value)}")
+
+
+def _check_row_limit(row_limit, func: str) -> None:
+    if row_limit is None:
+        return
+    if isinstance(row_limit, bool) or not isinstance(row_limit, int):
+        raise TypeError(f"{func}: row_limit must be an int >= 0 or None, got {_type(row_limit)}")
+    if row_limit < 0:  # rows[:-1] would silently drop the last row
+        raise ValueError(f"{func}: row_limit must be >= 0 (None for every row), got {row_limit}")
+
+
+def _brick_list(items, arg: str) -> List[BrickStats]:
+    # A str, bytes or dict is iterable too, but never a list of bricks.
+    if isinstance(items, (str, bytes, dict)) or not isinstance(items, Iterable):
+        raise TypeError(f"Report: {arg} must be a list of BrickStats, got {_type(items)}")
+    out = list(items)
+    for i, item in enumerate(out):
+        if not isinstance(item, BrickStats):
+            raise TypeError(f"Report: {arg}[{i}] must be a BrickStats, got {_type(item)}")
+    return out
+
+
+# ---- reading: parsing the text ----------------------------------------------------------------
+
+
+class _RepeatedKeys(dict):
+    """A JSON object that repeated a key. json keeps the last value without a word; the schema
+    pass rejects it, naming the object's path (the parser cannot know it)."""
+
+    repeated: Tuple[str, ...] = ()
+
+
+class _LongInteger:
+    """An integer literal of more than ``_MAX_DIGITS`` digits, kept unparsed: converting it is
+    slow (quadratic) and may exceed Python's int/str limit; the schema pass rejects it."""
+
+    def __init__(self, text: str):
+        self.digits = len(text.lstrip("-"))
+
+
+def _object_from_pairs(pairs):
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen, repeated = set(), []
+        for key, _ in pairs:
+            if key in seen and key not in repeated:
+                repeated.append(key)
+            seen.add(key)
+        obj = _RepeatedKeys(obj)
+        obj.repeated = tuple(repeated)
+    return obj
+
+
+def _parse_int(text: str):
+    return _LongInteger(text) if len(text) > _MAX_DIGITS + 1 else int(text)
+
+
+def _read_source(source, func: str = "load_report", arg: str = "source") -> Tuple[object, str]:
+    """The parsed JSON of a report path (or the dict itself) and the label errors start with."""
+    if isinstance(source, dict):
+        return source, "report"
+    if not isinstance(source, (str, bytes, os.PathLike)):
+        raise TypeError(f"{func}: {arg} must be a path (str or os.PathLike) or a dict, got "
+                        f"{_type(source)}")
+    path = os.fspath(source)
+    where = os.fsdecode(path)
+    if not path:
+        raise ReportError(f"{func}: {arg} is an empty path; expected a report file")
+    if ("\0" if isinstance(path, str) else b"\0") in path:
+        raise ReportError(f"{func}: {arg} {where!r} contains a NUL character; expected a path")
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as error:
+        raise ReportError(f"{where}: cannot read: {error.strerror or error}") from None
+    if not raw.strip():
+        raise ReportError(f"{where}: the file is empty; expected a JSON report object")
+    if raw.startswith(codecs.BOM_UTF8):  # a byte-order mark is harmless
+        raw = raw[len(codecs.BOM_UTF8):]
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ReportError(f"{where}: not UTF-8 text (byte 0x{raw[error.start]:02x} at offset "
+                          f"{error.start}); expected a JSON report written by Report.write_json"
+                          ) from None
+    try:
+        data = json.loads(text, object_pairs_hook=_object_from_pairs, parse_int=_parse_int)
+    except json.JSONDecodeError as error:
+        raise ReportError(f"{where}: not valid JSON ({error.msg} at line {error.lineno}, "
+                          f"column {error.colno}): expected a report as Report.write_json "
+                          "writes it; is the file truncated?") from None
+    except RecursionError:
+        raise ReportError(f"{where}: JSON nested too deeply to parse: expected a report (a few "
+                          "levels deep)") from None
+    return data, where
+
+
+# ---- reading: the schema pass -----------------------------------------------------------------
+
+_Path = Tuple[Union[str, int], ...]
+
+
+def _path_text(path: _Path) -> str:
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part.isidentifier():
+            out += f".{part}" if out else part
+        else:
+            out += f"[{part!r}]"
+    return out
+
+
+def _show(value) -> str:
+    """A value as the message shows it: its JSON type, and the value when short."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"boolean {str(value).lower()}"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "NaN"
+        if math.isinf(value):
+            return "Infinity" if value > 0 else "-Infinity"
+        return f"number {value!r}"
+    if isinstance(value, int):
+        if abs(value) < 10**30:
+            return f"integer {value}"
+        # str() of a huge int is slow and limited: estimate the digits from the bits
+        return f"integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+    if isinstance(value, _LongInteger):
+        return f"integer of {value.digits} digits"
+    if isinstance(value, str):
+        text = repr(value)
+        return f"string {text if len(text) <= 60 else text[:57] + '...'}"
+    if isinstance(value, (list, tuple)):
+        return f"array of {len(value)} item(s)"
+    if isinstance(value, dict):
+        return "object"
+    return f"{_type(value)} (not a JSON value)"
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+class _Schema:
+    """Rules for one value: ``problem(value)`` returns what was expected, or None when the value
+    is fine."""
+
+    def __init__(self, expected: str, accept):
+        self.expected, self._accept = expected, accept
+
+    def problem(self, value) -> Optional[str]:
+        return None if self._accept(value) else self.expected
+
+
+def _integer(minimum: int) -> _Schema:
+    return _Schema(f"an integer >= {minimum} (at most 2**63 - 1)",
+                   lambda v: _is_int(v) and minimum <= v <= _INT64_MAX)
+
+
+def _valid_text(value: str) -> bool:
+    try:
+        value.encode("utf-8")  # a lone surrogate (JSON "\ud800") cannot be printed or written
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+_COUNT = _integer(0)
+_DEVICE_INDEX = _integer(-1)  # -1: recorded on several devices
+_FIGURE = _Schema("a finite number >= 0",
+                  lambda v: _is_number(v) and (_is_int(v) and 0 <= v <= _INT64_MAX
+                                               or isinstance(v, float) and 0 <= v < math.inf))
+_NAME = _Schema("a non-empty string of valid Unicode",
+                lambda v: isinstance(v, str) and v != "" and _valid_text(v))
+_KIND = _Schema("'op' or 'range'", lambda v: isinstance(v, str) and v in ("op", "range"))
+_TEXT = _Schema("a string", lambda v: isinstance(v, str))
+_OBJECT = _Schema("an object", lambda v: isinstance(v, dict))
+_LIST = _Schema("an array", lambda v: isinstance(v, (list, tuple)))  # a dict source's tuple too
+_SYNC_MODES = tuple(m.value for m in SyncMode)
+_SYNC_MODE = _Schema("one of " + ", ".join(map(repr, _SYNC_MODES)),
+                     lambda v: isinstance(v, str) and v.lower() in _SYNC_MODES)
+
+#: Every field of a brick entry (the fields of BrickStats, in order).
+_BRICK_FIELDS = {
+    "name": _NAME, "path": _NAME, "kind": _KIND, "device": _DEVICE_INDEX, "depth": _COUNT,
+    "count": _COUNT, "total_ns": _COUNT, "min_ns": _COUNT, "max_ns": _COUNT, "last_ns": _COUNT,
+    "p50_ns": _FIGURE, "p90_ns": _FIGURE, "p99_ns": _FIGURE,
+}
+_BRICK_OPTIONAL = {"avg_us": _FIGURE}  # derived; the contract compares it with total/count
+assert tuple(_BRICK_FIELDS) == tuple(BrickStats.__dataclass_fields__)
+
+
+class _Reader:
+    """The schema pass over one parsed report; every error names ``where`` and the path."""
+
+    def __init__(self, where: str):
+        self.where = where
+        self._seen = set()  # ids of the containers free_form() has walked
+
+    def fail(self, path: _Path, problem: str) -> NoReturn:
+        if not path:
+            subject = "the report"
+        elif isinstance(path[-1], str):
+            key = f"field {path[-1]!r}"
+            subject = key if len(path) == 1 else f"{_path_text(path)}: {key}"
+        else:
+            subject = _path_text(path)
+        raise ReportError(f"{self.where}: {subject} {problem}")
+
+    def value(self, value, path: _Path, schema: _Schema):
+        expected = schema.problem(value)
+        if expected is not None:
+            self.fail(path, f"must be {expected}, got {_show(value)}")
+        return value
+
+    def object(self, value, path: _Path) -> dict:
+        self.value(value, path, _OBJECT)
+        if isinstance(value, _RepeatedKeys):
+            self.fail(path, f"repeats key(s) {', '.join(map(repr, value.repeated))}; expected "
+                      "each key once (JSON readers disagree on which value wins)")
+        return value
+
+    def field(self, obj: dict, key: str, path: _Path, schema: _Schema, required: bool = True):
+        if key not in obj:
+            if required:
+                self.fail(path + (key,), f"is missing; expected {schema.expected}")
+            return None
+        return self.value(obj[key], path + (key,), schema)
+
+    def free_form(self, value, path: _Path, depth: int = 0, ancestors: Tuple[int, ...] = ()):
+        """Any JSON value (metadata, device): finite numbers, string keys, no repeated keys,
+        bounded nesting. Containers of a dict source may be shared (walked once each: ``seen``
+        is kept on the reader) or even cyclic (rejected)."""
+        if depth > _MAX_NESTING:
+            self.fail(path, f"is nested more than {_MAX_NESTING} levels deep; expected plain "
+                      "JSON data")
+        if isinstance(value, (dict, list, tuple)):
+            if id(value) in ancestors:
+                self.fail(path, "contains itself; expected plain JSON data")
+            if id(value) in self._seen:
+                return
+            self._seen.add(id(value))
+            inner = ancestors + (id(value),)
+            if isinstance(value, dict):
+                self.object(value, path)
+                for key, item in value.items():
+                    if not isinstance(key, str):
+                        self.fail(path, f"has key {key!r} of type {_type(key)}; expected string "
+                                  "keys (JSON object keys are strings)")
+                    self.free_form(item, path + (key,), depth + 1, inner)
+            else:
+                for i, item in enumerate(value):
+                    self.free_form(item, path + (i,), depth + 1, inner)
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                self.fail(path, f"must be a finite number, got {_show(value)} (JSON has no NaN "
+                          "or Infinity; the writer never writes one)")
+        elif isinstance(value, int) and not isinstance(value, bool):
+            if abs(value) >= 10**_MAX_DIGITS:
+                self.fail(path, f"must be an integer of at most {_MAX_DIGITS} digits, got "
+                          f"{_show(value)}")
+        elif not (value is None or isinstance(value, (str, bool))):
+            self.fail(path, f"must be a JSON value, got {_show(value)}")
+
+    def bricks(self, items, section: str) -> Tuple[List[BrickStats], list]:
+        """The entries of ``bricks`` or ``paths``, and the ``avg_us`` figures as written."""
+        self.value(items, (section,), _LIST)
+        bricks, written_avg = [], []
+        for i, item in enumerate(items):
+            path = (section, i)
+            self.object(item, path)
+            values = {key: self.field(item, key, path, schema)
+                      for key, schema in _BRICK_FIELDS.items()}
+            written_avg.append(self.field(item, "avg_us", path, _BRICK_OPTIONAL["avg_us"],
+                                          required=False))
+            bricks.append(BrickStats(**values))
+        return bricks, written_avg
+
+    def report(self, data) -> Tuple[Report, dict]:
+        """The Report, and the derived figures as written (``avg_us`` per entry, ``wall_s``,
+        ``top_level_ns``) for the contract to compare with what they derive from."""
+        if not isinstance(data, dict):
+            raise ReportError(f"{self.where}: must hold a JSON object (a report), got "
+                              f"{_show(data)}")
+        self.object(data, ())
+        schema = data.get("schema")
+        if schema != SCHEMA:
+            self.fail(("schema",), f"must be {SCHEMA!r}, got "
+                      f"{'nothing' if 'schema' not in data else _show(schema)}")
+        version = self.field(data, "version", (), _COUNT)
+        if version != VERSION:
+            self.fail(("version",), f"is {version}; this reader understands version {VERSION}")
+        mode = SyncMode.parse(self.field(data, "sync_mode", (), _SYNC_MODE))
+        wall_ns = self.field(data, "wall_ns", (), _COUNT)
+        device = self.field(data, "device", (), _OBJECT)
+        self.free_form(device, ("device",))
+        metadata = self.field(data, "metadata", (), _OBJECT, required=False)
+        if metadata is not None:
+            self.free_form(metadata, ("metadata",))
+        counters = self.field(data, "health", (), _OBJECT, required=False)
+        if counters is not None:
+            self.object(counters, ("health",))
+            for key, value in counters.items():
+                if not isinstance(key, str):
+                    self.fail(("health",), f"has key {key!r} of type {_type(key)}; expected "
+                              "string keys")
+                self.value(value, ("health", key), _COUNT)
+        created = self.field(data, "created", (), _TEXT, required=False)
+        torch_version = self.field(data, "torch", (), _TEXT, required=False)
+        written = {
+            "wall_s": self.field(data, "wall_s", (), _FIGURE, required=False),
+            "top_level_ns": self.field(data, "top_level_ns", (), _COUNT, required=False),
+        }
+        bricks, written["bricks"] = self.bricks(self.field(data, "bricks", (), _LIST), "bricks")
+        paths, written["paths"] = self.bricks(self.field(data, "paths", (), _LIST), "paths")
+        report = Report(bricks=bricks, paths=paths, wall_ns=wall_ns, sync_mode=mode,
+                        device=device, metadata=metadata, health=counters, created=created,
+                        torch_version=torch_version)
+        return report, written
+
+
+def _read(source, func: str = "load_report", arg: str = "source") -> Tuple[Report, dict]:
+    data, where = _read_source(source, func, arg)
+    return _Reader(where).report(data)
 
 
 def load_report(source: Union[str, os.PathLike, dict]) -> Report:
     """Reads a report written by :meth:`Report.write_json` (a path, or the parsed dict).
 
-    Raises ReportError naming the file and the field for a malformed, truncated or
-    wrong-version report."""
-    where = "report"
-    if isinstance(source, dict):
-        data = source
-    else:
-        where = os.fspath(source)
-        try:
-            with open(where, encoding="utf-8") as f:
-                data = json.load(f)
-        except json.JSONDecodeError as error:
-            raise ReportError(f"{where}: not valid JSON ({error.msg} at line {error.lineno}, "
-                              f"column {error.colno}); is the file truncated?") from None
-        except OSError as error:
-            raise ReportError(f"{where}: cannot read: {error.strerror}") from None
-    if not isinstance(data, dict):
-        raise ReportError(f"{where}: must hold a JSON object, got {type(data).__name__}")
-    if data.get("schema") != SCHEMA:
-        raise ReportError(f"{where}: field 'schema' must be {SCHEMA!r}, got {data.get('schema')!r}")
-    version = _require(data, "version", int, where)
-    if version != VERSION:
-        raise ReportError(f"{where}: field 'version' is {version}; this reader understands {VERSION}")
-    mode = _require(data, "sync_mode", str, where)
+    Raises ReportError naming the file and the field (``bricks[3].count``) and what was expected
+    for a malformed, truncated or wrong-version report (the rules are in the module
+    documentation), TypeError when ``source`` is neither a path nor a dict."""
+    return _read(source)[0]
+
+
+def _first_unwritable(data) -> Optional[str]:
+    """What ``json.dumps(allow_nan=False)`` refuses, by path, for messages."""
     try:
-        mode = SyncMode.parse(mode)
-    except ValueError as error:
-        raise ReportError(f"{where}: field 'sync_mode': {error}") from None
-    wall_ns = _require(data, "wall_ns", int, where)
-    if wall_ns < 0:
-        raise ReportError(f"{where}: field 'wall_ns' must not be negative, got {wall_ns}")
-    device = _require(data, "device", dict, where)
-    metadata = data.get("metadata", {})
-    if not isinstance(metadata, dict):
-        raise ReportError(f"{where}: field 'metadata' must be an object, got {type(metadata).__name__}")
-    return Report(
-        bricks=_parse_bricks(_require(data, "bricks", list, where), f"{where}: bricks"),
-        paths=_parse_bricks(_require(data, "paths", list, where), f"{where}: paths"),
-        wall_ns=wall_ns, sync_mode=mode, device=device, metadata=metadata,
-        health=data.get("health") if isinstance(data.get("health"), dict) else {},
-        created=data.get("created") if isinstance(data.get("created"), str) else None,
-        torch_version=data.get("torch") if isinstance(data.get("torch"), str) else None,
-    )
+        _Reader("report").free_form(data, ())
+    except ReportError as error:
+        return str(error)[len("report: "):]
+    return None
 
 
 def compare_with_key_averages(prof, report: Report, row_limit: Optional[int] = None) -> str:
@@ -235,7 +583,13 @@ def compare_with_key_averages(prof, report: Report, row_limit: Optional[int] = N
     for the same names. The legacy path truncates each event's device time to whole
     microseconds; the registry keeps nanoseconds, so short ops differ most. PyTorch also folds
     an op nested directly in an op of the same name into it, so such names count more calls
-    in the registry."""
+    in the registry. ``row_limit``: the first rows only (None: every row)."""
+    if not callable(getattr(prof, "key_averages", None)):
+        raise TypeError(f"compare_with_key_averages: prof must be a profiler with key_averages() "
+                        f"(torch.autograd.profiler.profile), got {_type(prof)}")
+    if not isinstance(report, Report):
+        raise TypeError(f"compare_with_key_averages: report must be a Report, got {_type(report)}")
+    _check_row_limit(row_limit, "compare_with_key_averages")
     # key_averages() may split one name into rows (with and without device time): merge them.
     legacy = {}
     for avg in prof.key_averages():
