@@ -96,6 +96,9 @@ def run(threads: int = 8, ops: int = 100_000, timeout_s: float = 600.0) -> dict:
                     discarded = bp.health()["discarded_by_reset"] - discarded_at_start
                     made_after = calls_made()
                     monitor_figures["snapshots"] += 1
+                    # Hand the GIL over: the workers' ops release it while they run and must get
+                    # it back; a monitor spinning in Python would starve them (a GIL convoy).
+                    time.sleep(0)
                     for brick in snapshot:
                         if brick.count < previous.get(brick.path, 0):
                             violations.append(f"count of {brick.path} went down between resets: "

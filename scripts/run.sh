@@ -117,6 +117,8 @@ case "$job" in
     "$PYTHON" benchmarks/stress_concurrency.py
     log "benchmarks: memory over 1M profiled ops (RSS and device events bounded)"
     "$PYTHON" benchmarks/stress_memory.py
+    log "benchmarks: brick on CUDA vs plain cuda (skips without a CUDA-backed brick)"
+    "$PYTHON" benchmarks/bench_cuda.py
     if [ -x "$BRICK_BUILD_DIR/registry_bench" ]; then
       log "benchmarks: registry start/stop (Google Benchmark)"
       "$BRICK_BUILD_DIR/registry_bench" --benchmark_min_time=0.2

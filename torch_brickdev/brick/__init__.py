@@ -1,5 +1,7 @@
 """``torch.brick``: the brick device module, mirroring ``torch.cuda`` where it makes sense."""
 
+import os
+
 from .device import (
     current_device,
     device,
@@ -62,9 +64,15 @@ __all__ = [
 ]
 
 
+_INITIALIZED_IN_PID = os.getpid()
+
+
 def _is_in_bad_fork() -> bool:
-    # The host runtime holds no state a fork could corrupt.
-    return False
+    """True in a forked child of a process whose brick devices are CUDA devices: CUDA cannot be
+    used after fork() (as for torch.cuda). The host runtime survives fork: always False there."""
+    from .. import _C
+
+    return _C._runtime_name() == "cuda" and os.getpid() != _INITIALIZED_IN_PID
 
 
 def _lazy_init() -> None:
