@@ -43,10 +43,11 @@ at::CallbackHandle g_handle = 0;
 std::atomic<uint64_t> g_unbalanced_exits{0};
 std::atomic<uint64_t> g_timing_failures{0};
 
-// Whether the runtime runs work asynchronously (CUDA): event pairs may then complete after
-// their brick ends, and streams may be captured into graphs. Read once the runtime exists.
+// Whether the runtime runs work asynchronously (CUDA; the host runtime with deferred
+// completion): event pairs may then complete after their brick ends, and streams may be
+// captured into graphs. Read once the runtime exists.
 bool async_runtime() {
-  static const bool is_async = runtime::get().backing_kind() != runtime::BackingKind::Host;
+  static const bool is_async = runtime::get().asynchronous();
   return is_async;
 }
 

@@ -320,6 +320,7 @@ class CudaRuntime final : public Runtime {
   }
 
   BackingKind backing_kind() const noexcept override { return BackingKind::Cuda; }
+  bool asynchronous() const noexcept override { return true; }
   const char* name() const noexcept override { return "cuda"; }
   int device_count() const noexcept override { return device_count_; }
   int backing_device_index(DeviceIndex device) const noexcept override { return device; }

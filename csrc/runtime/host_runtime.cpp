@@ -4,6 +4,7 @@
 // the moment it is recorded and the time between two events is the execution time of what ran
 // between them. Streams order nothing (everything is already ordered) but are real objects with
 // ids, per-thread current streams and validation, so stream-aware code is exercised.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -48,16 +49,20 @@ int64_t now_ns() noexcept {
 
 class HostRuntime final : public Runtime {
  public:
-  explicit HostRuntime(int device_count)
-      : id_(detail::next_runtime_id()), device_count_(device_count) {
+  HostRuntime(int device_count, HostCompletion completion)
+      : id_(detail::next_runtime_id()),
+        device_count_(device_count),
+        deferred_(completion == HostCompletion::Deferred) {
     if (device_count < 1 || device_count > kMaxDevices) {
       throw Error("brick: a host runtime needs 1 to " + std::to_string(kMaxDevices) +
                   " devices, got " + std::to_string(device_count));
     }
     for (auto& n : stream_counts_) n.store(1);
+    for (auto& at : last_recorded_ns_) at.store(-1);
   }
 
   BackingKind backing_kind() const noexcept override { return BackingKind::Host; }
+  bool asynchronous() const noexcept override { return deferred_; }
   const char* name() const noexcept override { return "host"; }
   int device_count() const noexcept override { return device_count_; }
   int backing_device_index(DeviceIndex) const noexcept override { return -1; }
@@ -133,14 +138,19 @@ class HostRuntime final : public Runtime {
 
   bool query_stream(DeviceIndex device, StreamId stream) override {
     check_stream(device, stream);
-    return true;  // work completes before the call that issued it returns
+    // Work completes before the call that issued it returns (deferred: its events later).
+    return !deferred_ || now_ns() >= completes_at(last_recorded_ns_[device]);
   }
 
   void synchronize_stream(DeviceIndex device, StreamId stream) override {
     check_stream(device, stream);
+    if (deferred_) wait_until(completes_at(last_recorded_ns_[device]));
   }
 
-  void synchronize_device(DeviceIndex device) override { check_device(device); }
+  void synchronize_device(DeviceIndex device) override {
+    check_device(device);
+    if (deferred_) wait_until(completes_at(last_recorded_ns_[device]));
+  }
 
   void* native_stream(DeviceIndex device, StreamId stream) const override {
     check_stream(device, stream);
@@ -176,12 +186,22 @@ class HostRuntime final : public Runtime {
       throw Error("brick: event was created on brick:" + std::to_string(event->device) +
                   " but is being recorded on a stream of brick:" + std::to_string(device));
     }
-    event->recorded_ns.store(now_ns(), std::memory_order_release);
+    const int64_t now = now_ns();
+    event->recorded_ns.store(now, std::memory_order_release);
+    if (deferred_) last_recorded_ns_[device].store(now, std::memory_order_relaxed);
   }
 
-  bool query_event(Event* /*event*/) override { return true; }
+  bool query_event(Event* event) override {
+    if (!deferred_) return true;
+    const int64_t recorded = as_host(event)->recorded_ns.load(std::memory_order_acquire);
+    return recorded < 0 || now_ns() >= recorded + kDeferredCompletionNs;  // never recorded: done
+  }
 
-  void synchronize_event(Event* /*event*/) override {}
+  void synchronize_event(Event* event) override {
+    if (!deferred_) return;
+    const int64_t recorded = as_host(event)->recorded_ns.load(std::memory_order_acquire);
+    if (recorded >= 0) wait_until(recorded + kDeferredCompletionNs);
+  }
 
   void stream_wait_event(DeviceIndex device, StreamId stream, Event* /*event*/) override {
     check_stream(device, stream);
@@ -198,6 +218,9 @@ class HostRuntime final : public Runtime {
     if (t0 < 0 || t1 < 0) {
       throw Error("brick: elapsed time needs both events to be recorded first");
     }
+    if (deferred_ && now_ns() < std::max(t0, t1) + kDeferredCompletionNs) {
+      throw Error("brick: elapsed time needs both events to have completed (synchronize first)");
+    }
     return static_cast<double>(t1 - t0) / 1e6;
   }
 
@@ -206,7 +229,9 @@ class HostRuntime final : public Runtime {
   }
 
   int64_t event_host_time_ns(Event* event) override {
-    return as_host(event)->recorded_ns.load(std::memory_order_acquire);
+    const int64_t recorded = as_host(event)->recorded_ns.load(std::memory_order_acquire);
+    if (deferred_ && recorded >= 0 && now_ns() < recorded + kDeferredCompletionNs) return -1;
+    return recorded;
   }
 
  private:
@@ -221,15 +246,28 @@ class HostRuntime final : public Runtime {
     }
   }
 
+  static int64_t completes_at(const std::atomic<int64_t>& recorded) noexcept {
+    const int64_t at = recorded.load(std::memory_order_relaxed);
+    return at < 0 ? 0 : at + kDeferredCompletionNs;
+  }
+
+  static void wait_until(int64_t deadline_ns) noexcept {
+    while (now_ns() < deadline_ns) {
+    }
+  }
+
   const uint64_t id_;
   const int device_count_;
+  const bool deferred_;
+  // Deferred completion: when each device last had an event recorded (what a sync waits for).
+  std::atomic<int64_t> last_recorded_ns_[kMaxDevices];
   mutable std::atomic<StreamId> stream_counts_[kMaxDevices];
 };
 
 }  // namespace
 
-std::unique_ptr<Runtime> make_host_runtime(int device_count) {
-  return std::make_unique<HostRuntime>(device_count);
+std::unique_ptr<Runtime> make_host_runtime(int device_count, HostCompletion completion) {
+  return std::make_unique<HostRuntime>(device_count, completion);
 }
 
 }  // namespace brick::runtime

@@ -138,6 +138,16 @@ int host_device_count_from_env() {
   return static_cast<int>(value);
 }
 
+HostCompletion host_completion_from_env() {
+  const char* text = std::getenv("BRICK_HOST_COMPLETION");
+  if (text == nullptr || *text == '\0' || std::string(text) == "immediate") {
+    return HostCompletion::Immediate;
+  }
+  if (std::string(text) == "deferred") return HostCompletion::Deferred;
+  throw Error(std::string("brick: BRICK_HOST_COMPLETION='") + text +
+              "' is not valid: expected 'immediate' (the default) or 'deferred'");
+}
+
 const char* backing_kind_name(BackingKind kind) noexcept {
   switch (kind) {
     case BackingKind::Host:
@@ -208,7 +218,7 @@ RuntimeChoice make_runtime_from_env() {
                 "' is not valid: expected 'auto' (the default), 'host' or 'cuda'");
   }
   if (wanted == "host") {
-    return {make_host_runtime(host_device_count_from_env()),
+    return {make_host_runtime(host_device_count_from_env(), host_completion_from_env()),
             "BRICK_RUNTIME=host chose the host runtime"};
   }
 
@@ -237,7 +247,7 @@ RuntimeChoice make_runtime_from_env() {
     throw Error("brick: BRICK_RUNTIME=cuda was asked for but " + unavailable +
                 "; unset it or use BRICK_RUNTIME=host");
   }
-  return {make_host_runtime(host_device_count_from_env()),
+  return {make_host_runtime(host_device_count_from_env(), host_completion_from_env()),
           "BRICK_RUNTIME=auto chose the host runtime because " + unavailable};
 }
 

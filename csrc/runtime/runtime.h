@@ -79,6 +79,9 @@ class Runtime {
   virtual ~Runtime() = default;
 
   virtual BackingKind backing_kind() const noexcept = 0;
+  // True when work (and so an event) may complete after the call that issued it returns, as on
+  // a GPU: timing events must then be resolved later rather than read at once.
+  virtual bool asynchronous() const noexcept = 0;
   virtual const char* name() const noexcept = 0;
   virtual int device_count() const noexcept = 0;
   // Index of the backing device that runs brick device `device` (-1 for the host).
@@ -182,7 +185,19 @@ RuntimeChoice make_runtime_from_env();
 // Number of virtual host devices: BRICK_HOST_DEVICES (1..kMaxDevices, default 2).
 int host_device_count_from_env();
 
-std::unique_ptr<Runtime> make_host_runtime(int device_count);
+// How the host runtime's events complete (BRICK_HOST_COMPLETION):
+//   immediate (the default)  when recorded: work has run by then, on the calling thread;
+//   deferred                 kDeferredCompletionNs after being recorded, as if a device were
+//                            still running the work: query_event() is false until then,
+//                            synchronize waits, elapsed_ms() refuses an incomplete event. It
+//                            exercises, on any machine, the code paths an asynchronous device
+//                            takes (the profiler's pending event queues, lazy trace times).
+enum class HostCompletion { Immediate, Deferred };
+constexpr int64_t kDeferredCompletionNs = 20'000;
+HostCompletion host_completion_from_env();
+
+std::unique_ptr<Runtime> make_host_runtime(int device_count,
+                                           HostCompletion completion = HostCompletion::Immediate);
 
 // The CUDA runtime over every visible CUDA device (at most kMaxDevices). Throws Error saying why
 // when no GPU is usable or this build has no CUDA support.

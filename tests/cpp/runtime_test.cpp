@@ -890,5 +890,56 @@ TEST(CudaAvailability, UnusableCudaExplainsItselfConsistently) {
   EXPECT_CONTAINS(message, ("brick: cannot create the CUDA runtime"));
 }
 
+// ---- deferred completion (BRICK_HOST_COMPLETION=deferred) ------------------------------------
+
+class DeferredHostTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<Runtime> rt = make_host_runtime(2, HostCompletion::Deferred);
+  Event* start = rt->create_event(0, /*enable_timing=*/true);
+  Event* end = rt->create_event(0, /*enable_timing=*/true);
+  void TearDown() override {
+    rt->destroy_event(start);
+    rt->destroy_event(end);
+  }
+};
+
+TEST_F(DeferredHostTest, IsAsynchronousUnlikeTheDefault) {
+  EXPECT_TRUE(rt->asynchronous());
+  EXPECT_FALSE(make_host_runtime(1)->asynchronous());
+}
+
+TEST_F(DeferredHostTest, EventsCompleteAfterTheirRecordAndSynchronizeWaits) {
+  EXPECT_TRUE(rt->query_event(start));  // never recorded: nothing to wait for, as on CUDA
+  rt->record_event(start, 0, kDefaultStream);
+  rt->record_event(end, 0, kDefaultStream);
+  EXPECT_FALSE(rt->query_event(end));
+  EXPECT_EQ(rt->event_host_time_ns(end), -1);
+  EXPECT_FALSE(rt->query_stream(0, kDefaultStream));
+  EXPECT_CONTAINS(brick::test::thrown_message<Error>([&] { rt->elapsed_ms(start, end); }, "Error"),
+                  "to have completed");
+  rt->synchronize_event(end);
+  EXPECT_TRUE(rt->query_event(end));
+  EXPECT_GE(rt->event_host_time_ns(end), 0);
+  EXPECT_GE(rt->elapsed_ms(start, end), 0.0);
+  EXPECT_TRUE(rt->query_stream(0, kDefaultStream));
+}
+
+TEST_F(DeferredHostTest, SynchronizeDeviceWaitsForItsLastEvent) {
+  rt->record_event(end, 0, kDefaultStream);
+  rt->synchronize_device(0);
+  EXPECT_TRUE(rt->query_event(end));
+}
+
+TEST(HostCompletion, ComesFromTheEnvironmentAndRejectsNonsense) {
+  ASSERT_EQ(unsetenv("BRICK_HOST_COMPLETION"), 0);
+  EXPECT_EQ(host_completion_from_env(), HostCompletion::Immediate);
+  ASSERT_EQ(setenv("BRICK_HOST_COMPLETION", "deferred", 1), 0);
+  EXPECT_EQ(host_completion_from_env(), HostCompletion::Deferred);
+  ASSERT_EQ(setenv("BRICK_HOST_COMPLETION", "later", 1), 0);
+  EXPECT_CONTAINS(brick::test::thrown_message<Error>([] { host_completion_from_env(); }, "Error"),
+                  "BRICK_HOST_COMPLETION='later' is not valid");
+  ASSERT_EQ(unsetenv("BRICK_HOST_COMPLETION"), 0);
+}
+
 }  // namespace
 }  // namespace brick::runtime

@@ -1,0 +1,188 @@
+"""The profiler's paths for an asynchronous device, run on the host runtime with deferred
+completion (``BRICK_HOST_COMPLETION=deferred``: an event completes 20 µs after it is recorded, as
+if a GPU were still running the work). These are the paths the CUDA runtime takes: Event-mode
+pairs queued and resolved later (by the thread itself, by a snapshot on another thread, at
+thread exit), bounded outstanding events, and trace device times resolved lazily.
+
+Each test runs a script in a fresh interpreter (the runtime is chosen at import).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+PRELUDE = """
+import json, os, sys, threading, time
+import torch
+import torch_brickdev
+import torch_brickdev.profiler as bp
+from torch.autograd.profiler import record_function
+assert torch_brickdev._C._runtime_name() == "host"
+x = torch.ones(16, device="brick")
+def counts():
+    return {s.path: s.count for s in bp.stats(by="path")}
+"""
+
+
+def run(body: str, timeout: float = 120.0) -> dict:
+    env = dict(os.environ, BRICK_HOST_COMPLETION="deferred", BRICK_RUNTIME="host")
+    script = PRELUDE + textwrap.dedent(body)
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_deferred_completion_is_selected_by_the_environment():
+    seen = run("""
+        e = torch.brick.Event(enable_timing=True); f = torch.brick.Event(enable_timing=True)
+        e.record(); f.record()
+        pending = not f.query()
+        f.synchronize()
+        print(json.dumps({"pending": pending, "done": f.query(), "ms": e.elapsed_time(f)}))
+    """)
+    assert seen["pending"] and seen["done"] and seen["ms"] >= 0
+
+
+def test_event_mode_queues_pairs_and_resolves_every_one():
+    seen = run("""
+        with bp.profile(sync_mode="event"):
+            with record_function("loop"):
+                for _ in range(3000):
+                    x.add_(1)
+            pending_inside = bp.health()["pending_events"]
+        after = counts()
+        h = bp.health()
+        print(json.dumps({"pending_inside": pending_inside, "counts": after, "health": h,
+                          "min_ns": min(s.min_ns for s in bp.stats())}))
+    """)
+    assert seen["pending_inside"] > 0  # the asynchronous path really ran
+    assert seen["counts"]["loop"] == 1
+    assert seen["counts"]["loop/aten::add_"] == 3000
+    assert seen["health"]["pending_events"] == 0
+    assert seen["health"]["timing_failures"] == 0
+    assert seen["health"]["unbalanced_exits"] == 0
+    assert seen["min_ns"] >= 0
+
+
+def test_a_snapshot_resolves_the_pairs_other_threads_still_owe():
+    seen = run("""
+        recorded, release = threading.Barrier(5), threading.Event()
+        def worker():
+            y = torch.ones(8, device="brick")
+            for _ in range(500):
+                y.mul_(1.0)
+            recorded.wait()
+            release.wait()  # alive and idle: it resolves nothing itself
+        bp.enable("event")
+        threads = [threading.Thread(target=worker) for _ in range(4)]
+        for t in threads: t.start()
+        recorded.wait()
+        owed = bp.health()["pending_events"]
+        found = counts()
+        release.set()
+        for t in threads: t.join()
+        bp.disable()
+        print(json.dumps({"owed": owed, "mul": found.get("aten::mul_", 0),
+                          "pending_after": bp.health()["pending_events"]}))
+    """)
+    assert seen["owed"] > 0
+    assert seen["mul"] == 4 * 500
+    assert seen["pending_after"] == 0
+
+
+def test_pairs_owed_by_exiting_threads_are_recorded():
+    seen = run("""
+        def worker():
+            y = torch.ones(8, device="brick")
+            for _ in range(700):
+                y.sub_(1.0)
+        bp.enable("event")
+        threads = [threading.Thread(target=worker) for _ in range(3)]
+        for t in threads: t.start()
+        for t in threads: t.join()
+        bp.disable()
+        print(json.dumps({"sub": counts().get("aten::sub_", 0), "health": bp.health()}))
+    """)
+    assert seen["sub"] == 3 * 700
+    assert seen["health"]["timing_failures"] == 0
+
+
+def test_outstanding_events_stay_bounded_without_snapshots():
+    seen = run("""
+        bp.enable("event")
+        start = bp.health()["live_events"]
+        highest_pending = highest_live = 0
+        for i in range(30000):
+            x.add_(1)
+            if i % 1000 == 0:
+                h = bp.health()
+                highest_pending = max(highest_pending, h["pending_events"])
+                highest_live = max(highest_live, h["live_events"])
+        bp.disable()
+        print(json.dumps({"start": start, "highest_pending": highest_pending,
+                          "highest_live": highest_live, "add": counts()["aten::add_"]}))
+    """)
+    assert 0 < seen["highest_pending"] <= 4096 + 32
+    assert seen["highest_live"] - seen["start"] <= 2 * (4096 + 64)
+    assert seen["add"] == 30000
+
+
+def test_legacy_profiler_device_times_resolve_lazily():
+    seen = run("""
+        from torch_brickdev.profiler.trace import device_intervals
+        a = torch.randn(64, 64, device="brick")
+        with torch.autograd.profiler.profile(use_device="brick") as prof:
+            for _ in range(50):
+                torch.mm(a, a)
+        matches, info = device_intervals(prof)
+        rows = {e.key: e for e in prof.key_averages()}
+        mm = [m for m in matches if m[0].name() == "aten::mm"]
+        print(json.dumps({"mm_matched": len(mm), "all_ordered": all(m[3] <= m[4] for m in matches),
+                          "count": rows["aten::mm"].count,
+                          "brick_us": rows["aten::mm"].self_device_time_total}))
+    """)
+    assert seen["count"] == 50
+    assert seen["mm_matched"] == 50  # every op got its device interval once its events completed
+    assert seen["all_ordered"]
+    assert seen["brick_us"] > 0
+
+
+def test_a_fork_with_pairs_outstanding_leaves_the_parent_exact():
+    seen = run("""
+        bp.enable("event")
+        for _ in range(300):
+            x.add_(1)
+        pid = os.fork()
+        if pid == 0:
+            for _ in range(10):
+                x.mul_(1.0)
+            ok = counts().get("aten::mul_") == 10 and "aten::add_" not in counts()
+            os._exit(0 if ok else 3)
+        _, status = os.waitpid(pid, 0)
+        for _ in range(300):
+            x.add_(1)
+        bp.disable()
+        print(json.dumps({"child": os.waitstatus_to_exitcode(status), "add": counts()["aten::add_"],
+                          "mul": counts().get("aten::mul_", 0)}))
+    """)
+    assert seen["child"] == 0
+    assert seen["add"] == 600
+    assert seen["mul"] == 0
+
+
+@pytest.mark.parametrize("mode", ["immediate", "deferred"])
+def test_other_sync_modes_on_an_asynchronous_device(mode):
+    seen = run(f"""
+        with bp.profile(sync_mode="{mode}"):
+            for _ in range(200):
+                x.add_(1)
+        print(json.dumps({{"add": counts()["aten::add_"], "health": bp.health()}}))
+    """)
+    assert seen["add"] == 200
+    assert seen["health"]["pending_events"] == 0
+    assert seen["health"]["timing_failures"] == 0
