@@ -861,3 +861,13 @@ def test_compare_with_key_averages_one_row_per_name():
     assert len(rows) == len(set(rows)), rows
     legacy_calls = {line.split()[0]: int(line.split()[1]) for line in lines}
     assert legacy_calls["aten::resolve_conj"] == p.report.brick("aten::resolve_conj").count == 6
+
+
+def test_table_warns_about_what_the_profiler_could_not_time():
+    x = torch.ones(4, device="brick")
+    with bp.profile() as session:
+        x = x + 1
+    assert "warning" not in session.report.table()
+    session.report.health["capture_skipped"] = 3
+    assert ("warning: 3 bricks skipped: their stream was being captured into a CUDA graph"
+            in session.report.table())

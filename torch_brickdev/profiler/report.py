@@ -206,6 +206,16 @@ class Report:
             f"sync mode: {self.sync_mode.value}; wall time: {self.wall_ns / 1e6:.3f} ms; "
             f"top-level brick time: {self.top_level_ns() / 1e6:.3f} ms; {len(self.bricks)} bricks"
         )
+        # What the profiler could not time is said, never left to be noticed.
+        missed = {
+            "capture_skipped": "bricks skipped: their stream was being captured into a CUDA graph",
+            "timing_failures": "bricks dropped: a device call failed while timing them",
+            "unbalanced_exits": "exits without an open brick (started before profiling)",
+        }
+        for key, meaning in missed.items():
+            value = self.health.get(key, 0)
+            if value:
+                lines.append(f"warning: {value} {meaning} ({key})")
         return "\n".join(lines)
 
     def __str__(self) -> str:
