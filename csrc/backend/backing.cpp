@@ -5,6 +5,7 @@
 #include <ATen/Context.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <memory>
@@ -74,13 +75,20 @@ runtime::StreamId adopt_cuda_stream(c10::DeviceIndex device, const c10::Stream& 
 
 }  // namespace
 
+namespace {
+
+// Asked when the runtime is first used, not at import: at::hasCUDA() initializes CUDA, after
+// which a forked child could not use CUDA (DataLoader workers, multiprocessing).
+std::string why_torch_cannot_run_cuda() {
+  if (at::hasCUDA()) return {};
+  return "this PyTorch cannot run CUDA kernels (a CPU-only build, or no GPU visible to it)";
+}
+
+}  // namespace
+
 void configure_runtime_backing() {
   // Only a CUDA build of PyTorch with a usable GPU can run CUDA kernels on brick memory.
-  const bool torch_cuda = at::hasCUDA();
-  runtime::allow_cuda_backing(
-      torch_cuda, torch_cuda ? std::string()
-                             : "this PyTorch cannot run CUDA kernels (a CPU-only build, or no GPU "
-                               "visible to it)");
+  runtime::set_cuda_backing_check(&why_torch_cannot_run_cuda);
 }
 
 bool cuda_backing() {
@@ -121,7 +129,11 @@ void BackingScope::leave_cuda() noexcept {
 
 runtime::StreamId new_brick_stream(c10::DeviceIndex device, int priority) {
   if (!cuda_backing()) return runtime_call([&] { return rt().create_stream(device, priority); });
-  return adopt_cuda_stream(device, cuda_guard().getNewStream(cuda_device_of(device), priority));
+  // PyTorch's CUDA pool takes 0 (normal) down to its highest priority and refuses positive
+  // values; like torch.cuda.Stream, brick clamps rather than refuses.
+  const int pool_priority = std::clamp(priority, -64, 0);
+  return adopt_cuda_stream(device,
+                           cuda_guard().getNewStream(cuda_device_of(device), pool_priority));
 }
 
 runtime::StreamId pooled_brick_stream(c10::DeviceIndex device, bool high_priority) {

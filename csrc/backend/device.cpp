@@ -298,8 +298,9 @@ const at::Generator& brick_default_generator(c10::DeviceIndex device) {
 void ensure_registered() {
   static const bool registered = [] {
     configure_runtime_backing();  // before the runtime's first use, which picks its backing
-    // Fail at import with the runtime's own message if its configuration is invalid.
-    runtime_call([] { return rt().device_count(); });
+    // A bad setting fails at import with the runtime's own message; the runtime itself is
+    // created on first use, so importing brick initializes no device.
+    BRICK_RUNTIME_CALL(runtime::validate_runtime_environment());
     // Hooks must outlive every user: intentionally never freed.
     at::RegisterPrivateUse1HooksInterface(new BrickHooks());
     c10::SetAllocator(kBrick, brick_allocator());

@@ -83,8 +83,10 @@ class FallbackCall {
                         bool allow_backing_tensors) {
     if (!tensor.defined()) return tensor;
     if (tensor.device().type() != kBrick) {
-      // Like CUDA: CPU scalars (0-dim) mix with device tensors; index lists may be on the CPU.
-      const bool allowed = tensor.device().type() == backing_device_type() &&
+      // Like CUDA: CPU scalars (0-dim, Python numbers among them) mix with device tensors;
+      // index lists may be on the CPU (or on the backing device).
+      const auto type = tensor.device().type();
+      const bool allowed = (type == c10::DeviceType::CPU || type == backing_device_type()) &&
                            (allow_backing_tensors || tensor.dim() == 0);
       if (!allowed) {
         // Reported once every argument is seen, so the message names the brick tensors' device.
@@ -240,8 +242,10 @@ class FallbackCall {
       // A backing tensor passed in came back out: copy it, its owner keeps its memory.
       c10::Storage copy(c10::Storage::use_byte_size_t(), storage->nbytes(), brick_allocator(),
                         /*resizable=*/true);
-      BRICK_RUNTIME_CALL(rt().copy(copy.mutable_data(), device_, storage->data_ptr().get(), -1,
-                                   storage->nbytes()));
+      // From host memory, or from backing-device memory of this brick device.
+      const int source_device = storage->device().is_cpu() ? -1 : device_;
+      BRICK_RUNTIME_CALL(rt().copy(copy.mutable_data(), device_, storage->data_ptr().get(),
+                                   source_device, storage->nbytes()));
       return make_brick_tensor(std::move(copy), result);
     }
     // A fresh result: relabel it as brick in place, no copy and no new tensor.
@@ -293,7 +297,9 @@ int register_direct_fallback_kernels() {
   library = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
                                              c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
   auto& dispatcher = c10::Dispatcher::singleton();
-  const auto backing_key = backing_dispatch_key_set().highestPriorityTypeId();
+  // Registered at import, before the runtime (and so the backing device) is chosen: an op with a
+  // CPU or a CUDA kernel qualifies. On a backing device without its own kernel for the op, the
+  // fallback's redispatch reaches the composite kernel there, as a decomposition would.
   // Composite kernels that refuse devices other than CPU/CUDA/XPU; on the backing device they
   // are fine.
   const std::set<std::string> device_checking_composites = {"mode.values"};
@@ -303,7 +309,8 @@ int register_direct_fallback_kernels() {
     if (!op.has_value() || op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) continue;
     const std::string qualified =
         name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
-    const bool backing_kernel = op->hasKernelForDispatchKey(backing_key);
+    const bool backing_kernel = op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+                                op->hasKernelForDispatchKey(c10::DispatchKey::CUDA);
     const bool decomposed =
         op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
         op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd);

@@ -9,8 +9,12 @@
 #include <ATen/ops/convolution.h>
 #include <ATen/ops/convolution_backward.h>
 #include <ATen/ops/view_native.h>
+#include <c10/core/Event.h>
 #include <c10/core/Stream.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
+
+#include <optional>
 
 #include "backend/backend.h"
 #include "backend/backing.h"
@@ -135,13 +139,47 @@ at::Tensor& set_empty(at::Tensor& self) {
   return set_storage(self, std::move(empty), 0, {0}, {});
 }
 
+// Makes `then` wait for the work queued on `first` so far (CUDA streams).
+void order_after(const c10::Stream& first, const c10::Stream& then) {
+  if (first == then) return;
+  c10::Event event(c10::DeviceType::CUDA);
+  event.record(first);
+  event.block(then);
+}
+
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   TORCH_CHECK(self.defined() && dst.defined(), "brick: copy_ got an undefined tensor");
   const at::Tensor source = self.is_privateuseone() ? make_backing_alias(self) : self;
   const at::Tensor target = dst.is_privateuseone() ? make_backing_alias(dst) : dst;
   const auto device = dst.is_privateuseone() ? dst.device().index() : self.device().index();
+  if (!cuda_backing()) {
+    DeviceScope scope(device);
+    target.copy_(source, non_blocking);
+    return dst;
+  }
+  // Between two brick devices, PyTorch's copy orders the current streams of both GPUs: both
+  // become brick's. A plain cuda tensor on another GPU is ordered by PyTorch the same way.
+  const at::Tensor& other = dst.is_privateuseone() ? self : dst;
+  std::optional<BackingScope> other_brick;
+  if (other.is_privateuseone() && other.device() != c10::Device(kBrick, device)) {
+    other_brick.emplace(other.device().index());
+  }
+  // A plain cuda tensor on the same GPU: the copy runs on brick's stream, which PyTorch's
+  // current stream there does not follow, so the two are ordered both ways around it.
+  const bool same_gpu_cuda = other.is_cuda() && other.device() == backing_device(device);
+  std::optional<c10::Stream> torch_stream;
+  if (same_gpu_cuda) {
+    torch_stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(other.device());
+  }
   BackingScope scope(device);
+  if (!torch_stream) {
+    target.copy_(source, non_blocking);
+    return dst;
+  }
+  const c10::Stream brick_stream = backing_cuda_stream(device, rt().current_stream(device));
+  order_after(*torch_stream, brick_stream);
   target.copy_(source, non_blocking);
+  order_after(brick_stream, *torch_stream);
   return dst;
 }
 

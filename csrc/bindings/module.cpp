@@ -50,6 +50,7 @@ PYBIND11_MODULE(_C, m) {
         c10::DeviceTypeName(brick::backend::backing_device_type(), /*lower_case=*/true));
   });
   m.def("_runtime_note", [] { return brick::runtime::runtime_choice_note(); });
+  m.def("_runtime_created_in_pid", [] { return brick::runtime::runtime_created_in_pid(); });
   m.def("_backing_stream", [](int device, int64_t stream_id) {
     // The PyTorch CUDA stream behind a brick stream, as (stream id, CUDA device index).
     const auto index = resolve_device_index(device);

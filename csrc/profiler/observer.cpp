@@ -180,6 +180,9 @@ struct ThreadStateOwner {
     }
     std::lock_guard<std::mutex> lock(state.pending.mutex);
     resolve_locked(state, /*by_owner=*/true, /*wait_all=*/true);  // what this thread still owes
+    // Events a snapshot freed for this thread go back to its pool, which destroys them next.
+    for (auto [device, event] : state.pending.returned) state.events.release(device, event);
+    state.pending.returned.clear();
   }
 };
 
@@ -295,12 +298,21 @@ runtime::Event* acquire_event(ThreadState& state, int device) {
   return state.events.acquire(device);
 }
 
+// Forgets the calling thread's open bricks (a new profiling session), returning their start
+// events to the pool.
+void drop_open_bricks(ThreadState& state) {
+  for (const Frame& frame : state.stack) {
+    if (frame.start_event != nullptr) state.events.release(frame.device, frame.start_event);
+  }
+  state.stack.clear();
+}
+
 std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   try {
     ThreadState& state = thread_state();
     const uint64_t session = g_session.load(std::memory_order_acquire);
     if (state.session != session) {
-      state.stack.clear();
+      drop_open_bricks(state);
       state.session = session;
     }
     NodeId parent = state.stack.empty() ? registry::kNoParent : state.stack.back().node;
@@ -441,7 +453,7 @@ void observer_after_fork_in_child() {
   if (state != nullptr) {
     g_states.push_back(state);
     new (&state->pending.mutex) std::mutex();
-    state->stack.clear();
+    drop_open_bricks(*state);
     state->session = g_session.load(std::memory_order_relaxed);
     state->by_pointer.clear();
     state->by_name.clear();
@@ -461,9 +473,10 @@ void observer_after_fork_in_child() {
 void enable() {
   std::lock_guard<std::mutex> lock(g_control_mutex);
   TORCH_CHECK(!g_enabled.load(), "brick profiler: enable() called while already enabled");
+  (void)runtime::get();  // created (a device initialized) now, not inside the first brick
   g_session.fetch_add(1, std::memory_order_acq_rel);
   ThreadState& owner = thread_state();
-  owner.stack.clear();
+  drop_open_bricks(owner);
   owner.session = g_session.load(std::memory_order_relaxed);
   owner.published_top.store(registry::kNoParent, std::memory_order_relaxed);
   g_owner.store(&owner, std::memory_order_release);

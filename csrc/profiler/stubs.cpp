@@ -41,6 +41,12 @@ class SharedEventPool {
   runtime::Event* acquire(int device) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      if (!warmed_up_) [[unlikely]] {
+        // The first record() (PyTorch makes one per device as a profile starts): fill every
+        // device's pool in the background from now on.
+        warmed_up_ = true;
+        for (int d = 0; d < runtime::get().device_count(); ++d) request_refill(d);
+      }
       if (device < static_cast<int>(free_.size()) && !free_[device].empty()) {
         runtime::Event* event = free_[device].back();
         free_[device].pop_back();
@@ -68,13 +74,6 @@ class SharedEventPool {
       new (&wake_) std::condition_variable();
     }
     mutex_.unlock();
-  }
-
-  // Starts the refill thread and fills every device's pool (at registration, so that starting
-  // a thread never happens inside a profiled op).
-  void warm_up(int devices) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (int device = 0; device < devices; ++device) request_refill(device);
   }
 
  private:
@@ -130,6 +129,7 @@ class SharedEventPool {
   std::vector<std::vector<runtime::Event*>> free_;
   std::vector<bool> refill_wanted_;
   bool worker_started_ = false;
+  bool warmed_up_ = false;
 };
 
 struct StubEvent {
@@ -445,9 +445,10 @@ void after_fork_in_child() {
 void register_profiler_stubs() {
   static BrickProfilerStubs* stubs = [] {
     pthread_atfork(&prepare_fork, &after_fork_in_parent, &after_fork_in_child);
+    // The event pool fills itself when first used (the first record(), at the start of a
+    // profile): touching the runtime here would create it at import.
     auto* instance = new BrickProfilerStubs();  // PyTorch keeps the raw pointer for the process
     torch::profiler::impl::registerPrivateUse1Methods(instance);
-    event_pool().warm_up(runtime::get().device_count());
     the_timeline().warm_up();
     return instance;
   }();

@@ -166,6 +166,28 @@ class DeviceGuard {
   cudaError_t status_ = cudaSuccess;
 };
 
+// Lets the calling thread query and wait for events while another thread captures a CUDA graph
+// in the default (global) mode, which otherwise makes those calls fail and invalidates the
+// capture. The profiler reads events from any thread; the events it reads are never captured.
+class RelaxedCaptureMode {
+ public:
+  RelaxedCaptureMode() noexcept {
+    if (cudaThreadExchangeStreamCaptureMode(&mode_) != cudaSuccess) {
+      (void)cudaGetLastError();
+      active_ = false;
+    }
+  }
+  ~RelaxedCaptureMode() {
+    if (active_) (void)cudaThreadExchangeStreamCaptureMode(&mode_);
+  }
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+  bool active_ = true;
+};
+
 // ---- events ----------------------------------------------------------------------------------
 
 struct CudaEvent final : Event {
@@ -345,6 +367,14 @@ class CudaRuntime final : public Runtime {
     if (nbytes == 0) return nullptr;
     const cudaStream_t stream = current_stream_handle(device);
     DeviceGuard guard(device);
+    if (capture_active(stream, device)) {
+      // Memory allocated inside a capture belongs to the graph, and brick would free it as its
+      // own: refuse clearly instead.
+      throw Error("brick: allocating " + std::to_string(nbytes) + " bytes of brick memory on " +
+                  device_label(device) +
+                  " while its stream is being captured into a CUDA graph is not supported; "
+                  "allocate before the capture");
+    }
     const cudaMemPool_t pool = memory_pool(device);
     void* ptr = nullptr;
     cudaError_t status = cudaMallocFromPoolAsync(&ptr, nbytes, pool, stream);
@@ -605,6 +635,7 @@ class CudaRuntime final : public Runtime {
     if (!event->recorded.load(std::memory_order_acquire)) return true;  // as CUDA
     // The guard keeps a thread with no context current from creating one on device 0.
     DeviceGuard guard(event->device);
+    RelaxedCaptureMode relaxed;
     const cudaError_t status = cudaEventQuery(event->handle);
     if (status == cudaSuccess) return true;
     if (status == cudaErrorNotReady) {
@@ -618,6 +649,7 @@ class CudaRuntime final : public Runtime {
     CudaEvent* event = as_cuda(base);
     if (!event->recorded.load(std::memory_order_acquire)) return;  // as CUDA
     DeviceGuard guard(event->device);
+    RelaxedCaptureMode relaxed;
     check(cudaEventSynchronize(event->handle), "synchronizing an event", event->device);
   }
 
@@ -647,6 +679,7 @@ class CudaRuntime final : public Runtime {
     }
     // Without the guard, a thread whose current device has no context would create one.
     DeviceGuard guard(start->device);
+    RelaxedCaptureMode relaxed;
     float ms = 0.0f;
     const cudaError_t status = cudaEventElapsedTime(&ms, start->handle, end->handle);
     if (status == cudaErrorNotReady) {
@@ -674,6 +707,7 @@ class CudaRuntime final : public Runtime {
     if (!event->timing || !event->recorded.load(std::memory_order_acquire)) return -1;
     const DeviceIndex device = event->device;
     DeviceGuard guard(device);
+    RelaxedCaptureMode relaxed;
     const cudaError_t status = cudaEventQuery(event->handle);
     if (status == cudaErrorNotReady) {
       (void)cudaGetLastError();
@@ -795,12 +829,36 @@ class CudaRuntime final : public Runtime {
                   " does not support stream-ordered memory pools (cudaMallocAsync), which the "
                   "brick CUDA runtime allocates from");
     }
-    check(cudaDeviceGetDefaultMemPool(&pool, device), "getting the default memory pool", device);
-    // Keep freed memory cached in the pool: the default threshold (0) hands it back to the
-    // driver at every synchronization, which makes the next allocation slow.
+    // Brick's own pool, so the device's default pool (other libraries') keeps its settings.
+    cudaMemPoolProps props = {};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.handleTypes = cudaMemHandleTypeNone;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    check(cudaMemPoolCreate(&pool, &props), "creating brick's memory pool", device);
+    // Keep freed memory cached in the pool: a threshold of 0 hands it back to the driver at
+    // every synchronization, which makes the next allocation slow. (allocate() trims it when
+    // an allocation fails.)
     cuuint64_t threshold = std::numeric_limits<cuuint64_t>::max();
     check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold),
-          "setting the release threshold of the default memory pool", device);
+          "setting the release threshold of brick's memory pool", device);
+    // Pool memory is reachable from other devices only when granted (peer access enabled
+    // with cudaDeviceEnablePeerAccess does not cover pools): grant every peer that can reach it,
+    // so copies and kernels across brick devices can read it.
+    for (int peer = 0; peer < device_count(); ++peer) {
+      int can_access = 0;
+      if (peer == device || cudaDeviceCanAccessPeer(&can_access, peer, device) != cudaSuccess ||
+          can_access == 0) {
+        (void)cudaGetLastError();
+        continue;
+      }
+      cudaMemAccessDesc access = {};
+      access.location.type = cudaMemLocationTypeDevice;
+      access.location.id = peer;
+      access.flags = cudaMemAccessFlagsProtReadWrite;
+      check(cudaMemPoolSetAccess(pool, &access, 1), "granting a peer device access to the pool",
+            device);
+    }
     state.pool.store(pool, std::memory_order_release);
     return pool;
   }

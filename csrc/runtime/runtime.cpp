@@ -1,5 +1,8 @@
 #include "runtime/runtime.h"
 
+#include <unistd.h>
+
+#include <atomic>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
@@ -164,6 +167,7 @@ struct CudaBackingVerdict {
   std::mutex mutex;
   bool allowed = true;
   std::string reason_if_not;
+  CudaBackingCheck check = nullptr;  // asked when the runtime is chosen
 };
 
 CudaBackingVerdict& cuda_backing_verdict() {
@@ -189,11 +193,15 @@ struct Chosen {
   std::string note;
 };
 
+std::atomic<int> g_created_in_pid{-1};
+
 Chosen& chosen() {
   // Leaked on purpose: tensors freed during interpreter shutdown still call into the runtime.
   static Chosen* instance = [] {
     RuntimeChoice choice = make_runtime_from_env();
-    return new Chosen{choice.runtime.release(), std::move(choice.note)};
+    auto* made = new Chosen{choice.runtime.release(), std::move(choice.note)};
+    g_created_in_pid.store(static_cast<int>(getpid()), std::memory_order_release);
+    return made;
   }();
   return *instance;
 }
@@ -224,11 +232,14 @@ RuntimeChoice make_runtime_from_env() {
 
   // Why the CUDA runtime cannot be had, or empty when it can.
   std::string unavailable;
+  CudaBackingCheck check = nullptr;
   {
     CudaBackingVerdict& verdict = cuda_backing_verdict();
     std::lock_guard<std::mutex> lock(verdict.mutex);
     if (!verdict.allowed) unavailable = verdict.reason_if_not;
+    check = verdict.check;
   }
+  if (unavailable.empty() && check != nullptr) unavailable = check();
   if (unavailable.empty()) {
     std::string why;
     if (!cuda_runtime_usable(&why)) unavailable = kBuiltWithCuda ? "no GPU is usable: " + why : why;
@@ -252,6 +263,25 @@ RuntimeChoice make_runtime_from_env() {
 }
 
 Runtime& get() { return *chosen().runtime; }
+
+void set_cuda_backing_check(CudaBackingCheck check) {
+  CudaBackingVerdict& verdict = cuda_backing_verdict();
+  std::lock_guard<std::mutex> lock(verdict.mutex);
+  verdict.check = check;
+}
+
+int runtime_created_in_pid() noexcept { return g_created_in_pid.load(std::memory_order_acquire); }
+
+void validate_runtime_environment() {
+  const char* variable = std::getenv("BRICK_RUNTIME");
+  const std::string wanted = variable == nullptr || *variable == '\0' ? "auto" : variable;
+  if (wanted != "auto" && wanted != "host" && wanted != "cuda") {
+    throw Error("brick: BRICK_RUNTIME='" + wanted +
+                "' is not valid: expected 'auto' (the default), 'host' or 'cuda'");
+  }
+  (void)host_device_count_from_env();
+  (void)host_completion_from_env();
+}
 
 const std::string& runtime_choice_note() { return chosen().note; }
 

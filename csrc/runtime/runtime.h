@@ -170,6 +170,21 @@ Runtime& get();
 // not change the runtime already chosen. Without a call CUDA backing is allowed.
 void allow_cuda_backing(bool allowed, std::string reason_if_not);
 
+// Asked once, when get() first chooses the runtime (not before: asking may initialize CUDA, which
+// a process that forks before using brick must not do): returns why the layer above cannot run
+// CUDA kernels on brick memory, or an empty string when it can. Combined with
+// allow_cuda_backing().
+using CudaBackingCheck = std::string (*)();
+void set_cuda_backing_check(CudaBackingCheck check);
+
+// The process id in which get() created the runtime, or -1 while it has not been created (the
+// runtime is created on first use, so importing brick initializes no device).
+int runtime_created_in_pid() noexcept;
+
+// Throws Error when BRICK_RUNTIME, BRICK_HOST_DEVICES or BRICK_HOST_COMPLETION is invalid,
+// without creating the runtime (so a bad setting fails at import, not at first use).
+void validate_runtime_environment();
+
 // One sentence saying which runtime get() chose and why (e.g. why auto chose the host runtime).
 // Creates the runtime if needed, so it throws what get() throws.
 const std::string& runtime_choice_note();

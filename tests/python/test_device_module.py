@@ -263,3 +263,18 @@ def test_profile_memory_sees_brick_allocations():
     empty = [e for e in prof.function_events if e.name == "aten::empty"]
     assert [e.device_memory_usage for e in empty] == [4096 * 4]
     assert [e.cpu_memory_usage for e in empty] == [0]
+
+
+def test_importing_brick_creates_no_runtime_until_first_use():
+    # A CUDA runtime initializes the GPU when created, after which forked children cannot use
+    # CUDA: so importing brick (which `import torch` does) must not create it.
+    script = (
+        "import os, torch, torch_brickdev\n"
+        "from torch_brickdev import _C\n"
+        "before = _C._runtime_created_in_pid()\n"
+        "torch.ones(1, device='brick')\n"
+        "print(before, _C._runtime_created_in_pid() == os.getpid())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.split() == ["-1", "True"]

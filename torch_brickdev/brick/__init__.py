@@ -64,15 +64,14 @@ __all__ = [
 ]
 
 
-_INITIALIZED_IN_PID = os.getpid()
-
-
 def _is_in_bad_fork() -> bool:
-    """True in a forked child of a process whose brick devices are CUDA devices: CUDA cannot be
-    used after fork() (as for torch.cuda). The host runtime survives fork: always False there."""
+    """True in a forked child of a process whose brick devices were already CUDA devices: CUDA
+    cannot be used after fork() (as for torch.cuda). The runtime is created on first use, so a
+    process that forks before using brick is fine; the host runtime survives fork anyway."""
     from .. import _C
 
-    return _C._runtime_name() == "cuda" and os.getpid() != _INITIALIZED_IN_PID
+    created_in = _C._runtime_created_in_pid()
+    return created_in not in (-1, os.getpid()) and _C._runtime_name() == "cuda"
 
 
 def _lazy_init() -> None:
