@@ -28,8 +28,11 @@ void delete_brick_memory(void* ptr) {
   }
 }
 
+c10::DataPtr allocate_cuda_memory(size_t nbytes, c10::DeviceIndex device, c10::Device label);
+
 c10::DataPtr allocate_brick_memory(size_t nbytes, c10::Device label) {
   const auto device = static_cast<c10::DeviceIndex>(rt().current_device());
+  if (cuda_backing()) return allocate_cuda_memory(nbytes, device, label);
   void* ptr = nullptr;
   try {
     ptr = rt().allocate(device, nbytes);
@@ -46,7 +49,11 @@ class BrickAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t nbytes) override {
     return allocate_brick_memory(nbytes, c10::Device(kBrick));
   }
-  c10::DeleterFnPtr raw_deleter() const override { return &delete_brick_memory; }
+  c10::DeleterFnPtr raw_deleter() const override {
+    // On CUDA backing the memory is PyTorch's CUDA allocator's, behind an adopting context:
+    // no raw (context-free) deleter exists for it.
+    return cuda_backing() ? nullptr : &delete_brick_memory;
+  }
   void copy_data(void* dst, const void* src, std::size_t count) const override {
     const int device = rt().current_device();
     BRICK_RUNTIME_CALL(rt().copy(dst, device, src, device, count));
@@ -60,7 +67,9 @@ class AliasAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t nbytes) override {
     return allocate_brick_memory(nbytes, c10::Device(backing_device_type()));
   }
-  c10::DeleterFnPtr raw_deleter() const override { return &delete_brick_memory; }
+  c10::DeleterFnPtr raw_deleter() const override {
+    return cuda_backing() ? nullptr : &delete_brick_memory;
+  }
   void copy_data(void* dst, const void* src, std::size_t count) const override {
     const int device = rt().current_device();
     BRICK_RUNTIME_CALL(rt().copy(dst, device, src, device, count));
@@ -117,6 +126,25 @@ c10::DataPtr adopt_data_ptr(c10::DataPtr original, size_t nbytes, c10::DeviceInd
   report_to_profiler(data, static_cast<int64_t>(nbytes), device);
   return c10::DataPtr(data, ctx, &delete_adopted, c10::Device(kBrick, device));
 }
+
+namespace {
+
+// On CUDA backing, brick memory comes from PyTorch's CUDA caching allocator, on the CUDA stream
+// behind brick's current stream: the pool op results come from too, so the two never hoard
+// memory from each other, and what graph capture, record_stream and torch.cuda's OOM handling
+// know applies to all of it. It is adopted: counted in brick's statistics, labelled brick.
+c10::DataPtr allocate_cuda_memory(size_t nbytes, c10::DeviceIndex device, c10::Device label) {
+  c10::DataPtr memory;
+  {
+    BackingScope scope(device);
+    memory = c10::GetAllocator(c10::DeviceType::CUDA)->allocate(nbytes);
+  }
+  c10::DataPtr brick = adopt_data_ptr(std::move(memory), nbytes, device);
+  if (label.type() != kBrick) brick.unsafe_set_device(backing_device(device));
+  return brick;
+}
+
+}  // namespace
 
 c10::DataPtr to_brick_data_ptr(c10::DataPtr data_ptr, size_t nbytes, c10::DeviceIndex device) {
   if (is_brick_allocation(data_ptr)) {
