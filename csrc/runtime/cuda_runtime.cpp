@@ -347,13 +347,7 @@ class CudaRuntime final : public Runtime {
   int device_count() const noexcept override { return device_count_; }
   int backing_device_index(DeviceIndex device) const noexcept override { return device; }
 
-  DeviceIndex current_device() const noexcept override {
-    try {
-      return state().device;
-    } catch (const std::bad_alloc&) {
-      return 0;  // no memory for this thread's first state: it has never left device 0
-    }
-  }
+  DeviceIndex current_device() const noexcept override { return detail::current_device_of(id_); }
 
   void set_current_device(DeviceIndex device) override {
     check_device(device);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <new>
 
 #include "runtime/runtime.h"
 
@@ -32,6 +33,16 @@ inline ThreadState& thread_state(uint64_t owner) {
   if (last != nullptr && last->owner == owner) [[likely]]
     return *last;
   return thread_state_slow(owner);
+}
+
+// The calling thread's current device for runtime `owner`. When its state cannot be allocated
+// the thread has never set a device, so it is still on device 0.
+inline DeviceIndex current_device_of(uint64_t owner) noexcept {
+  try {
+    return thread_state(owner).device;
+  } catch (const std::bad_alloc&) {
+    return 0;
+  }
 }
 
 }  // namespace brick::runtime::detail

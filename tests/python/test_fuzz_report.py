@@ -55,6 +55,7 @@ import torch_brickdev  # noqa: F401  (registers brick)
 from torch_brickdev import contract
 from torch_brickdev.contract import CHECK_IDS, CheckResult, format_results, run_checks
 from torch_brickdev.profiler import Report, load_report
+from torch_brickdev.profiler import report as report_module
 from torch_brickdev.profiler.report import ReportError, compare_with_key_averages
 
 # Every property is deterministic (derandomize) and uses no example database, so CI runs the
@@ -169,17 +170,7 @@ def _no_hang(seconds: float = 5.0):
         signal.signal(signal.SIGALRM, previous)
 
 
-def _path_text(path: Tuple) -> str:
-    """``("bricks", 3, "count")`` -> ``bricks[3].count``, as the reader names fields."""
-    out = ""
-    for part in path:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif part.isidentifier():
-            out += f".{part}" if out else part
-        else:
-            out += f"[{part!r}]"
-    return out
+_path_text = report_module._path_text  # the reader's own naming of a field
 
 
 def _get(data, path: Tuple):
