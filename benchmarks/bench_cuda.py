@@ -35,29 +35,29 @@ def decode_seconds(model, config, device, region_factory=None):
 
 
 def cupti_agreement(sizes=(2048, 3072, 4096), repeats=10):
-    """(size, brick Event-mode us, CUPTI kernel us) per matmul size."""
+    """(size, brick µs, CUPTI µs) per fp32 matmul size: in one run, each aten::mm timed by brick's
+    registry in Event mode and by torch.profiler (CUPTI) as the device time of the kernels it
+    launched (rows grouped by input shape)."""
     inputs = {n: (torch.randn(n, n, device="brick"), torch.randn(n, n, device="brick"))
               for n in sizes}
     for a, b in inputs.values():
-        a @ b
+        torch.mm(a, b)
     torch.brick.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
         with bp.profile(sync_mode="event"):
             for n in sizes:
                 a, b = inputs[n]
                 for _ in range(repeats):
                     with torch.autograd.profiler.record_function(f"mm{n}"):
-                        a @ b
+                        torch.mm(a, b)
             torch.brick.synchronize()
-    registry = {s.name: s.avg_us() for s in bp.stats()}
-    kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
-                     key=lambda e: e.time_range.start)
-    rows, position = [], 0
-    for n in sizes:
-        chunk = kernels[position:position + repeats]
-        position += repeats
-        rows.append((n, registry[f"mm{n}"], statistics.fmean(e.time_range.elapsed_us() for e in chunk)))
-    return rows
+    brick_us = {s.path: s.avg_us() for s in bp.stats(by="path")}
+    cupti_us = {}
+    for row in prof.key_averages(group_by_input_shape=True):
+        if row.key == "aten::mm" and row.input_shapes and row.input_shapes[0] in ([n, n] for n in sizes):
+            cupti_us[row.input_shapes[0][0]] = row.device_time_total / row.count
+    return [(n, brick_us[f"mm{n}/aten::mm"], cupti_us[n]) for n in sizes]
 
 
 def main() -> int:

@@ -14,6 +14,9 @@ constexpr c10::DeviceType kBrick = c10::DeviceType::PrivateUse1;
 
 inline runtime::Runtime& rt() { return runtime::get(); }
 
+// True when brick devices are backed by CUDA devices (decided once, when the runtime starts).
+bool cuda_backing();
+
 // The device type whose kernels execute brick ops (CPU for the host runtime, CUDA for the CUDA
 // runtime).
 c10::DeviceType backing_device_type();

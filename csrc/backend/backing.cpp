@@ -23,10 +23,6 @@ const c10::impl::DeviceGuardImplInterface& cuda_guard() {
   return *c10::impl::getDeviceGuardImpl(kCuda);
 }
 
-c10::Device cuda_device_of(c10::DeviceIndex brick_device) {
-  return c10::Device(kCuda, static_cast<c10::DeviceIndex>(rt().backing_device_index(brick_device)));
-}
-
 // Brick stream id -> id of the PyTorch CUDA stream behind it, per device. Written once per
 // stream (under a lock), read on every op (lock-free). Id 0 is the default stream on both sides.
 class CudaStreamTable {
@@ -73,14 +69,10 @@ runtime::StreamId adopt_cuda_stream(c10::DeviceIndex device, const c10::Stream& 
   return id;
 }
 
-}  // namespace
-
-namespace {
-
 // Asked when the runtime is first used, not at import: at::hasCUDA() initializes CUDA, after
 // which a forked child could not use CUDA (DataLoader workers, multiprocessing).
-std::string why_torch_cannot_run_cuda() {
-  if (at::hasCUDA()) return {};
+std::optional<std::string> why_torch_cannot_run_cuda() {
+  if (at::hasCUDA()) return std::nullopt;
   return "this PyTorch cannot run CUDA kernels (a CPU-only build, or no GPU visible to it)";
 }
 
@@ -89,11 +81,6 @@ std::string why_torch_cannot_run_cuda() {
 void configure_runtime_backing() {
   // Only a CUDA build of PyTorch with a usable GPU can run CUDA kernels on brick memory.
   runtime::set_cuda_backing_check(&why_torch_cannot_run_cuda);
-}
-
-bool cuda_backing() {
-  static const bool is_cuda = rt().backing_kind() == runtime::BackingKind::Cuda;
-  return is_cuda;
 }
 
 BackingScope::BackingScope(c10::DeviceIndex device) : device_scope_(device) {
@@ -106,7 +93,7 @@ BackingScope::~BackingScope() {
 
 void BackingScope::enter_cuda(c10::DeviceIndex device) {
   const auto& guard = cuda_guard();
-  previous_device_ = guard.exchangeDevice(cuda_device_of(device));
+  previous_device_ = guard.exchangeDevice(backing_device(device));
   try {
     previous_stream_ = guard.exchangeStream(
         backing_cuda_stream(device, runtime_call([&] { return rt().current_stream(device); })));
@@ -133,15 +120,30 @@ runtime::StreamId new_brick_stream(c10::DeviceIndex device, int priority) {
   // values; like torch.cuda.Stream, brick clamps rather than refuses.
   const int pool_priority = std::clamp(priority, -64, 0);
   return adopt_cuda_stream(device,
-                           cuda_guard().getNewStream(cuda_device_of(device), pool_priority));
+                           cuda_guard().getNewStream(backing_device(device), pool_priority));
 }
 
 runtime::StreamId pooled_brick_stream(c10::DeviceIndex device, bool high_priority) {
-  if (!cuda_backing()) {
-    return runtime_call([&] { return rt().create_stream(device, high_priority ? -1 : 0); });
+  // On CUDA, PyTorch's own pool (round robin over its streams). On the host, a pool like it:
+  // created on first use, then handed out round robin.
+  if (cuda_backing()) {
+    return adopt_cuda_stream(
+        device, cuda_guard().getStreamFromGlobalPool(backing_device(device), high_priority));
   }
-  return adopt_cuda_stream(
-      device, cuda_guard().getStreamFromGlobalPool(cuda_device_of(device), high_priority));
+  constexpr int kPoolSize = 32;
+  struct Pool {
+    std::once_flag once;
+    std::array<runtime::StreamId, kPoolSize> ids{};
+    std::atomic<uint32_t> next{0};
+  };
+  static std::array<Pool, 2 * runtime::kMaxDevices> pools;
+  Pool& pool = pools[2 * device + (high_priority ? 1 : 0)];
+  std::call_once(pool.once, [&] {
+    for (auto& id : pool.ids) {
+      id = runtime_call([&] { return rt().create_stream(device, high_priority ? -1 : 0); });
+    }
+  });
+  return pool.ids[pool.next.fetch_add(1, std::memory_order_relaxed) % kPoolSize];
 }
 
 c10::Stream backing_cuda_stream(c10::DeviceIndex device, runtime::StreamId stream) {
@@ -150,13 +152,13 @@ c10::Stream backing_cuda_stream(c10::DeviceIndex device, runtime::StreamId strea
               " of brick:", static_cast<int>(device),
               " has no CUDA stream behind it (brick streams come from torch.brick.Stream, "
               "torch.Stream(device='brick') or the stream pool)");
-  return c10::Stream(c10::Stream::UNSAFE, cuda_device_of(device), id);
+  return c10::Stream(c10::Stream::UNSAFE, backing_device(device), id);
 }
 
 at::Generator make_backing_generator(c10::DeviceIndex device, uint64_t seed) {
   if (!cuda_backing()) return at::make_generator<at::CPUGeneratorImpl>(seed);
   // A clone: brick's seeds must not move torch.cuda's default generator, nor the reverse.
-  at::Generator generator = at::globalContext().defaultGenerator(cuda_device_of(device)).clone();
+  at::Generator generator = at::globalContext().defaultGenerator(backing_device(device)).clone();
   std::lock_guard<std::mutex> lock(generator.mutex());
   generator.set_current_seed(seed);
   return generator;

@@ -19,9 +19,6 @@ namespace brick::backend {
 // Tells the runtime, before its first use, whether this PyTorch can run CUDA kernels.
 void configure_runtime_backing();
 
-// True when brick devices are backed by CUDA devices (decided once, when the runtime starts).
-bool cuda_backing();
-
 // For the scope: `device` is brick's current device and, on CUDA backing, its CUDA device and the
 // CUDA stream behind its current brick stream are PyTorch's current CUDA device and stream.
 // Everything is restored on exit, also when an exception leaves the scope.

@@ -16,14 +16,18 @@
 
 namespace brick::backend {
 
+bool cuda_backing() {
+  static const bool is_cuda = rt().backing_kind() == runtime::BackingKind::Cuda;
+  return is_cuda;
+}
+
 c10::DeviceType backing_device_type() {
-  return rt().backing_kind() == runtime::BackingKind::Cuda ? c10::DeviceType::CUDA
-                                                           : c10::DeviceType::CPU;
+  return cuda_backing() ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
 }
 
 c10::Device backing_device(c10::DeviceIndex brick_index) {
-  if (rt().backing_kind() == runtime::BackingKind::Host) return c10::Device(c10::DeviceType::CPU);
-  return c10::Device(backing_device_type(),
+  if (!cuda_backing()) return c10::Device(c10::DeviceType::CPU);
+  return c10::Device(c10::DeviceType::CUDA,
                      static_cast<c10::DeviceIndex>(rt().backing_device_index(brick_index)));
 }
 
@@ -99,9 +103,7 @@ class BrickGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   c10::Stream getStreamFromGlobalPool(c10::Device device, bool is_high_priority) const override {
     const auto index = resolve_device_index(device.index());
-    // On CUDA backing the pool is PyTorch's own CUDA stream pool.
-    if (cuda_backing()) return make_stream(index, pooled_brick_stream(index, is_high_priority));
-    return make_stream(index, pooled_stream(index, is_high_priority));
+    return make_stream(index, pooled_brick_stream(index, is_high_priority));
   }
 
   c10::Stream getNewStream(c10::Device device, int priority) const override {
@@ -177,32 +179,7 @@ class BrickGuardImpl final : public c10::impl::DeviceGuardImplInterface {
                      const c10::DeviceIndex /*device_index*/) const override {
     TORCH_CHECK(start != nullptr && end != nullptr,
                 "brick: elapsed_time needs both events to be recorded first");
-    const int start_device = rt().event_device(as_event(start));
-    const int end_device = rt().event_device(as_event(end));
-    TORCH_CHECK(start_device == end_device,
-                "brick: elapsed_time needs two events of the same device, got one recorded on "
-                "brick:",
-                start_device, " and one on brick:", end_device);
     return runtime_call([&] { return rt().elapsed_ms(as_event(start), as_event(end)); });
-  }
-
- private:
-  static constexpr int kPoolSize = 32;
-
-  runtime::StreamId pooled_stream(c10::DeviceIndex index, bool high_priority) const {
-    struct Pool {
-      std::once_flag once;
-      std::array<runtime::StreamId, kPoolSize> ids{};
-      std::atomic<uint32_t> next{0};
-    };
-    static std::array<Pool, 2 * runtime::kMaxDevices> pools;
-    Pool& pool = pools[2 * index + (high_priority ? 1 : 0)];
-    std::call_once(pool.once, [&] {
-      for (auto& id : pool.ids) {
-        id = pooled_brick_stream(index, high_priority);
-      }
-    });
-    return pool.ids[pool.next.fetch_add(1, std::memory_order_relaxed) % kPoolSize];
   }
 };
 

@@ -13,6 +13,14 @@ namespace brick::profiler {
 // run can show the figure stays bounded.
 inline std::atomic<int64_t> g_live_events{0};
 
+// Whether the runtime runs work asynchronously (CUDA; the host runtime with deferred
+// completion): timing events may complete after the call that recorded them, and streams may be
+// captured into CUDA graphs. Decided once, when first asked (after the runtime exists).
+inline bool async_runtime() {
+  static const bool is_async = runtime::get().asynchronous();
+  return is_async;
+}
+
 // Bricks and stub records skipped because their stream was being captured into a CUDA graph
 // (recording an event there is illegal): reported by health().
 inline std::atomic<uint64_t> g_capture_skipped{0};

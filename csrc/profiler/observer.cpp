@@ -43,14 +43,6 @@ at::CallbackHandle g_handle = 0;
 std::atomic<uint64_t> g_unbalanced_exits{0};
 std::atomic<uint64_t> g_timing_failures{0};
 
-// Whether the runtime runs work asynchronously (CUDA; the host runtime with deferred
-// completion): event pairs may then complete after their brick ends, and streams may be
-// captured into graphs. Read once the runtime exists.
-bool async_runtime() {
-  static const bool is_async = runtime::get().asynchronous();
-  return is_async;
-}
-
 struct Frame {
   NodeId node;
   int device;
@@ -327,14 +319,19 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     auto& rt = runtime::get();
     const int device = rt.current_device();
     NodeId node = node_for(state, fn, parent, device);
-    if (node != kIgnored && async_runtime() && rt.is_capturing(device, rt.current_stream(device)))
-        [[unlikely]] {
+    const SyncMode mode = g_mode.load(std::memory_order_relaxed);
+    // The current stream is read once, where it is used: Event mode records on it, and on an
+    // asynchronous runtime it must not be being captured.
+    const bool needs_stream = node != kIgnored && (mode == SyncMode::Event || async_runtime());
+    const runtime::StreamId stream =
+        needs_stream ? rt.current_stream(device) : runtime::kDefaultStream;
+    if (node != kIgnored && async_runtime() && rt.is_capturing(device, stream)) [[unlikely]] {
       node = kSkippedInCapture;
       g_capture_skipped.fetch_add(1, std::memory_order_relaxed);
     }
     Frame frame{node, device, 0, nullptr};
     if (node != kIgnored && node != kSkippedInCapture) {
-      switch (g_mode.load(std::memory_order_relaxed)) {
+      switch (mode) {
         case SyncMode::Immediate:
           rt.synchronize_device(device);
           frame.start_ns = registry::Registry::now_ns();
@@ -345,7 +342,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
         case SyncMode::Event:
           frame.start_event = acquire_event(state, device);
           try {
-            rt.record_event(frame.start_event, device, rt.current_stream(device));
+            rt.record_event(frame.start_event, device, stream);
           } catch (...) {
             state.events.release(device, frame.start_event);
             throw;

@@ -348,8 +348,7 @@ class BrickProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
       auto& rt = runtime::get();
       const int index = rt.current_device();
       const runtime::StreamId stream = rt.current_stream(index);
-      if (rt.backing_kind() != runtime::BackingKind::Host && rt.is_capturing(index, stream))
-          [[unlikely]] {
+      if (async_runtime() && rt.is_capturing(index, stream)) [[unlikely]] {
         // Nothing may be recorded on a capturing stream: the op gets no device time.
         g_capture_skipped.fetch_add(1, std::memory_order_relaxed);
         if (device != nullptr) *device = static_cast<c10::DeviceIndex>(index);

@@ -212,6 +212,10 @@ class HostRuntime final : public Runtime {
     if (t0 < 0 || t1 < 0) {
       throw Error("brick: elapsed time needs both events to be recorded first");
     }
+    if (start->device != end->device) {  // their clocks need not agree on a real device
+      throw Error("brick: elapsed time needs both events on the same device, got brick:" +
+                  std::to_string(start->device) + " and brick:" + std::to_string(end->device));
+    }
     if (deferred_ && now_ns() < std::max(t0, t1) + kDeferredCompletionNs) {
       throw Error("brick: elapsed time needs both events to have completed (synchronize first)");
     }

@@ -5,7 +5,6 @@
 #include <atomic>
 #include <cstdlib>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -163,16 +162,16 @@ const char* backing_kind_name(BackingKind kind) noexcept {
 
 namespace {
 
-struct CudaBackingVerdict {
-  std::mutex mutex;
-  bool allowed = true;
-  std::string reason_if_not;
-  CudaBackingCheck check = nullptr;  // asked when the runtime is chosen
-};
+// Set by the layer above; read when a runtime is chosen.
+std::atomic<CudaBackingCheck> g_cuda_backing_check{nullptr};
 
-CudaBackingVerdict& cuda_backing_verdict() {
-  static CudaBackingVerdict* verdict = new CudaBackingVerdict;  // leaked: used until exit
-  return *verdict;
+// Why the layer above cannot run CUDA kernels, or empty when it can.
+std::string cuda_backing_refusal() {
+  const CudaBackingCheck check = g_cuda_backing_check.load(std::memory_order_acquire);
+  if (check == nullptr) return {};
+  const std::optional<std::string> reason = check();
+  if (!reason) return {};
+  return reason->empty() ? "CUDA backing was disallowed by the layer above the runtime" : *reason;
 }
 
 #if BRICK_WITH_CUDA
@@ -208,16 +207,6 @@ Chosen& chosen() {
 
 }  // namespace
 
-void allow_cuda_backing(bool allowed, std::string reason_if_not) {
-  CudaBackingVerdict& verdict = cuda_backing_verdict();
-  std::lock_guard<std::mutex> lock(verdict.mutex);
-  verdict.allowed = allowed;
-  verdict.reason_if_not = allowed ? std::string() : std::move(reason_if_not);
-  if (!allowed && verdict.reason_if_not.empty()) {
-    verdict.reason_if_not = "CUDA backing was disallowed by the layer above the runtime";
-  }
-}
-
 RuntimeChoice make_runtime_from_env() {
   const char* variable = std::getenv("BRICK_RUNTIME");
   const std::string wanted = variable == nullptr || *variable == '\0' ? "auto" : variable;
@@ -231,15 +220,7 @@ RuntimeChoice make_runtime_from_env() {
   }
 
   // Why the CUDA runtime cannot be had, or empty when it can.
-  std::string unavailable;
-  CudaBackingCheck check = nullptr;
-  {
-    CudaBackingVerdict& verdict = cuda_backing_verdict();
-    std::lock_guard<std::mutex> lock(verdict.mutex);
-    if (!verdict.allowed) unavailable = verdict.reason_if_not;
-    check = verdict.check;
-  }
-  if (unavailable.empty() && check != nullptr) unavailable = check();
+  std::string unavailable = cuda_backing_refusal();
   if (unavailable.empty()) {
     std::string why;
     if (!cuda_runtime_usable(&why)) unavailable = kBuiltWithCuda ? "no GPU is usable: " + why : why;
@@ -265,9 +246,7 @@ RuntimeChoice make_runtime_from_env() {
 Runtime& get() { return *chosen().runtime; }
 
 void set_cuda_backing_check(CudaBackingCheck check) {
-  CudaBackingVerdict& verdict = cuda_backing_verdict();
-  std::lock_guard<std::mutex> lock(verdict.mutex);
-  verdict.check = check;
+  g_cuda_backing_check.store(check, std::memory_order_release);
 }
 
 int runtime_created_in_pid() noexcept { return g_created_in_pid.load(std::memory_order_acquire); }

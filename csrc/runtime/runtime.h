@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -165,16 +166,12 @@ class Runtime {
 //   cuda                the CUDA runtime, or Error saying why it cannot be had.
 Runtime& get();
 
-// Says whether the layer above can run CUDA kernels on brick memory (a CPU-only PyTorch cannot);
-// `reason_if_not` is shown to users when it cannot. Call before the first get(); later calls do
-// not change the runtime already chosen. Without a call CUDA backing is allowed.
-void allow_cuda_backing(bool allowed, std::string reason_if_not);
-
-// Asked once, when get() first chooses the runtime (not before: asking may initialize CUDA, which
-// a process that forks before using brick must not do): returns why the layer above cannot run
-// CUDA kernels on brick memory, or an empty string when it can. Combined with
-// allow_cuda_backing().
-using CudaBackingCheck = std::string (*)();
+// Whether the layer above can run CUDA kernels on brick memory (a CPU-only PyTorch cannot):
+// nothing when it can, else the reason, shown to users. Asked when the runtime is chosen, not
+// when set: asking may initialize CUDA, which a process that forks before using brick must not
+// have done. Without a check (or with nullptr) CUDA backing is allowed. Set before the first
+// get(); later settings do not change the runtime already chosen.
+using CudaBackingCheck = std::optional<std::string> (*)();
 void set_cuda_backing_check(CudaBackingCheck check);
 
 // The process id in which get() created the runtime, or -1 while it has not been created (the
@@ -190,7 +187,7 @@ void validate_runtime_environment();
 const std::string& runtime_choice_note();
 
 // What get() does, without keeping the result: reads BRICK_RUNTIME (and BRICK_HOST_DEVICES) and
-// the allow_cuda_backing verdict now. For tests and tools; the backend uses get().
+// the CUDA backing check now. For tests and tools; the backend uses get().
 struct RuntimeChoice {
   std::unique_ptr<Runtime> runtime;
   std::string note;  // as runtime_choice_note()

@@ -972,6 +972,9 @@ TEST_F(CudaRuntimeTest, PeerCopyWaitsForTheDestinationsStream) {
 // ---------------------------------------------------------------------------------------------
 // Selection (with a GPU present; runtime_test.cpp covers the machine without one)
 
+// CUDA backing checks standing in for a CPU-only PyTorch above the runtime.
+std::optional<std::string> refuse_cuda_backing() { return "this PyTorch cannot run CUDA kernels"; }
+
 class SelectionWithGpuTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -979,7 +982,7 @@ class SelectionWithGpuTest : public ::testing::Test {
     if (const char* value = std::getenv("BRICK_RUNTIME")) saved_ = value;
   }
   void TearDown() override {
-    allow_cuda_backing(true, "");
+    set_cuda_backing_check(nullptr);
     if (saved_) {
       setenv("BRICK_RUNTIME", saved_->c_str(), 1);
     } else {
@@ -991,7 +994,7 @@ class SelectionWithGpuTest : public ::testing::Test {
 
 TEST_F(SelectionWithGpuTest, AutoChoosesCudaWhenAllowed) {
   unsetenv("BRICK_RUNTIME");
-  allow_cuda_backing(true, "");
+  set_cuda_backing_check(nullptr);
   const RuntimeChoice choice = make_runtime_from_env();
   EXPECT_EQ(choice.runtime->backing_kind(), BackingKind::Cuda);
   EXPECT_CONTAINS(choice.note, ("cuda runtime"));
@@ -999,7 +1002,7 @@ TEST_F(SelectionWithGpuTest, AutoChoosesCudaWhenAllowed) {
 
 TEST_F(SelectionWithGpuTest, AutoChoosesHostWhenCudaBackingIsNotAllowed) {
   setenv("BRICK_RUNTIME", "auto", 1);
-  allow_cuda_backing(false, "this PyTorch cannot run CUDA kernels");
+  set_cuda_backing_check(&refuse_cuda_backing);
   const RuntimeChoice choice = make_runtime_from_env();
   EXPECT_EQ(choice.runtime->backing_kind(), BackingKind::Host);
   EXPECT_CONTAINS(choice.note, ("this PyTorch cannot run CUDA kernels"));
@@ -1007,10 +1010,10 @@ TEST_F(SelectionWithGpuTest, AutoChoosesHostWhenCudaBackingIsNotAllowed) {
 
 TEST_F(SelectionWithGpuTest, CudaAskedForButNotAllowedThrowsTheReason) {
   setenv("BRICK_RUNTIME", "cuda", 1);
-  allow_cuda_backing(false, "this PyTorch cannot run CUDA kernels");
+  set_cuda_backing_check(&refuse_cuda_backing);
   const std::string message = error_message([] { make_runtime_from_env(); });
   EXPECT_CONTAINS(message, ("BRICK_RUNTIME=cuda was asked for but this PyTorch cannot run CUDA"));
-  allow_cuda_backing(true, "");
+  set_cuda_backing_check(nullptr);
   EXPECT_EQ(make_runtime_from_env().runtime->backing_kind(), BackingKind::Cuda);
 }
 

@@ -545,6 +545,15 @@ TEST_F(EventTest, ElapsedTimeNeedsBothEventsRecorded) {
   EXPECT_CONTAINS(error_message([&] { rt().elapsed_ms(end.get(), start.get()); }), ("recorded"));
 }
 
+TEST_F(EventTest, ElapsedTimeNeedsBothEventsOnOneDevice) {
+  auto start = make_event(0, true);
+  auto end = make_event(1, true);
+  rt().record_event(start.get(), 0, kDefaultStream);
+  rt().record_event(end.get(), 1, kDefaultStream);
+  EXPECT_CONTAINS(error_message([&] { rt().elapsed_ms(start.get(), end.get()); }),
+                  ("both events on the same device, got brick:0 and brick:1"));
+}
+
 TEST_F(EventTest, QueryAndSynchronize) {
   auto event = make_event(0, false);
   EXPECT_TRUE(rt().query_event(event.get())) << "an unrecorded event counts as complete";
@@ -776,8 +785,14 @@ TEST_F(HostDevicesEnvTest, RejectsInvalidCounts) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Runtime selection (BRICK_RUNTIME, allow_cuda_backing). make_runtime_from_env() is what get()
+// Runtime selection (BRICK_RUNTIME, the CUDA backing check). make_runtime_from_env() is what get()
 // runs once; these tests hold on either kind of machine.
+
+// CUDA backing checks standing in for a CPU-only PyTorch above the runtime.
+std::optional<std::string> refuse_cuda_backing() {
+  return "this PyTorch build cannot run CUDA kernels";
+}
+std::optional<std::string> refuse_cuda_backing_without_reason() { return ""; }
 
 class SelectionTest : public ::testing::Test {
  protected:
@@ -789,7 +804,7 @@ class SelectionTest : public ::testing::Test {
     unsetenv("BRICK_HOST_DEVICES");
   }
   void TearDown() override {
-    allow_cuda_backing(true, "");
+    set_cuda_backing_check(nullptr);
     for (size_t i = 0; i < kVariables.size(); ++i) {
       if (saved_[i]) {
         setenv(kVariables[i], saved_[i]->c_str(), 1);
@@ -847,7 +862,7 @@ TEST_F(SelectionTest, AutoIsTheDefaultAndFallsBackToHostWithTheReason) {
 
 TEST_F(SelectionTest, AutoRespectsADisallowedCudaBacking) {
   setenv("BRICK_RUNTIME", "auto", 1);
-  allow_cuda_backing(false, "this PyTorch build cannot run CUDA kernels");
+  set_cuda_backing_check(&refuse_cuda_backing);
   const RuntimeChoice choice = make_runtime_from_env();
   EXPECT_EQ(choice.runtime->backing_kind(), BackingKind::Host);
   EXPECT_CONTAINS(choice.note, ("because this PyTorch build cannot run CUDA kernels"));
@@ -867,11 +882,11 @@ TEST_F(SelectionTest, CudaWithoutAGpuThrowsTheReason) {
 
 TEST_F(SelectionTest, CudaWhenCudaBackingIsDisallowedThrowsThatReason) {
   setenv("BRICK_RUNTIME", "cuda", 1);
-  allow_cuda_backing(false, "this PyTorch build cannot run CUDA kernels");
+  set_cuda_backing_check(&refuse_cuda_backing);
   EXPECT_CONTAINS(error_message([] { make_runtime_from_env(); }),
                   ("BRICK_RUNTIME=cuda was asked for but this PyTorch build cannot run CUDA "
                    "kernels; unset it or use BRICK_RUNTIME=host"));
-  allow_cuda_backing(false, "");  // no reason given: still a sentence
+  set_cuda_backing_check(&refuse_cuda_backing_without_reason);  // no reason given: still a sentence
   EXPECT_CONTAINS(error_message([] { make_runtime_from_env(); }), ("disallowed"));
 }
 

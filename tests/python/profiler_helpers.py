@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import pathlib
 import time
 
 import pytest
@@ -15,6 +17,17 @@ import torch.profiler._cupti_monitor  # noqa: F401
 
 import torch_brickdev  # noqa: F401  (registers brick)
 from torch_brickdev import profiler as bp
+
+BENCHMARKS = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def load_benchmark(name: str):
+    """benchmarks/<name>.py as a module, so tests run the very code the benchmarks measure."""
+    spec = importlib.util.spec_from_file_location(f"brick_{name}", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 
 # ---- a custom op of known duration ---------------------------------------------------------
 

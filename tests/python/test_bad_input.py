@@ -198,14 +198,12 @@ TABLE += [
 
 # -- torch_brickdev (top level) ---------------------------------------------------------------
 
-# backing_stream and runtime_note come with the CUDA runtime work, uncommitted as this is written.
-if hasattr(torch_brickdev, "backing_stream"):
-    TABLE += [
-        bad(torch_brickdev.backing_stream, "stream", "stream", TypeError,
-            r"stream must be a brick torch\.Stream or None, got str"),
-        bad(torch_brickdev.backing_stream, "stream", 0, TypeError,
-            r"stream must be a brick torch\.Stream or None, got int"),
-    ]
+TABLE += [
+    bad(torch_brickdev.backing_stream, "stream", "stream", TypeError,
+        r"stream must be a brick torch\.Stream or None, got str"),
+    bad(torch_brickdev.backing_stream, "stream", 0, TypeError,
+        r"stream must be a brick torch\.Stream or None, got int"),
+]
 
 # -- torch.brick: random -----------------------------------------------------------------------
 
@@ -771,9 +769,8 @@ EXEMPT = {
     "torch_brickdev.demo.DecodeConfigTypeError": "an exception class",
     "torch_brickdev.pytest_plugin.brick_profile": "a pytest fixture: pytest calls it, without "
                                                   "arguments",
+    "torch_brickdev.runtime_note": NO_ARGUMENTS,
 }
-if hasattr(torch_brickdev, "runtime_note"):
-    EXEMPT["torch_brickdev.runtime_note"] = NO_ARGUMENTS
 # Owned elsewhere (see the module docstring).
 NOT_COVERED_HERE = ("torch_brickdev.profiler.report", "torch_brickdev.contract")
 

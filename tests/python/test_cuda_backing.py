@@ -10,6 +10,7 @@ import torch
 
 import torch_brickdev
 import torch_brickdev.profiler as bp
+from profiler_helpers import load_benchmark
 
 ON_CUDA = torch_brickdev.runtime_name() == "cuda"
 pytestmark = pytest.mark.skipif(
@@ -178,33 +179,10 @@ def test_registry_device_time_of_a_long_op(mode):
 
 
 def test_event_mode_agrees_with_cupti_kernel_times():
-    """Per-op device time in Event mode vs the kernel time CUPTI reports, for ops >= 20 us."""
+    """Per-op device time in Event mode vs the kernel time CUPTI reports, for ops >= 20 us
+    (the comparison benchmarks/bench_cuda.py prints)."""
     torch.manual_seed(0)
-    sizes = (2048, 3072, 4096)
-    inputs = {n: big_matmul_inputs(n) for n in sizes}
-    for a, b in inputs.values():
-        a @ b
-    torch.brick.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        with bp.profile(sync_mode="event"):
-            for n in sizes:
-                a, b = inputs[n]
-                for _ in range(10):
-                    with torch.autograd.profiler.record_function(f"mm{n}"):
-                        a @ b
-            torch.brick.synchronize()
-    registry = {s.name: s for s in bp.stats() if s.name.startswith("mm")}
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    by_size = {}
-    kernel_iter = iter(sorted(kernels, key=lambda e: e.time_range.start))
-    for n in sizes:
-        total = 0.0
-        for _ in range(10):
-            total += next(kernel_iter).time_range.elapsed_us()
-        by_size[n] = total / 10
-    for n in sizes:
-        cupti_us = by_size[n]
-        brick_us = registry[f"mm{n}"].avg_us()
+    for n, brick_us, cupti_us in load_benchmark("bench_cuda").cupti_agreement():
         assert cupti_us >= 20.0
         assert abs(brick_us - cupti_us) <= 0.05 * cupti_us, (n, brick_us, cupti_us)
 

@@ -9,21 +9,9 @@
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-
 import pytest
 
-from profiler_helpers import clean_profiler  # noqa: F401  (a fixture)
-
-BENCHMARKS = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-def load_benchmark(name: str):
-    spec = importlib.util.spec_from_file_location(f"brick_{name}", BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from profiler_helpers import clean_profiler, load_benchmark  # noqa: F401  (a fixture)
 
 
 @pytest.fixture(autouse=True)

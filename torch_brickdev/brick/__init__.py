@@ -75,5 +75,7 @@ def _is_in_bad_fork() -> bool:
 
 
 def _lazy_init() -> None:
-    # Initialised at import; kept for code written against torch.cuda.
-    pass
+    """Creates brick's runtime now if it does not exist yet (as torch.cuda._lazy_init)."""
+    from .. import _C
+
+    _C._device_count()

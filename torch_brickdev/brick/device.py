@@ -14,8 +14,9 @@ def is_available() -> bool:
 
 
 def is_initialized() -> bool:
-    """Brick initialises when ``torch_brickdev`` is imported."""
-    return True
+    """Whether brick's runtime exists: it is created on first use (a brick tensor, a device
+    query), not at import, so that importing brick initializes no GPU."""
+    return _C._runtime_created_in_pid() != -1
 
 
 def device_count() -> int:
