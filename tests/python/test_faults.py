@@ -322,19 +322,31 @@ def test_fork_while_other_threads_are_profiling_never_deadlocks_the_child():
     # Other threads hold the profiler's locks at arbitrary moments; the fork handlers must hand
     # the child every lock released.
     stop = threading.Event()
+    started = threading.Barrier(4)
 
     def hammer():
         y = torch.ones(4, device="brick")
+        first = True
         while not stop.is_set():
             with record_function("hammer"):
                 y = y + 1
             bp.mark("tick")
+            if first:
+                started.wait()
+                first = False
 
     with torch.autograd.profiler.profile(use_device="brick"):
         with bp.profile():
             threads = [threading.Thread(target=hammer) for _ in range(3)]
             for t in threads:
                 t.start()
+            # Forks begin once every thread has run an op under both profilers. Right after a
+            # profiler starts, each thread's first op refreshes its copy of RecordFunction's
+            # callbacks under a lock of PyTorch's own (at::GlobalCallbackManager); a fork at that
+            # moment leaves the child waiting on it forever. Brick cannot hold that lock across
+            # fork(); its own locks are what this test exercises.
+            torch.ones(1, device="brick").add_(1)
+            started.wait(timeout=30)
             try:
                 for _ in range(15):
                     seen = run_in_child(lambda: {
