@@ -6,6 +6,9 @@
 #   scripts/run.sh bench   set up, build, run the benchmarks
 #   scripts/run.sh sanitize  build and run the C++ suites under ASan+UBSan and TSan (also part of
 #                            `test`; BRICK_SKIP_SANITIZERS=1 skips them there)
+#   scripts/run.sh torch-lane VERSION  build and run GoogleTest and pytest against another PyTorch
+#                            release in its own virtual environment (`test` runs it for
+#                            $BRICK_TORCH_LANES, default 2.14.1; BRICK_TORCH_LANES= skips it)
 #
 # Uses the torch already installed, else installs torch==2.13.0 (never an open-ended torch).
 set -euo pipefail
@@ -80,9 +83,43 @@ sanitize() {
   TSAN_OPTIONS=halt_on_error=1 ctest --test-dir "$tsan" --output-on-failure -j 2
 }
 
+# Another PyTorch release, in its own virtual environment (build/torch-VERSION/venv) and its own
+# copy of the working tree (the built module sits beside the sources, so two builds of one tree
+# would overwrite each other): the extension is built against that release and every C++ and
+# Python suite runs there. The release is pinned: pip never chooses a torch.
+torch_lane() {
+  local version=$1 lane="$PWD/build/torch-$1"
+  local venv="$lane/venv" src="$lane/src"
+  log "lane torch==$version ($lane)"
+  if ! "$venv/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$version')" 2>/dev/null; then
+    log "installing torch==$version into $venv"
+    rm -rf "$venv"
+    "$PYTHON" -m venv "$venv"
+    "$venv/bin/python" -m pip install -q "torch==$version" "setuptools>=64" wheel
+  fi
+  PYTHON="$venv/bin/python" setup_python
+  rm -rf "$src" && mkdir -p "$src"
+  git ls-files -co --exclude-standard -z | tar -c --null -T - -f - | tar -x -C "$src"
+  (
+    cd "$src"
+    export BRICK_BUILD_DIR="$src/build/release"
+    log "building torch_brickdev against torch==$version"
+    BRICK_BUILD_TESTS=1 "$venv/bin/python" -m pip install -q --no-build-isolation --no-deps -e .
+    log "GoogleTest (CTest), torch==$version"
+    ctest --test-dir "$BRICK_BUILD_DIR" --output-on-failure -j 2
+    log "pytest, torch==$version"
+    PYTHON="$venv/bin/python" run_pytest "${@:2}"
+  )
+}
+
 build() {
   log "building torch_brickdev (CMake, $BUILD_DIR)"
   BRICK_BUILD_TESTS=${1:-0} "$PYTHON" -m pip install -q --no-build-isolation --no-deps -e .
+}
+
+# The whole pytest suite with $PYTHON.
+run_pytest() {
+  "$PYTHON" -m pytest tests/python -q "$@"
 }
 
 job=${1:-}
@@ -100,12 +137,17 @@ case "$job" in
     log "GoogleTest (CTest)"
     ctest --test-dir "$BRICK_BUILD_DIR" --output-on-failure -j 2
     log "pytest"
-    "$PYTHON" -m pytest tests/python -q "${@:2}"
+    run_pytest "${@:2}"
     if [ "${BRICK_SKIP_SANITIZERS:-0}" != 1 ]; then sanitize; fi
+    for version in ${BRICK_TORCH_LANES-2.14.1}; do torch_lane "$version" "${@:2}"; done
     ;;
   sanitize)
     setup_system; setup_python
     sanitize
+    ;;
+  torch-lane)
+    [ -n "${2:-}" ] || { echo "usage: scripts/run.sh torch-lane VERSION [pytest args...]" >&2; exit 2; }
+    setup_system; torch_lane "${@:2}"
     ;;
   bench)
     setup_system; setup_python; build 0
