@@ -2,7 +2,8 @@
 //
 // Plain C++ with no torch dependency. The backend layer talks only to `Runtime`; two
 // implementations sit behind it: the host runtime (host memory, work runs on the calling thread)
-// and the CUDA runtime (brick device N is CUDA device N). Builds with the CUDA toolkit define
+// and the CUDA runtime (brick device N is CUDA device N; brick memory and streams other than the
+// default one come from the layer above, PyTorch's). Builds with the CUDA toolkit define
 // BRICK_WITH_CUDA=1.
 #pragma once
 
@@ -92,12 +93,11 @@ class Runtime {
   virtual DeviceIndex current_device() const noexcept = 0;
   virtual void set_current_device(DeviceIndex device) = 0;
 
-  // Memory. The host runtime allocates brick memory; the CUDA runtime allocates none (on CUDA
-  // backing brick memory is PyTorch's CUDA caching allocator's, adopted through record_adopted),
-  // so there `allocate` throws Error, `deallocate` aborts on any pointer but nullptr and
-  // `record_stream` throws Error for any pointer but nullptr.
-  // `allocate(device, 0)` returns nullptr. `deallocate` takes any pointer returned by `allocate`
-  // (from any thread) and says what it released.
+  // Memory. The host runtime serves brick memory: `allocate(device, 0)` returns nullptr, and
+  // `deallocate` takes any pointer `allocate` returned (from any thread) and says what it
+  // released. The CUDA runtime allocates none (on CUDA backing brick memory is PyTorch's CUDA
+  // caching allocator's, counted through record_adopted): there `allocate` throws Error,
+  // `deallocate` aborts on any pointer but nullptr and `record_stream` throws Error on any.
   struct Released {
     size_t nbytes;
     DeviceIndex device;

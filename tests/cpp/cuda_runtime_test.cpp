@@ -437,6 +437,8 @@ TEST_F(CudaRuntimeTest, RefusesToAllocateOrCreateStreamsSayingWhy) {
   EXPECT_CONTAINS(error_message([&] { rt().allocate(rt().device_count(), 16); }), ("device index"));
   EXPECT_CONTAINS(error_message([&] { rt().create_stream(0, -1); }),
                   ("registered with stream_from_native"));
+  EXPECT_CONTAINS(error_message([&] { rt().create_stream(rt().device_count(), 0); }),
+                  ("device index"));
   int on_the_stack = 0;
   EXPECT_CONTAINS(error_message([&] { rt().record_stream(&on_the_stack, 0, kDefaultStream); }),
                   ("is not memory of the CUDA runtime"));

@@ -229,9 +229,12 @@ class CudaRuntimeKind {
     return bytes;
   }
 
-  // Work taking `ms` on `stream`: a host function holding the stream.
+  // Work taking `ms` on `stream`: a host function holding the stream. (The legacy stream handle
+  // names the current device's, so `device` is made current.)
   void run_work(Runtime& rt, DeviceIndex device, StreamId stream, int ms) {
-    cuda_or_throw(enqueue_sleep(native(rt, device, stream), ms), "cudaLaunchHostFunc");
+    const cudaStream_t handle = native(rt, device, stream);
+    CudaDeviceScope scope(device);
+    cuda_or_throw(enqueue_sleep(handle, ms), "cudaLaunchHostFunc");
   }
 
   // Frees what this kind made (never throws: it runs in the destructor too).
