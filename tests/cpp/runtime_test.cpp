@@ -56,19 +56,13 @@ class RuntimeContractTest : public ::testing::Test {
   std::unique_ptr<Runtime> rt_;
 };
 
-struct KindName {
-  template <typename Kind>
-  static std::string GetName(int /*index*/) {
-    return Kind::kName;
-  }
-};
-
 #if BRICK_WITH_CUDA
 using RuntimeKinds = ::testing::Types<HostRuntimeKind, CudaRuntimeKind>;
 #else
 using RuntimeKinds = ::testing::Types<HostRuntimeKind>;
 #endif
-TYPED_TEST_SUITE(RuntimeContractTest, RuntimeKinds, KindName);
+// Named by type (CTest: RuntimeContractTest.<test><brick::test::HostRuntimeKind>).
+TYPED_TEST_SUITE(RuntimeContractTest, RuntimeKinds);
 
 // Skips the rest of a test that needs `n` brick devices where the runtime has fewer.
 #define SKIP_UNLESS_DEVICES(rt, n)                                                                 \
