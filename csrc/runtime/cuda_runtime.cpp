@@ -2,12 +2,13 @@
 //
 // Plain C++ over the CUDA runtime API (no kernels). What it maps to CUDA:
 // - Stream 0 of every device is the CUDA legacy default stream, the stream PyTorch's default
-//   CUDA stream is, so brick work on it orders with plain `cuda` work. Created streams are
-//   cudaStreamNonBlocking (like PyTorch's pool streams) and live as long as the process.
-// - Priorities keep the brick meaning: 0 is normal, negative is higher, exactly CUDA's numbers,
-//   clamped into the device's cudaDeviceGetStreamPriorityRange (H100: 0 down to -5).
-// - Memory comes from the device's default stream-ordered pool (cudaMallocFromPoolAsync on the
-//   calling thread's current stream); freed memory stays cached in the pool.
+//   CUDA stream is, so brick work on it orders with plain `cuda` work. Every other brick stream
+//   is a CUDA stream made elsewhere (PyTorch's, on CUDA backing) and registered on first sight
+//   by stream_from_native; the runtime creates none.
+// - Memory: none. Brick memory on CUDA backing is PyTorch's CUDA caching allocator's, which the
+//   backend adopts (Runtime::record_adopted); the runtime copies into it on brick's streams.
+// - Events are CUDA events; their completion times are placed on the host clock through
+//   per-device reference events.
 // - The current device and streams are brick's own per-thread state. CUDA's current device is
 //   changed only inside a call that needs it and restored before the call returns.
 #include <cuda.h>  // driver types for the primary-context query, looked up through cudart
@@ -21,14 +22,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <limits>
 #include <memory>
 #include <mutex>
 #include <new>
 #include <string>
 #include <unordered_map>
-#include <vector>
 
 #include "runtime/runtime.h"
 #include "runtime/thread_state.h"
@@ -67,12 +65,6 @@ std::string pointer_text(const void* ptr) {
 inline void check(cudaError_t error, const char* what, DeviceIndex device) {
   if (error != cudaSuccess) [[unlikely]]
     throw_cuda(error, what, device);
-}
-
-// Errors CUDA returns once the process is tearing it down (or the device was reset): memory is
-// gone with the context, so a late free has nothing left to do.
-bool is_teardown(cudaError_t error) noexcept {
-  return error == cudaErrorCudartUnloading || error == cudaErrorContextIsDestroyed;
 }
 
 // ---- primary contexts ------------------------------------------------------------------------
@@ -198,9 +190,6 @@ struct CudaEvent final : Event {
 };
 
 CudaEvent* as_cuda(Event* event) noexcept { return static_cast<CudaEvent*>(event); }
-const CudaEvent* as_cuda(const Event* event) noexcept {
-  return static_cast<const CudaEvent*>(event);
-}
 
 // ---- per-device state ------------------------------------------------------------------------
 
@@ -234,64 +223,12 @@ struct DeviceState {
   std::atomic<StreamChunk*> stream_chunks[kStreamChunks] = {};
   std::mutex streams_mutex;
   std::unordered_map<cudaStream_t, StreamId> ids_by_handle;  // non-default streams
-  std::vector<cudaStream_t> owned_streams;                   // created by brick
-
-  // The default memory pool, set up on first allocation.
-  std::atomic<cudaMemPool_t> pool{nullptr};
-  std::mutex pool_mutex;
-
-  // Timing-disabled events for ordering one stream after another.
-  std::mutex spare_events_mutex;
-  std::vector<cudaEvent_t> spare_events;
-
   // Calibration of device event times against the host clock.
   std::mutex clock_mutex;
   cudaStream_t clock_stream = nullptr;  // idle, so a reference completes as soon as it is queued
   std::array<ClockReference, kClockReferences> clock_references;
   int newest_clock_reference = -1;
 };
-
-// ---- allocations -----------------------------------------------------------------------------
-
-struct StreamUse {
-  DeviceIndex device;
-  cudaStream_t stream;
-};
-
-struct Allocation {
-  size_t nbytes = 0;
-  DeviceIndex device = 0;
-  cudaStream_t stream = nullptr;   // the stream the allocation (and its free) is ordered on
-  std::vector<StreamUse> used_on;  // other streams given to record_stream
-};
-
-constexpr size_t kAllocationShards = 16;
-
-struct AllocationShard {
-  std::mutex mutex;
-  std::unordered_map<void*, Allocation> live;
-};
-
-std::atomic<bool> free_failure_reported{false};
-
-// Reported once: after a sticky error (an illegal memory access, say) every free fails.
-void report_free_failure(const void* ptr, const Allocation& allocation, const char* step,
-                         cudaError_t error, bool leaked) noexcept {
-  (void)cudaGetLastError();
-  if (free_failure_reported.exchange(true)) return;
-  std::fprintf(stderr,
-               "brick: warning: freeing %zu bytes at %p on brick:%d (cuda:%d) failed while %s: "
-               "%s: %s%s (further failures to free are not reported)\n",
-               allocation.nbytes, ptr, allocation.device, allocation.device, step,
-               cudaGetErrorName(error), cudaGetErrorString(error),
-               leaked ? "; the memory is left allocated" : "");
-}
-
-bool ranges_overlap(const void* a, const void* b, size_t nbytes) noexcept {
-  const auto x = reinterpret_cast<std::uintptr_t>(a);
-  const auto y = reinterpret_cast<std::uintptr_t>(b);
-  return x < y + nbytes && y < x + nbytes;
-}
 
 // ---- the runtime -----------------------------------------------------------------------------
 
@@ -322,18 +259,14 @@ class CudaRuntime final : public Runtime {
   ~CudaRuntime() override {
     for (int device = 0; device < device_count_; ++device) {
       DeviceState& state = devices_[device];
-      const bool has_cuda_objects = !state.owned_streams.empty() || !state.spare_events.empty() ||
-                                    state.clock_stream != nullptr;
       // Only then: making a device current would create a context on a GPU never used.
-      if (has_cuda_objects) {
+      if (state.clock_stream != nullptr) {
         DeviceGuard guard(device, std::nothrow);
         if (guard.ok()) {
-          for (cudaStream_t stream : state.owned_streams) (void)cudaStreamDestroy(stream);
-          for (cudaEvent_t event : state.spare_events) (void)cudaEventDestroy(event);
           for (const ClockReference& reference : state.clock_references) {
             if (reference.event != nullptr) (void)cudaEventDestroy(reference.event);
           }
-          if (state.clock_stream != nullptr) (void)cudaStreamDestroy(state.clock_stream);
+          (void)cudaStreamDestroy(state.clock_stream);
         }
         (void)cudaGetLastError();
       }
@@ -354,119 +287,52 @@ class CudaRuntime final : public Runtime {
     state().device = device;  // brick's own: CUDA's current device is set per call
   }
 
-  // ---- memory ----
+  // ---- memory: none (see the top of the file); what the host runtime serves fails clearly ----
 
   void* allocate(DeviceIndex device, size_t nbytes) override {
     check_device(device);
-    if (nbytes == 0) return nullptr;
-    const cudaStream_t stream = current_stream_handle(device);
-    DeviceGuard guard(device);
-    if (capture_active(stream, device)) {
-      // Memory allocated inside a capture belongs to the graph, and brick would free it as its
-      // own: refuse clearly instead.
-      throw Error("brick: allocating " + std::to_string(nbytes) + " bytes of brick memory on " +
-                  device_label(device) +
-                  " while its stream is being captured into a CUDA graph is not supported; "
-                  "allocate before the capture");
-    }
-    const cudaMemPool_t pool = memory_pool(device);
-    void* ptr = nullptr;
-    cudaError_t status = cudaMallocFromPoolAsync(&ptr, nbytes, pool, stream);
-    if (status == cudaErrorMemoryAllocation && !capture_active(stream, device)) {
-      // Once pending frees have completed and the pool's unused memory went back to the
-      // driver (so it can be mapped afresh, unfragmented), the request may fit.
-      (void)cudaGetLastError();
-      if (cudaDeviceSynchronize() == cudaSuccess && cudaMemPoolTrimTo(pool, 0) == cudaSuccess) {
-        status = cudaMallocFromPoolAsync(&ptr, nbytes, pool, stream);
-      }
-    }
-    if (status != cudaSuccess) {
-      throw_cuda(status, "allocating " + std::to_string(nbytes) + " bytes", device);
-    }
-    try {
-      AllocationShard& shard = shard_of(ptr);
-      std::lock_guard<std::mutex> lock(shard.mutex);
-      shard.live.emplace(ptr, Allocation{nbytes, device, stream, {}});
-    } catch (...) {
-      (void)cudaFreeAsync(ptr, stream);
-      throw;
-    }
-    tracker(device).on_alloc(static_cast<int64_t>(nbytes));
-    return ptr;
+    throw Error("brick: the CUDA runtime allocates no memory (asked for " + std::to_string(nbytes) +
+                " bytes on " + device_label(device) +
+                "): on CUDA backing, brick memory comes from PyTorch's CUDA caching allocator");
   }
 
   Released deallocate(void* ptr) noexcept override {
     if (ptr == nullptr) return {0, -1};
-    Allocation allocation;
-    {
-      AllocationShard& shard = shard_of(ptr);
-      std::lock_guard<std::mutex> lock(shard.mutex);
-      const auto it = shard.live.find(ptr);
-      if (it == shard.live.end()) {
-        // Not ours, or freed twice: continuing could hand the same memory out twice.
-        std::fprintf(stderr,
-                     "brick: fatal: deallocate(%p): not memory of this CUDA runtime, or already "
-                     "freed\n",
-                     ptr);
-        std::abort();
-      }
-      allocation = std::move(it->second);
-      shard.live.erase(it);
-    }
-    tracker(allocation.device).on_free(static_cast<int64_t>(allocation.nbytes));
-    free_in_stream_order(ptr, allocation);
-    return {allocation.nbytes, allocation.device};
+    // Nothing can be this runtime's: continuing could free memory someone else owns.
+    std::fprintf(stderr,
+                 "brick: fatal: deallocate(%p): the CUDA runtime allocates no memory, so this "
+                 "pointer is not its to free\n",
+                 ptr);
+    std::abort();
   }
 
   void record_stream(void* ptr, DeviceIndex device, StreamId stream) override {
     check_device(device);
-    const cudaStream_t handle = stream_handle(device, stream);
-    if (ptr == nullptr) return;  // a zero-byte allocation: nothing to keep alive
-    AllocationShard& shard = shard_of(ptr);
-    std::lock_guard<std::mutex> lock(shard.mutex);
-    const auto it = shard.live.find(ptr);
-    if (it == shard.live.end()) {
-      throw Error("brick: record_stream: " + pointer_text(ptr) +
-                  " is not the start of memory allocated by this CUDA runtime (or it was "
-                  "already freed)");
-    }
-    Allocation& allocation = it->second;
-    if (allocation.device == device && allocation.stream == handle) return;
-    for (const StreamUse& use : allocation.used_on) {
-      if (use.device == device && use.stream == handle) return;
-    }
-    allocation.used_on.push_back({device, handle});
+    (void)stream_handle(device, stream);  // validates
+    if (ptr == nullptr) return;           // a zero-byte allocation: nothing to keep alive
+    throw Error("brick: record_stream: " + pointer_text(ptr) +
+                " is not memory of the CUDA runtime, which allocates none (PyTorch's CUDA "
+                "caching allocator has its own record_stream)");
   }
 
   void copy(void* dst, DeviceIndex dst_device, const void* src, DeviceIndex src_device,
             size_t nbytes) override {
-    if (dst_device >= 0) check_device(dst_device);
-    if (src_device >= 0) check_device(src_device);
-    if (nbytes == 0 || dst == src) return;
-    if (dst_device < 0 && src_device < 0) {
-      std::memmove(dst, src, nbytes);
-      return;
-    }
-    if (dst_device >= 0 && src_device >= 0 && dst_device != src_device) {
-      copy_between_devices(dst, dst_device, src, src_device, nbytes);
-      return;
-    }
-    const DeviceIndex device = dst_device >= 0 ? dst_device : src_device;
+    check_copy(dst, dst_device, src, src_device, nbytes);
+    if (nbytes == 0) return;
+    const DeviceIndex device = dst_device;
     const cudaStream_t stream = current_stream_handle(device);
     DeviceGuard guard(device);
-    if (dst_device >= 0 && src_device >= 0) {
-      copy_within_device(dst, src, nbytes, device, stream);
-      return;
-    }
-    const std::string what = std::string(dst_device < 0 ? "a device-to-host" : "a host-to-device") +
+    const bool from_host = src_device < 0;
+    const std::string what = std::string(from_host ? "a host-to-device" : "a device-to-device") +
                              " copy of " + std::to_string(nbytes) + " bytes";
-    if (capture_active(stream, device)) {
+    if (from_host && capture_active(stream, device)) {
       throw Error("brick: " + what + " on " + device_label(device) +
                   " cannot run while the current stream is being captured into a CUDA graph (it "
                   "must synchronize with the host)");
     }
     cudaError_t status = cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, stream);
     if (status != cudaSuccess) throw_cuda(status, what, device);
+    if (!from_host) return;
     // Host memory may be pageable and is the caller's again once copy() returns.
     status = cudaStreamSynchronize(stream);
     if (status != cudaSuccess) throw_cuda(status, "waiting for " + what, device);
@@ -476,26 +342,10 @@ class CudaRuntime final : public Runtime {
 
   StreamId create_stream(DeviceIndex device, int priority) override {
     check_device(device);
-    DeviceGuard guard(device);
-    const int cuda_priority = clamp_priority(priority, device);
-    cudaStream_t handle = nullptr;
-    check(cudaStreamCreateWithPriority(&handle, cudaStreamNonBlocking, cuda_priority),
-          "creating a stream", device);
-    DeviceState& state = devices_[device];
-    std::lock_guard<std::mutex> lock(state.streams_mutex);
-    try {
-      state.owned_streams.push_back(handle);
-    } catch (...) {
-      (void)cudaStreamDestroy(handle);
-      throw;
-    }
-    try {
-      return register_stream(device, handle);
-    } catch (...) {
-      state.owned_streams.pop_back();
-      (void)cudaStreamDestroy(handle);
-      throw;
-    }
+    throw Error("brick: the CUDA runtime creates no streams (asked for one of priority " +
+                std::to_string(priority) + " on " + device_label(device) +
+                "): brick streams on CUDA backing are PyTorch's CUDA streams, registered with "
+                "stream_from_native");
   }
 
   StreamId current_stream(DeviceIndex device) const override {
@@ -538,12 +388,6 @@ class CudaRuntime final : public Runtime {
     check_device(device);
     DeviceGuard guard(device);
     check(cudaDeviceSynchronize(), "synchronizing the device", device);
-  }
-
-  void* native_stream(DeviceIndex device, StreamId stream) const override {
-    check_device(device);
-    const cudaStream_t handle = stream_handle(device, stream);
-    return handle == cudaStreamLegacy ? nullptr : handle;  // PyTorch's name for it
   }
 
   StreamId stream_from_native(DeviceIndex device, void* native) override {
@@ -692,10 +536,6 @@ class CudaRuntime final : public Runtime {
     return static_cast<double>(ms);
   }
 
-  DeviceIndex event_device(const Event* event) const noexcept override {
-    return as_cuda(event)->device;
-  }
-
   int64_t event_host_time_ns(Event* base) override {
     CudaEvent* event = as_cuda(base);
     if (!event->timing || !event->recorded.load(std::memory_order_acquire)) return -1;
@@ -739,7 +579,7 @@ class CudaRuntime final : public Runtime {
     const StreamId count = state.stream_count.load(std::memory_order_acquire);
     if (stream < 0 || stream >= count) [[unlikely]] {
       throw Error("brick: stream " + std::to_string(stream) + " does not exist on brick:" +
-                  std::to_string(device) + " (" + std::to_string(count) + " stream(s) created)");
+                  std::to_string(device) + " (" + std::to_string(count) + " stream(s) registered)");
     }
     const StreamChunk* chunk =
         state.stream_chunks[stream / kStreamsPerChunk].load(std::memory_order_relaxed);
@@ -757,8 +597,8 @@ class CudaRuntime final : public Runtime {
     if (id >= kMaxStreamsPerDevice) {
       throw Error("brick: " + device_label(device) + " already has " +
                   std::to_string(kMaxStreamsPerDevice) +
-                  " streams, the most one device can have; streams live as long as the "
-                  "process, so reuse them (e.g. from a pool)");
+                  " streams, the most one device can have; registered streams stay for the "
+                  "life of the process, so reuse them (e.g. from a pool)");
     }
     std::atomic<StreamChunk*>& slot = state.stream_chunks[id / kStreamsPerChunk];
     StreamChunk* chunk = slot.load(std::memory_order_relaxed);
@@ -770,15 +610,6 @@ class CudaRuntime final : public Runtime {
     chunk->handles[id % kStreamsPerChunk] = handle;
     state.stream_count.store(id + 1, std::memory_order_release);  // publishes the entry
     return id;
-  }
-
-  // Brick priority (0 normal, negative higher) to a CUDA priority of `device`, which is current.
-  static int clamp_priority(int priority, DeviceIndex device) {
-    int least = 0;
-    int greatest = 0;
-    check(cudaDeviceGetStreamPriorityRange(&least, &greatest), "querying the stream priority range",
-          device);
-    return std::clamp(priority, std::min(least, greatest), std::max(least, greatest));
   }
 
   // Whether `handle` is in a stream capture (active or invalidated). Caller made the device
@@ -804,190 +635,6 @@ class CudaRuntime final : public Runtime {
                   " while it is being captured into a CUDA graph (that would invalidate the "
                   "capture)");
     }
-  }
-
-  // Caller made `device` current.
-  cudaMemPool_t memory_pool(DeviceIndex device) {
-    DeviceState& state = devices_[device];
-    cudaMemPool_t pool = state.pool.load(std::memory_order_acquire);
-    if (pool != nullptr) [[likely]]
-      return pool;
-    std::lock_guard<std::mutex> lock(state.pool_mutex);
-    pool = state.pool.load(std::memory_order_relaxed);
-    if (pool != nullptr) return pool;
-    int supported = 0;
-    check(cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device),
-          "asking whether the device has memory pools", device);
-    if (supported == 0) {
-      throw Error("brick: " + device_label(device) +
-                  " does not support stream-ordered memory pools (cudaMallocAsync), which the "
-                  "brick CUDA runtime allocates from");
-    }
-    // Brick's own pool, so the device's default pool (other libraries') keeps its settings.
-    cudaMemPoolProps props = {};
-    props.allocType = cudaMemAllocationTypePinned;
-    props.handleTypes = cudaMemHandleTypeNone;
-    props.location.type = cudaMemLocationTypeDevice;
-    props.location.id = device;
-    check(cudaMemPoolCreate(&pool, &props), "creating brick's memory pool", device);
-    // Keep freed memory cached in the pool: a threshold of 0 hands it back to the driver at
-    // every synchronization, which makes the next allocation slow. (allocate() trims it when
-    // an allocation fails.)
-    cuuint64_t threshold = std::numeric_limits<cuuint64_t>::max();
-    check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold),
-          "setting the release threshold of brick's memory pool", device);
-    // Pool memory is reachable from other devices only when granted (peer access enabled
-    // with cudaDeviceEnablePeerAccess does not cover pools): grant every peer that can reach it,
-    // so copies and kernels across brick devices can read it.
-    for (int peer = 0; peer < device_count(); ++peer) {
-      int can_access = 0;
-      if (peer == device || cudaDeviceCanAccessPeer(&can_access, peer, device) != cudaSuccess ||
-          can_access == 0) {
-        (void)cudaGetLastError();
-        continue;
-      }
-      cudaMemAccessDesc access = {};
-      access.location.type = cudaMemLocationTypeDevice;
-      access.location.id = peer;
-      access.flags = cudaMemAccessFlagsProtReadWrite;
-      check(cudaMemPoolSetAccess(pool, &access, 1), "granting a peer device access to the pool",
-            device);
-    }
-    state.pool.store(pool, std::memory_order_release);
-    return pool;
-  }
-
-  AllocationShard& shard_of(const void* ptr) noexcept {
-    // Pool allocations are at least 256-byte aligned: hash the bits above.
-    const auto bits = reinterpret_cast<std::uintptr_t>(ptr) >> 8;
-    return shards_[(bits * 0x9E3779B97F4A7C15ULL) >> 60 & (kAllocationShards - 1)];
-  }
-
-  // A timing-disabled event of `device` (current) for ordering streams.
-  cudaError_t acquire_sync_event(DeviceIndex device, cudaEvent_t* event) noexcept {
-    DeviceState& state = devices_[device];
-    {
-      std::lock_guard<std::mutex> lock(state.spare_events_mutex);
-      if (!state.spare_events.empty()) {
-        *event = state.spare_events.back();
-        state.spare_events.pop_back();
-        return cudaSuccess;
-      }
-    }
-    return cudaEventCreateWithFlags(event, cudaEventDisableTiming);
-  }
-
-  void release_sync_event(DeviceIndex device, cudaEvent_t event) noexcept {
-    DeviceState& state = devices_[device];
-    try {
-      std::lock_guard<std::mutex> lock(state.spare_events_mutex);
-      state.spare_events.push_back(event);
-      return;
-    } catch (...) {
-    }
-    DeviceGuard guard(device, std::nothrow);
-    if (guard.ok()) (void)cudaEventDestroy(event);
-  }
-
-  // Makes `waiter` (a stream of `waiter_device`) wait for the work queued so far on `stream`
-  // (of `device`). A wait uses the event's state at the time of the call, so the event can go
-  // back to the spares at once.
-  cudaError_t wait_for_stream(DeviceIndex waiter_device, cudaStream_t waiter, DeviceIndex device,
-                              cudaStream_t stream) noexcept {
-    cudaEvent_t event = nullptr;
-    {
-      DeviceGuard guard(device, std::nothrow);
-      if (!guard.ok()) return guard.status();
-      const cudaError_t status = acquire_sync_event(device, &event);
-      if (status != cudaSuccess) return status;
-      const cudaError_t recorded = cudaEventRecord(event, stream);
-      if (recorded != cudaSuccess) {
-        release_sync_event(device, event);
-        return recorded;
-      }
-    }
-    cudaError_t status;
-    {
-      DeviceGuard guard(waiter_device, std::nothrow);
-      status = guard.ok() ? cudaStreamWaitEvent(waiter, event, 0) : guard.status();
-    }
-    release_sync_event(device, event);
-    return status;
-  }
-
-  // Frees after the work queued on the allocation stream and on every recorded stream. When a
-  // recorded stream cannot be waited for, the memory is leaked rather than freed under work that
-  // may still use it.
-  void free_in_stream_order(void* ptr, const Allocation& allocation) noexcept {
-    for (const StreamUse& use : allocation.used_on) {
-      cudaError_t status =
-          wait_for_stream(allocation.device, allocation.stream, use.device, use.stream);
-      if (status == cudaSuccess) continue;
-      if (is_teardown(status)) {
-        (void)cudaGetLastError();
-        return;
-      }
-      (void)cudaGetLastError();
-      DeviceGuard guard(use.device, std::nothrow);  // fall back to waiting here
-      status = guard.ok() ? cudaStreamSynchronize(use.stream) : guard.status();
-      if (status != cudaSuccess) {
-        if (!is_teardown(status)) {
-          report_free_failure(ptr, allocation, "waiting for a stream given to record_stream",
-                              status, /*leaked=*/true);
-        }
-        (void)cudaGetLastError();
-        return;
-      }
-    }
-    DeviceGuard guard(allocation.device, std::nothrow);
-    const cudaError_t status = guard.ok() ? cudaFreeAsync(ptr, allocation.stream) : guard.status();
-    if (status != cudaSuccess) {
-      if (!is_teardown(status)) {
-        report_free_failure(ptr, allocation, "queuing the free", status, /*leaked=*/false);
-      }
-      (void)cudaGetLastError();
-    }
-  }
-
-  // Same-device copy on `stream`; `device` is current. CUDA copies need disjoint ranges, so
-  // overlapping ones (allowed, like memmove) go through scratch memory.
-  void copy_within_device(void* dst, const void* src, size_t nbytes, DeviceIndex device,
-                          cudaStream_t stream) {
-    const std::string what = "a device-to-device copy of " + std::to_string(nbytes) + " bytes";
-    if (!ranges_overlap(dst, src, nbytes)) {
-      const cudaError_t status = cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, stream);
-      if (status != cudaSuccess) throw_cuda(status, what, device);
-      return;
-    }
-    void* scratch = nullptr;
-    cudaError_t status = cudaMallocFromPoolAsync(&scratch, nbytes, memory_pool(device), stream);
-    if (status != cudaSuccess) throw_cuda(status, "allocating scratch memory for " + what, device);
-    status = cudaMemcpyAsync(scratch, src, nbytes, cudaMemcpyDefault, stream);
-    if (status == cudaSuccess)
-      status = cudaMemcpyAsync(dst, scratch, nbytes, cudaMemcpyDefault, stream);
-    const cudaError_t freed = cudaFreeAsync(scratch, stream);
-    if (status != cudaSuccess) throw_cuda(status, what, device);
-    if (freed != cudaSuccess) throw_cuda(freed, "freeing scratch memory of " + what, device);
-  }
-
-  // Runs on the source device's current stream, after the work queued on the destination's
-  // current stream (which may still use `dst`), and the destination's stream waits for it, so
-  // the copy is ordered on both current streams (as PyTorch orders a cross-device copy).
-  void copy_between_devices(void* dst, DeviceIndex dst_device, const void* src,
-                            DeviceIndex src_device, size_t nbytes) {
-    const cudaStream_t src_stream = current_stream_handle(src_device);
-    const cudaStream_t dst_stream = current_stream_handle(dst_device);
-    const std::string what = "a peer copy of " + std::to_string(nbytes) +
-                             " bytes to brick:" + std::to_string(dst_device);
-    cudaError_t status = wait_for_stream(src_device, src_stream, dst_device, dst_stream);
-    if (status != cudaSuccess) throw_cuda(status, "ordering " + what, src_device);
-    {
-      DeviceGuard guard(src_device);
-      status = cudaMemcpyPeerAsync(dst, dst_device, src, src_device, nbytes, src_stream);
-      if (status != cudaSuccess) throw_cuda(status, what, src_device);
-    }
-    status = wait_for_stream(dst_device, dst_stream, src_device, src_stream);
-    if (status != cudaSuccess) throw_cuda(status, "ordering " + what, src_device);
   }
 
   // Records a clock reference: an event on an idle stream, synchronized, stamped with the
@@ -1034,7 +681,6 @@ class CudaRuntime final : public Runtime {
   const uint64_t id_;
   int device_count_ = 0;
   std::unique_ptr<DeviceState[]> devices_;
-  AllocationShard shards_[kAllocationShards];
 };
 
 }  // namespace

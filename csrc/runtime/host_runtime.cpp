@@ -26,9 +26,6 @@ struct HostEvent final : Event {
 };
 
 HostEvent* as_host(Event* event) noexcept { return static_cast<HostEvent*>(event); }
-const HostEvent* as_host(const Event* event) noexcept {
-  return static_cast<const HostEvent*>(event);
-}
 
 constexpr size_t kAlignment = 64;  // matches PyTorch's CPU allocator
 constexpr uint64_t kMagic = 0x6b63697262ULL;
@@ -104,17 +101,15 @@ class HostRuntime final : public Runtime {
 
   void copy(void* dst, DeviceIndex dst_device, const void* src, DeviceIndex src_device,
             size_t nbytes) override {
-    if (dst_device >= 0) check_device(dst_device);
-    if (src_device >= 0) check_device(src_device);
-    if (nbytes != 0) std::memmove(dst, src, nbytes);
+    check_copy(dst, dst_device, src, src_device, nbytes);
+    if (nbytes != 0) std::memcpy(dst, src, nbytes);
   }
 
   void record_stream(void* /*ptr*/, DeviceIndex device, StreamId stream) override {
     check_stream(device, stream);  // every op completes before it returns: nothing to wait for
   }
 
-  // Priorities order nothing here (work runs on the calling thread); the meaning the CUDA
-  // runtime gives them: 0 normal, negative higher.
+  // Priorities order nothing here: work runs on the calling thread.
   StreamId create_stream(DeviceIndex device, int /*priority*/) override {
     check_device(device);
     return stream_counts_[device].fetch_add(1, std::memory_order_relaxed);
@@ -144,11 +139,6 @@ class HostRuntime final : public Runtime {
   void synchronize_device(DeviceIndex device) override {
     check_device(device);
     if (deferred_) wait_until(completes_at(last_recorded_ns_[device]));
-  }
-
-  void* native_stream(DeviceIndex device, StreamId stream) const override {
-    check_stream(device, stream);
-    return nullptr;
   }
 
   StreamId stream_from_native(DeviceIndex device, void* /*handle*/) override {
@@ -220,10 +210,6 @@ class HostRuntime final : public Runtime {
       throw Error("brick: elapsed time needs both events to have completed (synchronize first)");
     }
     return static_cast<double>(t1 - t0) / 1e6;
-  }
-
-  DeviceIndex event_device(const Event* event) const noexcept override {
-    return as_host(event)->device;
   }
 
   int64_t event_host_time_ns(Event* event) override {

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -110,6 +111,29 @@ void Runtime::check_device(DeviceIndex device) const {
   }
 }
 
+void Runtime::check_copy(void* dst, DeviceIndex dst_device, const void* src, DeviceIndex src_device,
+                         size_t nbytes) const {
+  if (src_device >= 0) check_device(src_device);
+  if (dst_device < 0) {
+    throw Error("brick: copy: the destination must be brick memory (a brick device index), got " +
+                std::to_string(dst_device));
+  }
+  check_device(dst_device);
+  if (src_device >= 0 && src_device != dst_device) {
+    throw Error("brick: copy from brick:" + std::to_string(src_device) +
+                " to brick:" + std::to_string(dst_device) +
+                ": the runtime copies within one brick device or from host memory (source "
+                "device -1); copies between devices run as backing-device kernels");
+  }
+  const auto d = reinterpret_cast<std::uintptr_t>(dst);
+  const auto s = reinterpret_cast<std::uintptr_t>(src);
+  if (nbytes != 0 && d < s + nbytes && s < d + nbytes) {
+    throw Error("brick: copy of " + std::to_string(nbytes) +
+                " bytes on brick:" + std::to_string(dst_device) +
+                ": the source and destination ranges overlap; they must be disjoint");
+  }
+}
+
 MemoryStats Runtime::memory_stats(DeviceIndex device) const {
   check_device(device);
   return trackers_[device].snapshot();
@@ -148,16 +172,6 @@ HostCompletion host_completion_from_env() {
   if (std::string(text) == "deferred") return HostCompletion::Deferred;
   throw Error(std::string("brick: BRICK_HOST_COMPLETION='") + text +
               "' is not valid: expected 'immediate' (the default) or 'deferred'");
-}
-
-const char* backing_kind_name(BackingKind kind) noexcept {
-  switch (kind) {
-    case BackingKind::Host:
-      return "host";
-    case BackingKind::Cuda:
-      return "cuda";
-  }
-  return "unknown";
 }
 
 namespace {

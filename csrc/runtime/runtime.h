@@ -2,7 +2,8 @@
 //
 // Plain C++ with no torch dependency. The backend layer talks only to `Runtime`; two
 // implementations sit behind it: the host runtime (host memory, work runs on the calling thread)
-// and the CUDA runtime (brick device N is CUDA device N). Builds with the CUDA toolkit define
+// and the CUDA runtime (brick device N is CUDA device N; brick memory and streams other than the
+// default one come from the layer above, PyTorch's). Builds with the CUDA toolkit define
 // BRICK_WITH_CUDA=1.
 #pragma once
 
@@ -92,36 +93,40 @@ class Runtime {
   virtual DeviceIndex current_device() const noexcept = 0;
   virtual void set_current_device(DeviceIndex device) = 0;
 
-  // Memory. `allocate(device, 0)` returns nullptr. `deallocate` takes any pointer returned by
-  // `allocate` (from any thread) and says what it released.
+  // Memory. The host runtime serves brick memory: `allocate(device, 0)` returns nullptr, and
+  // `deallocate` takes any pointer `allocate` returned (from any thread) and says what it
+  // released. The CUDA runtime allocates none (on CUDA backing brick memory is PyTorch's CUDA
+  // caching allocator's, counted through record_adopted): there `allocate` throws Error,
+  // `deallocate` aborts on any pointer but nullptr and `record_stream` throws Error on any.
   struct Released {
     size_t nbytes;
     DeviceIndex device;
   };
   virtual void* allocate(DeviceIndex device, size_t nbytes) = 0;
   virtual Released deallocate(void* ptr) noexcept = 0;
-  // Copies bytes between brick memory and host memory (device -1 means plain host memory),
-  // ordered on the current stream of the device involved.
-  virtual void copy(void* dst, DeviceIndex dst_device, const void* src, DeviceIndex src_device,
-                    size_t nbytes) = 0;
   // `ptr` (from `allocate`) is used by work on `stream` of `device`: its deallocation waits for
   // the work queued there until then, not only for its allocation stream's work.
   virtual void record_stream(void* ptr, DeviceIndex device, StreamId stream) = 0;
+  // Copies `nbytes` into brick memory of `dst_device`, from brick memory of the same device or,
+  // with `src_device` -1, from plain host memory, ordered on the current stream of `dst_device`.
+  // A copy from host memory has read it when the call returns. The ranges must not overlap.
+  virtual void copy(void* dst, DeviceIndex dst_device, const void* src, DeviceIndex src_device,
+                    size_t nbytes) = 0;
 
-  // Streams. Stream 0 is each device's default stream; the current stream is per thread.
-  // `priority`: 0 is normal, negative is higher (CUDA's numbers; the CUDA runtime clamps them
-  // into the device's range, e.g. 0..-5, and positive values to 0). Streams live until exit.
+  // Streams. Stream 0 is each device's default stream; the current stream is per thread. Streams
+  // live until exit.
+  // The host runtime creates streams; `priority` (0 normal, negative higher) orders nothing there.
+  // The CUDA runtime creates none: brick streams on CUDA backing are PyTorch's CUDA streams,
+  // registered with `stream_from_native`, and there `create_stream` throws Error.
   virtual StreamId create_stream(DeviceIndex device, int priority) = 0;
   virtual StreamId current_stream(DeviceIndex device) const = 0;
   virtual void set_current_stream(DeviceIndex device, StreamId stream) = 0;
   virtual bool query_stream(DeviceIndex device, StreamId stream) = 0;
   virtual void synchronize_stream(DeviceIndex device, StreamId stream) = 0;
   virtual void synchronize_device(DeviceIndex device) = 0;
-  // The backing stream handle (a cudaStream_t for the CUDA runtime; nullptr for its default
-  // stream, which is the CUDA legacy default stream, and for every host runtime stream).
-  virtual void* native_stream(DeviceIndex device, StreamId stream) const = 0;
-  // The brick stream of a backing stream handle, registering an external one on first sight
-  // (it is never destroyed by brick). The host runtime has no native streams and throws Error.
+  // The brick stream of a backing stream handle (a cudaStream_t; nullptr is the legacy default
+  // stream, brick's stream 0), registering an external one on first sight (it is never
+  // destroyed by brick). The host runtime has no native streams and throws Error.
   virtual StreamId stream_from_native(DeviceIndex device, void* handle) = 0;
   // True while `stream` is being captured into a CUDA graph. Recording an event on it,
   // querying or synchronizing it is then illegal, so callers check this first.
@@ -136,7 +141,6 @@ class Runtime {
   virtual void stream_wait_event(DeviceIndex device, StreamId stream, Event* event) = 0;
   // Milliseconds from `start` to `end`; both must be timing events that were recorded.
   virtual double elapsed_ms(Event* start, Event* end) = 0;
-  virtual DeviceIndex event_device(const Event* event) const noexcept = 0;
   // When a recorded timing event completed, in steady_clock nanoseconds of the host (so device
   // timelines can be placed beside CPU ones); -1 if it was not recorded or has not completed.
   virtual int64_t event_host_time_ns(Event* event) = 0;
@@ -153,6 +157,9 @@ class Runtime {
 
  protected:
   MemoryTracker& tracker(DeviceIndex device) noexcept { return trackers_[device]; }
+  // Throws Error unless copy()'s arguments are what it takes (see there).
+  void check_copy(void* dst, DeviceIndex dst_device, const void* src, DeviceIndex src_device,
+                  size_t nbytes) const;
 
  private:
   MemoryTracker trackers_[kMaxDevices];
@@ -218,7 +225,5 @@ std::unique_ptr<Runtime> make_cuda_runtime();
 // Whether make_cuda_runtime() can succeed: this build has CUDA support and cudaGetDeviceCount
 // reports at least one device. When not, and `why` is given, stores the reason in it.
 bool cuda_runtime_usable(std::string* why);
-
-const char* backing_kind_name(BackingKind kind) noexcept;
 
 }  // namespace brick::runtime
