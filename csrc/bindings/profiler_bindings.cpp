@@ -62,7 +62,12 @@ void bind_profiler(py::module_& parent) {
                                   "'; expected 'name' or 'path'");
           }
         }
-        const registry::Snapshot snapshot = profiler::snapshot();
+        registry::Snapshot snapshot;
+        {
+          // It may wait for device work; other Python threads run meanwhile.
+          py::gil_scoped_release released;
+          snapshot = profiler::snapshot();
+        }
         py::dict out;
         for (const std::string& view : views) {
           out[py::str(view)] = to_list(view == "name" ? snapshot.by_name() : snapshot.nodes);
