@@ -680,6 +680,16 @@ def test_bad_stats_and_table_arguments(x):
         p.report.brick("no such brick")
 
 
+def test_native_snapshot_names_an_unknown_view():
+    from torch_brickdev import _C
+
+    with pytest.raises(ValueError, match=r"unknown view 'bogus'; expected 'name' or 'path'"):
+        _C._profiler.snapshot(["path", "bogus"])
+    with pytest.raises(TypeError):
+        _C._profiler.snapshot("name")  # a str is not a list of views
+    assert _C._profiler.snapshot([]) == {}
+
+
 # =============================================================================================
 # 8. Concurrency
 # =============================================================================================
