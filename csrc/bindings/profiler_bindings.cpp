@@ -2,8 +2,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <map>
-#include <tuple>
+#include <string>
+#include <vector>
 
 #include "profiler/profiler.h"
 
@@ -33,31 +33,10 @@ py::dict to_dict(const BrickStats& s) {
   return d;
 }
 
-// Merges call-tree nodes that share a name and kind (the "by name" view): counts and totals
-// add, extremes combine, histograms add, so percentiles stay exact to the histogram.
-std::vector<BrickStats> by_name(const std::vector<BrickStats>& nodes) {
-  std::map<std::pair<std::string, int>, size_t> index;
-  std::vector<BrickStats> merged;
-  for (const BrickStats& node : nodes) {
-    const auto key = std::make_pair(node.name, static_cast<int>(node.kind));
-    auto it = index.find(key);
-    if (it == index.end()) {
-      index.emplace(key, merged.size());
-      merged.push_back(node);
-      merged.back().path = node.name;
-      continue;
-    }
-    BrickStats& into = merged[it->second];
-    into.count += node.count;
-    into.total_ns += node.total_ns;
-    into.min_ns = std::min(into.min_ns, node.min_ns);
-    into.max_ns = std::max(into.max_ns, node.max_ns);
-    into.last_ns = node.last_ns;
-    into.depth = std::min(into.depth, node.depth);
-    into.histogram.add(node.histogram);
-    if (into.device != node.device) into.device = -1;  // seen on several devices
-  }
-  return merged;
+py::list to_list(const std::vector<BrickStats>& stats) {
+  py::list out;
+  for (const BrickStats& s : stats) out.append(to_dict(s));
+  return out;
 }
 
 }  // namespace
@@ -72,15 +51,30 @@ void bind_profiler(py::module_& parent) {
   m.def("set_sync_mode",
         [](const std::string& mode) { profiler::set_sync_mode(registry::parse_sync_mode(mode)); });
   m.def("sync_mode", [] { return std::string(registry::sync_mode_name(profiler::sync_mode())); });
+  // One registry snapshot, converted into the views asked for ("name", "path"): views taken
+  // together always agree.
   m.def(
-      "stats",
-      [](bool merge_by_name) {
-        const auto nodes = profiler::snapshot();
-        py::list out;
-        for (const BrickStats& s : merge_by_name ? by_name(nodes) : nodes) out.append(to_dict(s));
+      "snapshot",
+      [](const std::vector<std::string>& views) {
+        for (const std::string& view : views) {
+          if (view != "name" && view != "path") {
+            throw py::value_error("brick profiler: snapshot(): unknown view '" + view +
+                                  "'; expected 'name' or 'path'");
+          }
+        }
+        registry::Snapshot snapshot;
+        {
+          // It may wait for device work; other Python threads run meanwhile.
+          py::gil_scoped_release released;
+          snapshot = profiler::snapshot();
+        }
+        py::dict out;
+        for (const std::string& view : views) {
+          out[py::str(view)] = to_list(view == "name" ? snapshot.by_name() : snapshot.nodes);
+        }
         return out;
       },
-      py::arg("by_name") = true);
+      py::arg("views"));
   m.def("health", [] {
     const auto h = profiler::health();
     py::dict d;

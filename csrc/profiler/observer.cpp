@@ -181,8 +181,8 @@ struct ThreadStateOwner {
 [[gnu::noinline]] ThreadState& create_thread_state() {
   // The registry's per-thread state must outlive this thread's ThreadStateOwner, whose
   // destructor records the pairs still pending: thread_locals die in reverse order of
-  // construction, so it is touched (constructed) first.
-  (void)brick_registry().depth();
+  // construction, so it is constructed first.
+  registry::Registry::prepare_thread();
   thread_local ThreadStateOwner owner;
   return owner.state;
 }
@@ -507,7 +507,7 @@ void set_sync_mode(SyncMode mode) {
 
 SyncMode sync_mode() noexcept { return g_mode.load(std::memory_order_relaxed); }
 
-std::vector<registry::BrickStats> snapshot() {
+registry::Snapshot snapshot() {
   // Every thread's outstanding pairs (asynchronous runtimes only) resolve here, waiting for
   // their device work.
   {

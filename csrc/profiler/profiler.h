@@ -23,8 +23,9 @@ bool is_enabled() noexcept;
 // Throws while enabled: a profiled region is timed in one mode from start to end.
 void set_sync_mode(registry::SyncMode mode);
 registry::SyncMode sync_mode() noexcept;
-// Resolves outstanding device events, then merges every thread's figures.
-std::vector<registry::BrickStats> snapshot();
+// Resolves outstanding device events, then merges every thread's figures: one reading, from
+// which both views (by call path, by name) derive.
+registry::Snapshot snapshot();
 void reset();
 
 // Counters of what the observer could not time (shown in reports, never silently lost).

@@ -53,6 +53,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <thread>
 #include <unordered_map>
@@ -184,6 +185,37 @@ double BrickStats::percentile_ns(double q) const noexcept {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Views of a snapshot
+
+std::vector<BrickStats> Snapshot::by_name() const {
+  std::vector<BrickStats> merged;
+  // (name, kind) -> index in merged; the names point into `nodes`, which outlives the map.
+  std::map<std::pair<std::string_view, Kind>, size_t> index;
+  for (const BrickStats& node : nodes) {
+    const auto [it, first] = index.try_emplace({node.name, node.kind}, merged.size());
+    if (first) {
+      BrickStats& into = merged.emplace_back(node);
+      into.path = node.name;
+      into.parent = kNoParent;
+      continue;
+    }
+    BrickStats& into = merged[it->second];
+    into.count += node.count;
+    into.total_ns += node.total_ns;
+    into.min_ns = std::min(into.min_ns, node.min_ns);
+    into.max_ns = std::max(into.max_ns, node.max_ns);
+    if (node.last_end_ns > into.last_end_ns) {  // completed later, whatever the node order
+      into.last_end_ns = node.last_end_ns;
+      into.last_ns = node.last_ns;
+    }
+    into.depth = std::min(into.depth, node.depth);
+    into.histogram.add(node.histogram);
+    if (into.device != node.device) into.device = -1;  // seen on several devices
+  }
+  return merged;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Clock
 
 namespace {
@@ -271,7 +303,7 @@ bool calibrate_clock() noexcept {
   return steady_ns();
 }
 
-// Inlined into start(), stop() and record().
+// Inlined into record().
 [[gnu::always_inline]] inline int64_t clock_now() noexcept {
 #if BRICK_REGISTRY_HAS_TSC
   const uint64_t mult = g_tsc_mult.load(std::memory_order_acquire);
@@ -305,7 +337,7 @@ struct alignas(64) Slot {
   std::atomic<int64_t> min_ns{0};  // meaningful once count > 0
   std::atomic<int64_t> max_ns{0};
   std::atomic<int64_t> last_ns{0};
-  std::atomic<int64_t> last_at{0};  // clock at the last record's completion: orders last_ns
+  std::atomic<int64_t> last_end_ns{0};  // clock at the last record's completion: orders last_ns
   std::atomic<uint64_t> buckets[Histogram::kBuckets]{};
 
   void zero() noexcept {
@@ -315,7 +347,7 @@ struct alignas(64) Slot {
     min_ns.store(0, release);
     max_ns.store(0, release);
     last_ns.store(0, release);
-    last_at.store(0, release);
+    last_end_ns.store(0, release);
     for (auto& bucket : buckets) bucket.store(0, release);
   }
 };
@@ -324,14 +356,8 @@ struct Chunk {
   Slot slots[kChunkNodes];
 };
 
-struct Frame {
-  NodeId node;
-  int64_t start_ns;
-};
-
 struct Shard {
-  explicit Shard(uint64_t gen)
-      : generation(gen), frames(new Frame[kInitialFrames]), capacity(kInitialFrames) {}
+  explicit Shard(uint64_t gen) : generation(gen) {}
   ~Shard() {
     for (auto& chunk : chunks) delete chunk.load(std::memory_order_relaxed);
   }
@@ -344,24 +370,6 @@ struct Shard {
   // registry's shards_mutex.
   std::atomic<bool> owned{true};
   std::atomic<Chunk*> chunks[kMaxChunks]{};
-  // Open bricks of the owning thread (owner only): a stack that only grows.
-  static constexpr uint32_t kInitialFrames = 256;
-  std::unique_ptr<Frame[]> frames;
-  uint32_t depth = 0;
-  uint32_t capacity;
-
-  Frame& push() noexcept {
-    if (depth == capacity) [[unlikely]]
-      grow();
-    return frames[depth++];
-  }
-
-  [[gnu::noinline]] void grow() noexcept {
-    std::unique_ptr<Frame[]> bigger(new Frame[capacity * 2]);  // bad_alloc terminates
-    std::copy(frames.get(), frames.get() + depth, bigger.get());
-    frames = std::move(bigger);
-    capacity *= 2;
-  }
 
   Slot& slot(NodeId node) noexcept {
     std::atomic<Chunk*>& entry = chunks[node >> kChunkBits];
@@ -484,7 +492,7 @@ struct NodeKeyEqual {
 struct SlotCopy {
   NodeId node;
   uint64_t count;
-  int64_t total_ns, min_ns, max_ns, last_ns, last_at;
+  int64_t total_ns, min_ns, max_ns, last_ns, last_end_ns;
   Histogram histogram;
 };
 
@@ -506,16 +514,16 @@ struct Registry::Impl {
   std::vector<NodeInfo> nodes;
   std::unordered_map<NodeKey, NodeId, NodeKeyHash, NodeKeyEqual> index;
 
-  // The calling thread's shard, created (or adopted) when `create`; null when there is none or
-  // the thread is exiting.
-  Shard* shard(bool create) noexcept {
+  // The calling thread's shard, created (or adopted) on its first record; null once the
+  // thread is exiting.
+  Shard* shard() noexcept {
     ThreadCache& cache = t_cache;
     if (cache.registry_id == id) [[likely]]
       return cache.shard;
-    return shard_slow(create);
+    return shard_slow();
   }
 
-  [[gnu::noinline]] Shard* shard_slow(bool create) noexcept {
+  [[gnu::noinline]] Shard* shard_slow() noexcept {
     if (t_cache.exiting) return nullptr;
     ThreadShards& mine = t_shards;
     for (const auto& entry : mine.entries) {
@@ -525,7 +533,6 @@ struct Registry::Impl {
         return entry.shard;
       }
     }
-    if (!create) return nullptr;
     // First record of this thread in this registry (allocation failures terminate: noexcept).
     std::shared_ptr<Shard> found;
     {
@@ -533,7 +540,6 @@ struct Registry::Impl {
       for (const auto& candidate : shards) {
         if (!candidate->owned.load(std::memory_order_acquire)) {  // its thread has exited
           candidate->owned.store(true, std::memory_order_relaxed);
-          candidate->depth = 0;
           found = candidate;
           break;
         }
@@ -550,7 +556,7 @@ struct Registry::Impl {
     return found.get();
   }
 
-  void record_into(Shard& shard, NodeId node, int64_t ns, int64_t at) noexcept {
+  void record_into(Shard& shard, NodeId node, int64_t ns, int64_t end_ns) noexcept {
     const uint64_t gen = generation.load(std::memory_order_relaxed);
     if (shard.generation.load(std::memory_order_relaxed) != gen) [[unlikely]]
       shard.renew(gen, discarded_by_renewal);
@@ -568,8 +574,11 @@ struct Registry::Impl {
       if (ns > slot.max_ns.load(relaxed)) slot.max_ns.store(ns, release);
     }
     slot.total_ns.store(slot.total_ns.load(relaxed) + ns, release);
-    slot.last_ns.store(ns, release);
-    slot.last_at.store(at, release);
+    // The latest completion, not the latest record(): a caller may record out of order.
+    if (count == 0 || end_ns >= slot.last_end_ns.load(relaxed)) {
+      slot.last_ns.store(ns, release);
+      slot.last_end_ns.store(end_ns, release);
+    }
     std::atomic<uint64_t>& bucket = slot.buckets[bucket_index(ns)];
     bucket.store(bucket.load(relaxed) + 1, release);
     slot.count.store(count + 1, release);  // last: publishes the record
@@ -628,7 +637,7 @@ size_t Registry::node_count() const {
 void Registry::record(NodeId node, int64_t ns) noexcept {
   // `node` must come from intern() on this registry; only debug builds check.
   assert(node < impl_->node_count.load(std::memory_order_relaxed));
-  Shard* shard = impl_->shard(true);
+  Shard* shard = impl_->shard();
   if (shard == nullptr) [[unlikely]]
     return;
   impl_->record_into(*shard, node, ns, clock_now());
@@ -636,44 +645,19 @@ void Registry::record(NodeId node, int64_t ns) noexcept {
 
 void Registry::record(NodeId node, int64_t ns, int64_t end_ns) noexcept {
   assert(node < impl_->node_count.load(std::memory_order_relaxed));
-  Shard* shard = impl_->shard(true);
+  Shard* shard = impl_->shard();
   if (shard == nullptr) [[unlikely]]
     return;
   impl_->record_into(*shard, node, ns, end_ns);
 }
 
-void Registry::start(NodeId node) noexcept {
-  assert(node < impl_->node_count.load(std::memory_order_relaxed));
-  Shard* shard = impl_->shard(true);
-  if (shard == nullptr) [[unlikely]]
-    return;
-  Frame& frame = shard->push();
-  frame.node = node;
-  frame.start_ns = clock_now();  // the clock last: the bookkeeping is not timed
+void Registry::prepare_thread() noexcept {
+  // Touching the thread_local runs its constructor (and registers its destructor) if needed.
+  ThreadShards& mine = t_shards;
+  (void)mine;
 }
 
-NodeId Registry::stop() {
-  const int64_t end = clock_now();  // the clock first
-  Shard* shard = impl_->shard(false);
-  if (shard == nullptr || shard->depth == 0) [[unlikely]] {
-    throw Error(
-        "brick registry: stop() without a matching start() on this thread (no brick is open)");
-  }
-  const Frame frame = shard->frames[--shard->depth];
-  impl_->record_into(*shard, frame.node, end - frame.start_ns, end);
-  return frame.node;
-}
-
-int Registry::depth() const noexcept {
-  const Shard* shard = impl_->shard(false);
-  return shard == nullptr ? 0 : static_cast<int>(shard->depth);
-}
-
-void Registry::unwind() noexcept {
-  if (Shard* shard = impl_->shard(false)) shard->depth = 0;
-}
-
-std::vector<BrickStats> Registry::snapshot() const {
+Snapshot Registry::snapshot() const {
   Impl& impl = *impl_;
   std::vector<std::shared_ptr<Shard>> shards;
   uint64_t gen;
@@ -686,7 +670,6 @@ std::vector<BrickStats> Registry::snapshot() const {
   const uint32_t chunks = (nodes + kChunkNodes - 1) / kChunkNodes;
 
   std::vector<BrickStats> merged;
-  std::vector<int64_t> merged_last_at;
   std::vector<int32_t> position(nodes, -1);  // node -> index in merged
   std::vector<SlotCopy> copies;
   for (const auto& shard : shards) {
@@ -711,7 +694,7 @@ std::vector<BrickStats> Registry::snapshot() const {
         copy.min_ns = slot.min_ns.load(acquire);
         copy.max_ns = slot.max_ns.load(acquire);
         copy.last_ns = slot.last_ns.load(acquire);
-        copy.last_at = slot.last_at.load(acquire);
+        copy.last_end_ns = slot.last_end_ns.load(acquire);
         for (int b = 0; b < Histogram::kBuckets; ++b) {
           copy.histogram.counts[b] = slot.buckets[b].load(acquire);
         }
@@ -732,8 +715,8 @@ std::vector<BrickStats> Registry::snapshot() const {
         stats.min_ns = copy.min_ns;
         stats.max_ns = copy.max_ns;
         stats.last_ns = copy.last_ns;
+        stats.last_end_ns = copy.last_end_ns;
         stats.histogram = copy.histogram;
-        merged_last_at.push_back(copy.last_at);
         continue;
       }
       BrickStats& stats = merged[at];
@@ -741,20 +724,20 @@ std::vector<BrickStats> Registry::snapshot() const {
       stats.total_ns += copy.total_ns;
       stats.min_ns = std::min(stats.min_ns, copy.min_ns);
       stats.max_ns = std::max(stats.max_ns, copy.max_ns);
-      if (copy.last_at > merged_last_at[at]) {
-        merged_last_at[at] = copy.last_at;
+      if (copy.last_end_ns > stats.last_end_ns) {
+        stats.last_end_ns = copy.last_end_ns;
         stats.last_ns = copy.last_ns;
       }
       stats.histogram.add(copy.histogram);
     }
   }
 
-  std::vector<BrickStats> result;
-  result.reserve(merged.size());
+  Snapshot result;
+  result.nodes.reserve(merged.size());
   std::lock_guard<std::mutex> lock(impl.nodes_mutex);
   for (uint32_t node = 0; node < nodes; ++node) {
     if (position[node] < 0) continue;
-    BrickStats& stats = result.emplace_back(std::move(merged[position[node]]));
+    BrickStats& stats = result.nodes.emplace_back(std::move(merged[position[node]]));
     const NodeInfo& info = impl.nodes[node];
     stats.name = info.name;
     stats.path = info.path;

@@ -1,8 +1,10 @@
 // The brick registry: a low-overhead stats engine for "bricks" (ops and ranges).
 //
 // Plain C++ with no torch and no runtime dependency. Callers intern a brick once per call site
-// (a node of the call tree: parent node + name), then report completed durations. Recording is
-// lock-free: each thread writes its own shard; snapshots merge the shards.
+// (a node of the call tree: parent node + name), time it themselves (the profiler's observer
+// keeps the stack of open bricks), then report completed durations. Recording is lock-free: each
+// thread writes its own shard; a snapshot merges the shards once, and every view of the figures
+// (by call path, by name) derives from that one reading.
 #pragma once
 
 #include <atomic>
@@ -66,11 +68,24 @@ struct BrickStats {
   int64_t total_ns = 0;
   int64_t min_ns = 0;
   int64_t max_ns = 0;
-  int64_t last_ns = 0;  // the most recently completed call (by completion time)
+  int64_t last_ns = 0;      // the most recently completed call (by completion time)
+  int64_t last_end_ns = 0;  // when that call completed (Registry::now_ns()): orders last_ns
   Histogram histogram;
   // The canonical per-call figure: total_ns / count / 1000.
   double avg_us() const noexcept;
   double percentile_ns(double q) const noexcept;
+};
+
+// One reading of the registry: every node with count > 0 (none omitted), in node order, and the
+// views derived from exactly those figures, so that they always agree.
+struct Snapshot {
+  std::vector<BrickStats> nodes;  // one entry per call-tree node (per call path and device)
+
+  // The nodes that share a name and kind merged into one entry, in order of first appearance:
+  // counts, totals and histograms add, min and max combine, last_ns is the most recently
+  // completed call across them (by last_end_ns), depth is the smallest, device is -1 when they
+  // were recorded on several devices. path is the name, parent kNoParent, node the first node.
+  std::vector<BrickStats> by_name() const;
 };
 
 class Registry {
@@ -88,34 +103,34 @@ class Registry {
 
   // Adds one completed call of `ns` nanoseconds to `node` (lock-free; the calling thread's
   // shard). Negative durations are recorded as 0. `node` must come from intern() on this
-  // registry. `end_ns` (now_ns() when the call completed) orders `last_ns` across threads;
-  // callers that already read the clock pass it and save a read.
+  // registry. `end_ns` (now_ns() when the call completed; read here when not given) orders
+  // `last_ns`: the call with the latest end time, on any thread, whatever the order of the
+  // record() calls. Callers that already read the clock pass it and save a read.
   void record(NodeId node, int64_t ns) noexcept;
   void record(NodeId node, int64_t ns, int64_t end_ns) noexcept;
 
-  // Per-thread stack of open bricks, for callers that time with the registry's own clock.
-  // start() pushes `node` and reads the clock; stop() pops the innermost brick, records it and
-  // returns its node. stop() with nothing open throws Error. depth() is the open count.
-  void start(NodeId node) noexcept;
-  NodeId stop();
-  int depth() const noexcept;
-  // Discards the calling thread's open bricks (after an exception unwound past them).
-  void unwind() noexcept;
+  // Constructs the calling thread's registry state (shared by every registry) now, if not yet.
+  // Thread-locals are destroyed in reverse order of construction, and a thread records nothing
+  // once its registry state is destroyed; a caller whose own thread_local records from its
+  // destructor (the observer, for the device work a thread still owes at exit) calls this
+  // before constructing it, so those last records land.
+  static void prepare_thread() noexcept;
 
-  // Every node with count > 0 (none omitted), in node order.
-  std::vector<BrickStats> snapshot() const;
-  // Zeroes all counts; interned nodes stay valid. A brick open across a reset is recorded,
-  // whole, after it. A record that races a reset lands on one side of it: in the figures after
-  // the reset, or among those it discarded (discarded_by_reset()); none is counted twice.
+  // Merges every thread's figures (a live reading while threads record: see registry.cpp).
+  Snapshot snapshot() const;
+  // Zeroes all counts; interned nodes stay valid. A record that races a reset lands on one side
+  // of it: in the figures after the reset, or among those it discarded (discarded_by_reset());
+  // none is counted twice. (A brick its caller opened before a reset and completes after it is
+  // recorded after it, whole: the registry only sees completed calls.)
   void reset();
 
   // The records (completed calls) that resets have discarded since the registry was created.
-  // Never decreases. The guarantee: with no record(), stop() or reset() running during or
-  // between the two reads (recording has stopped),
-  //   records made == sum of `count` over snapshot() + discarded_by_reset()
-  // exactly, where records made counts every record() and every stop() that returned, on every
-  // thread, exited or not. (A thread records nothing once its thread-local storage is being
-  // destroyed at exit: calls made from later thread_local destructors are ignored.)
+  // Never decreases. The guarantee: with no record() or reset() running during or between the
+  // two reads (recording has stopped),
+  //   records made == sum of `count` over snapshot().nodes + discarded_by_reset()
+  // exactly, where records made counts every record() that returned, on every thread, exited or
+  // not. (A record() made after the thread's registry state was destroyed at exit is ignored,
+  // not made: see prepare_thread().)
   // While threads record, the figure is a consistent reading that may miss records racing it.
   // Takes the lock reset() takes and may wait for a thread zeroing its shard: not for hot paths.
   uint64_t discarded_by_reset() const;

@@ -49,7 +49,7 @@ const BrickStats* find(const std::vector<BrickStats>& stats, NodeId node) {
 }
 
 uint64_t count_of(const Registry& registry, NodeId node) {
-  const auto stats = registry.snapshot();
+  const auto stats = registry.snapshot().nodes;
   const BrickStats* s = find(stats, node);
   return s == nullptr ? 0 : s->count;
 }
@@ -61,7 +61,7 @@ uint64_t total_count(const std::vector<BrickStats>& stats) {
   return sum;
 }
 
-uint64_t total_count(const Registry& registry) { return total_count(registry.snapshot()); }
+uint64_t total_count(const Registry& registry) { return total_count(registry.snapshot().nodes); }
 
 // Steps two threads through numbered phases: one advances, the other waits for a phase.
 class Phases {
@@ -147,7 +147,7 @@ TEST(RegistryIntern, PathsDepthsAndFirstInternWins) {
   EXPECT_EQ(registry.intern(b, "aten::addmm", Kind::Range, 1), c);
   EXPECT_NE(registry.intern(b, "aten::addmm", Kind::Op, 3), c);
   for (NodeId node : {a, b, c}) registry.record(node, 10);
-  const auto stats = registry.snapshot();
+  const auto stats = registry.snapshot().nodes;
   ASSERT_EQ(stats.size(), 3u);
   EXPECT_EQ(stats[0].path, "train");
   EXPECT_EQ(stats[0].name, "train");
@@ -209,7 +209,7 @@ TEST(RegistryRecord, CountsAreExact) {
   }
   registry.record(node, 321);
   total += 321;
-  const auto stats = registry.snapshot();
+  const auto stats = registry.snapshot().nodes;
   ASSERT_EQ(stats.size(), 1u);
   const BrickStats& s = stats[0];
   EXPECT_EQ(s.node, node);
@@ -227,7 +227,7 @@ TEST(RegistryRecord, NegativeDurationsRecordAsZero) {
   const NodeId node = registry.intern(kNoParent, "op", Kind::Op, 0);
   registry.record(node, -5);
   registry.record(node, 7);
-  const auto stats = registry.snapshot();
+  const auto stats = registry.snapshot().nodes;
   ASSERT_EQ(stats.size(), 1u);
   EXPECT_EQ(stats[0].count, 2u);
   EXPECT_EQ(stats[0].total_ns, 7);
@@ -243,14 +243,14 @@ TEST(RegistryRecord, AvgUsIsTotalOverCount) {
   Registry registry;
   const NodeId node = registry.intern(kNoParent, "op", Kind::Op, 0);
   for (int64_t ns : {1000, 2000, 4500}) registry.record(node, ns);
-  const auto stats = registry.snapshot();
+  const auto stats = registry.snapshot().nodes;
   ASSERT_EQ(stats.size(), 1u);
   EXPECT_DOUBLE_EQ(stats[0].avg_us(), 7500.0 / 3 / 1000.0);
 }
 
 TEST(RegistrySnapshot, HasExactlyTheNodesWithCounts) {
   Registry registry;
-  EXPECT_TRUE(registry.snapshot().empty());
+  EXPECT_TRUE(registry.snapshot().nodes.empty());
   // 200 nodes: several storage chunks.
   std::vector<NodeId> nodes;
   const NodeId root = registry.intern(kNoParent, "root", Kind::Range, -1);
@@ -264,7 +264,7 @@ TEST(RegistrySnapshot, HasExactlyTheNodesWithCounts) {
     expected.push_back(nodes[i]);
   }
   std::sort(expected.begin(), expected.end());
-  const auto stats = registry.snapshot();
+  const auto stats = registry.snapshot().nodes;
   ASSERT_EQ(stats.size(), expected.size());
   for (size_t k = 0; k < stats.size(); ++k) {
     const BrickStats& s = stats[k];
@@ -284,9 +284,9 @@ TEST(RegistrySnapshot, LastIsTheLatestCompletedAcrossThreads) {
   const NodeId node = registry.intern(kNoParent, "op", Kind::Op, 0);
   std::thread([&] { registry.record(node, 7); }).join();
   registry.record(node, 3);
-  EXPECT_EQ(registry.snapshot().at(0).last_ns, 3);
+  EXPECT_EQ(registry.snapshot().nodes.at(0).last_ns, 3);
   std::thread([&] { registry.record(node, 11); }).join();
-  const auto stats = registry.snapshot();
+  const auto stats = registry.snapshot().nodes;
   EXPECT_EQ(stats.at(0).last_ns, 11);
   EXPECT_EQ(stats.at(0).count, 3u);
   EXPECT_EQ(stats.at(0).min_ns, 3);
@@ -353,7 +353,7 @@ TEST(RegistryHistogram, PercentilesOfAUniformDistribution) {
   const NodeId node = registry.intern(kNoParent, "uniform", Kind::Op, 0);
   constexpr int64_t kMax = 100000;
   for (int64_t ns = 1; ns <= kMax; ++ns) registry.record(node, ns);
-  const auto stats = registry.snapshot();
+  const auto stats = registry.snapshot().nodes;
   ASSERT_EQ(stats.size(), 1u);
   const BrickStats& s = stats[0];
   EXPECT_EQ(s.count, static_cast<uint64_t>(kMax));
@@ -378,7 +378,7 @@ TEST(RegistryHistogram, PercentilesOfKnownDistributions) {
   for (int64_t ns = 0; ns < 10; ++ns) registry.record(small, ns);
   for (int i = 0; i < 900; ++i) registry.record(bimodal, 1000);
   for (int i = 0; i < 100; ++i) registry.record(bimodal, 1000000);
-  const auto stats = registry.snapshot();
+  const auto stats = registry.snapshot().nodes;
   ASSERT_EQ(stats.size(), 3u);
   for (double q : {0.0, 0.5, 1.0}) EXPECT_EQ(stats[0].percentile_ns(q), 5000.0);
   EXPECT_EQ(stats[1].percentile_ns(0.5), 4.0);  // exact below 16 ns: rank 5 of 0..9
@@ -389,84 +389,228 @@ TEST(RegistryHistogram, PercentilesOfKnownDistributions) {
   EXPECT_EQ(stats[2].percentile_ns(1.0), 1e6);  // clamped to max
 }
 
-// ---- start / stop ----
+// ---- caller-timed calls ----
 
-TEST(RegistryStack, StartStopNests) {
+// The observer's path: the caller reads now_ns() at a brick's start and end and records the
+// difference with the end time.
+TEST(RegistryRecord, CallerTimedNestedCalls) {
   Registry registry;
   const NodeId outer = registry.intern(kNoParent, "outer", Kind::Range, -1);
   const NodeId inner = registry.intern(outer, "inner", Kind::Op, 0);
-  EXPECT_EQ(registry.depth(), 0);
-  registry.start(outer);
-  EXPECT_EQ(registry.depth(), 1);
-  registry.start(inner);
-  EXPECT_EQ(registry.depth(), 2);
+  const int64_t outer_start = Registry::now_ns();
+  const int64_t inner_start = Registry::now_ns();
   std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  EXPECT_EQ(registry.stop(), inner);
-  EXPECT_EQ(registry.depth(), 1);
-  EXPECT_EQ(registry.stop(), outer);
-  EXPECT_EQ(registry.depth(), 0);
-  const auto stats = registry.snapshot();
+  const int64_t inner_end = Registry::now_ns();
+  registry.record(inner, inner_end - inner_start, inner_end);
+  const int64_t outer_end = Registry::now_ns();
+  registry.record(outer, outer_end - outer_start, outer_end);
+  const auto stats = registry.snapshot().nodes;
   ASSERT_EQ(stats.size(), 2u);
+  EXPECT_EQ(stats[0].node, outer);
+  EXPECT_EQ(stats[1].node, inner);
   EXPECT_EQ(stats[0].count, 1u);
   EXPECT_EQ(stats[1].count, 1u);
   EXPECT_GE(stats[1].total_ns, 2'000'000);
   EXPECT_GE(stats[0].total_ns, stats[1].total_ns);
   EXPECT_EQ(stats[0].last_ns, stats[0].total_ns);
+  EXPECT_EQ(stats[0].last_end_ns, outer_end);
+  EXPECT_EQ(stats[1].last_end_ns, inner_end);
 }
 
-TEST(RegistryStack, DeepNestingGrows) {
+TEST(RegistryRecord, RecordWithoutEndReadsTheClock) {
   Registry registry;
-  const NodeId node = registry.intern(kNoParent, "r", Kind::Range, -1);
-  constexpr int kDepth = 1000;
-  for (int i = 0; i < kDepth; ++i) registry.start(node);
-  EXPECT_EQ(registry.depth(), kDepth);
-  for (int i = 0; i < kDepth; ++i) EXPECT_EQ(registry.stop(), node);
-  EXPECT_EQ(count_of(registry, node), static_cast<uint64_t>(kDepth));
+  const NodeId node = registry.intern(kNoParent, "op", Kind::Op, 0);
+  const int64_t before = Registry::now_ns();
+  registry.record(node, 5);
+  const int64_t after = Registry::now_ns();
+  const auto stats = registry.snapshot().nodes;
+  ASSERT_EQ(stats.size(), 1u);
+  EXPECT_GE(stats[0].last_end_ns, before);
+  EXPECT_LE(stats[0].last_end_ns, after);
 }
 
-TEST(RegistryStack, StopWithoutStartThrows) {
+// last_ns follows the end times given, not the order of the record() calls nor the threads.
+TEST(RegistryRecord, LastIsOrderedByTheGivenEndTimes) {
   Registry registry;
-  const std::string message = error_message([&] { registry.stop(); });
-  EXPECT_EQ(message.rfind("brick registry: stop() without a matching start()", 0), 0u) << message;
-  const NodeId node = registry.intern(kNoParent, "a", Kind::Op, 0);
-  registry.start(node);
-  registry.stop();
-  EXPECT_CONTAINS(error_message([&] { registry.stop(); }), "without a matching start()");
-  EXPECT_EQ(count_of(registry, node), 1u);
+  const NodeId node = registry.intern(kNoParent, "op", Kind::Op, 0);
+  std::thread([&] { registry.record(node, 7, 2'000); }).join();
+  registry.record(node, 3, 1'000);  // recorded later, completed earlier
+  auto stats = registry.snapshot().nodes;
+  ASSERT_EQ(stats.size(), 1u);
+  EXPECT_EQ(stats[0].last_ns, 7);
+  EXPECT_EQ(stats[0].last_end_ns, 2'000);
+  registry.record(node, 9, 3'000);
+  std::thread([&] { registry.record(node, 4, 2'500); }).join();
+  registry.record(node, 1, 500);  // the same thread, out of order
+  stats = registry.snapshot().nodes;
+  ASSERT_EQ(stats.size(), 1u);
+  EXPECT_EQ(stats[0].count, 5u);
+  EXPECT_EQ(stats[0].last_ns, 9);
+  EXPECT_EQ(stats[0].last_end_ns, 3'000);
+  EXPECT_EQ(stats[0].min_ns, 1);
+  EXPECT_EQ(stats[0].max_ns, 9);
+  registry.record(node, 6, 3'000);  // an equal end time: the later record wins the tie
+  EXPECT_EQ(registry.snapshot().nodes.at(0).last_ns, 6);
 }
 
-TEST(RegistryStack, UnwindDiscardsOpenBricks) {
+// A thread_local whose destructor records (the observer's per-thread state, which records the
+// device work a thread still owes at exit) is recorded when the thread prepared its registry
+// state before constructing it.
+struct RecordsAtThreadExit {
+  Registry* registry;
+  NodeId node;
+  ~RecordsAtThreadExit() { registry->record(node, 42); }
+};
+
+TEST(RegistryThreads, PreparedThreadRecordsFromThreadLocalDestructors) {
+  Registry registry;
+  const NodeId node = registry.intern(kNoParent, "at_exit", Kind::Op, 0);
+  std::thread([&] {
+    Registry::prepare_thread();
+    Registry::prepare_thread();  // idempotent
+    thread_local RecordsAtThreadExit recorder{&registry, node};
+    (void)recorder;
+    // Nothing recorded before exit: the first record, and the shard, come from the destructor.
+  }).join();
+  const auto stats = registry.snapshot().nodes;
+  ASSERT_EQ(stats.size(), 1u);
+  EXPECT_EQ(stats[0].count, 1u);
+  EXPECT_EQ(stats[0].total_ns, 42);
+}
+
+// ---- the by-name view ----
+
+// The entry for `name` in a by-name view, or null.
+const BrickStats* find_name(const std::vector<BrickStats>& stats, const std::string& name) {
+  for (const BrickStats& s : stats) {
+    if (s.name == name) return &s;
+  }
+  return nullptr;
+}
+
+TEST(RegistryByName, MergesEveryPathOfANameExactly) {
   Registry registry;
   const NodeId a = registry.intern(kNoParent, "a", Kind::Range, -1);
-  const NodeId b = registry.intern(a, "b", Kind::Op, 0);
-  registry.unwind();  // nothing open: a no-op
-  registry.start(a);
-  registry.start(b);
-  registry.unwind();
-  EXPECT_EQ(registry.depth(), 0);
-  EXPECT_THROW(registry.stop(), Error);
-  EXPECT_TRUE(registry.snapshot().empty());
-  registry.start(a);  // usable again
-  EXPECT_EQ(registry.stop(), a);
-  EXPECT_EQ(count_of(registry, a), 1u);
+  const NodeId b = registry.intern(a, "b", Kind::Range, -1);
+  const NodeId mm_a = registry.intern(a, "mm", Kind::Op, 0);            // depth 1
+  const NodeId mm_b = registry.intern(b, "mm", Kind::Op, 0);            // depth 2
+  const NodeId mm_top = registry.intern(kNoParent, "mm", Kind::Op, 0);  // depth 0, interned last
+  const NodeId relu = registry.intern(b, "relu", Kind::Op, 0);
+  // Out of node order, with end times that put the last completed call on a middle node.
+  registry.record(mm_top, 50, 1'000);
+  registry.record(mm_top, 70, 1'100);
+  registry.record(mm_b, 10, 5'000);  // the last to complete
+  registry.record(mm_b, 2'000, 4'000);
+  registry.record(mm_a, 300, 3'000);
+  registry.record(relu, 8, 2'000);
+  registry.record(a, 9'000, 6'000);
+  const Snapshot snapshot = registry.snapshot();
+  ASSERT_EQ(snapshot.nodes.size(), 5u);  // b has no record
+  const auto names = snapshot.by_name();
+  ASSERT_EQ(names.size(), 3u);
+  // Order of first appearance in node order: a, mm (from mm_a), relu.
+  EXPECT_EQ(names[0].name, "a");
+  EXPECT_EQ(names[1].name, "mm");
+  EXPECT_EQ(names[2].name, "relu");
+  const BrickStats& mm = names[1];
+  EXPECT_EQ(mm.path, "mm");
+  EXPECT_EQ(mm.parent, kNoParent);
+  EXPECT_EQ(mm.node, mm_a);
+  EXPECT_EQ(mm.kind, Kind::Op);
+  EXPECT_EQ(mm.device, 0);  // one device: kept
+  EXPECT_EQ(mm.count, 5u);
+  EXPECT_EQ(mm.total_ns, 50 + 70 + 10 + 2'000 + 300);
+  EXPECT_EQ(mm.min_ns, 10);
+  EXPECT_EQ(mm.max_ns, 2'000);
+  EXPECT_EQ(mm.last_ns, 10);  // by completion time, not the last node or the last record()
+  EXPECT_EQ(mm.last_end_ns, 5'000);
+  EXPECT_EQ(mm.depth, 0);  // the smallest, though that node comes last
+  Histogram expected;
+  for (NodeId node : {mm_a, mm_b, mm_top}) expected.add(find(snapshot.nodes, node)->histogram);
+  EXPECT_EQ(mm.histogram.total(), 5u);
+  for (int bucket = 0; bucket < Histogram::kBuckets; ++bucket) {
+    ASSERT_EQ(mm.histogram.counts[bucket], expected.counts[bucket]) << "bucket " << bucket;
+  }
+  EXPECT_EQ(mm.histogram.counts[Histogram::bucket_of(10)], 1u);
+  EXPECT_EQ(mm.histogram.counts[Histogram::bucket_of(2'000)], 1u);
+  EXPECT_LE(mm.percentile_ns(1.0), 2'000.0);
+  EXPECT_GE(mm.percentile_ns(1.0), Histogram::bucket_lower(Histogram::bucket_of(2'000)));
+  EXPECT_EQ(mm.percentile_ns(0.0), 10.0);
+  // Unmerged names keep their figures (and drop their ancestors from the path).
+  EXPECT_EQ(names[2].path, "relu");
+  EXPECT_EQ(names[2].depth, 2);
+  EXPECT_EQ(names[2].count, 1u);
+  EXPECT_EQ(names[2].last_ns, 8);
+  EXPECT_EQ(names[0].count, 1u);
+  EXPECT_EQ(names[0].device, -1);
+  EXPECT_EQ(names[0].kind, Kind::Range);
 }
 
-TEST(RegistryStack, StacksArePerThreadAndPerRegistry) {
-  Registry one, two;
-  const NodeId a = one.intern(kNoParent, "a", Kind::Range, -1);
-  const NodeId b = two.intern(kNoParent, "b", Kind::Range, -1);
-  one.start(a);
-  EXPECT_EQ(one.depth(), 1);
-  EXPECT_EQ(two.depth(), 0);
-  two.start(b);
-  std::thread([&] {
-    EXPECT_EQ(one.depth(), 0);
-    EXPECT_THROW(one.stop(), Error);
-  }).join();
-  EXPECT_EQ(two.stop(), b);
-  EXPECT_EQ(one.stop(), a);
-  EXPECT_EQ(count_of(one, a), 1u);
-  EXPECT_EQ(count_of(two, b), 1u);
+TEST(RegistryByName, LastIsTheLatestCompletedWhateverTheNodeOrder) {
+  Registry registry;
+  std::vector<NodeId> nodes;
+  for (int i = 0; i < 4; ++i) {
+    const NodeId parent = registry.intern(kNoParent, numbered("p", i), Kind::Range, -1);
+    nodes.push_back(registry.intern(parent, "op", Kind::Op, 0));
+  }
+  // Completion times descending in node order: the first node's call is the last completed.
+  for (int i = 0; i < 4; ++i) registry.record(nodes[i], 100 + i, 10'000 - i * 1'000);
+  const auto names = registry.snapshot().by_name();
+  const BrickStats* op = find_name(names, "op");
+  ASSERT_NE(op, nullptr);
+  EXPECT_EQ(op->count, 4u);
+  EXPECT_EQ(op->last_ns, 100);
+  EXPECT_EQ(op->last_end_ns, 10'000);
+  // Recorded from several threads, each node's last call later than the previous node's.
+  Registry two;
+  std::vector<NodeId> more;
+  for (int i = 0; i < 3; ++i) {
+    const NodeId parent = two.intern(kNoParent, numbered("p", i), Kind::Range, -1);
+    more.push_back(two.intern(parent, "op", Kind::Op, 0));
+  }
+  std::thread([&] { two.record(more[2], 1, Registry::now_ns()); }).join();
+  std::thread([&] { two.record(more[0], 2, Registry::now_ns()); }).join();
+  two.record(more[1], 3, Registry::now_ns());
+  const auto two_names = two.snapshot().by_name();
+  ASSERT_EQ(find_name(two_names, "op")->last_ns, 3);
+}
+
+TEST(RegistryByName, SeveralDevicesGiveDeviceMinusOne) {
+  Registry registry;
+  const NodeId on0 = registry.intern(kNoParent, "add", Kind::Op, 0);
+  const NodeId on1 = registry.intern(kNoParent, "add", Kind::Op, 1);
+  const NodeId mul0 = registry.intern(kNoParent, "mul", Kind::Op, 1);
+  const NodeId mul1 = registry.intern(on0, "mul", Kind::Op, 1);
+  registry.record(on0, 5);
+  registry.record(on1, 6);
+  registry.record(mul0, 1);
+  registry.record(mul1, 2);
+  const Snapshot snapshot = registry.snapshot();
+  EXPECT_EQ(snapshot.nodes.size(), 4u);
+  const auto names = snapshot.by_name();
+  ASSERT_EQ(names.size(), 2u);
+  EXPECT_EQ(find_name(names, "add")->device, -1);
+  EXPECT_EQ(find_name(names, "add")->count, 2u);
+  EXPECT_EQ(find_name(names, "mul")->device, 1);  // two paths, one device
+  EXPECT_EQ(find_name(names, "mul")->count, 2u);
+}
+
+TEST(RegistryByName, KindsAreMergedSeparately) {
+  Registry registry;
+  const NodeId range = registry.intern(kNoParent, "x", Kind::Range, -1);
+  const NodeId op = registry.intern(range, "x", Kind::Op, 0);
+  registry.record(range, 10);
+  registry.record(op, 3);
+  const auto names = registry.snapshot().by_name();
+  ASSERT_EQ(names.size(), 2u);
+  EXPECT_EQ(names[0].kind, Kind::Range);
+  EXPECT_EQ(names[0].count, 1u);
+  EXPECT_EQ(names[0].total_ns, 10);
+  EXPECT_EQ(names[1].kind, Kind::Op);
+  EXPECT_EQ(names[1].count, 1u);
+  EXPECT_EQ(names[1].total_ns, 3);
+  EXPECT_EQ(names[1].depth, 1);
+  EXPECT_TRUE(Snapshot{}.by_name().empty());
 }
 
 // ---- reset ----
@@ -478,12 +622,12 @@ TEST(RegistryReset, ZeroesCountsAndKeepsNodes) {
   registry.record(a, 5);
   registry.record(b, 1000);
   registry.reset();
-  EXPECT_TRUE(registry.snapshot().empty());
+  EXPECT_TRUE(registry.snapshot().nodes.empty());
   EXPECT_EQ(registry.node_count(), 2u);
   EXPECT_EQ(registry.intern(a, "b", Kind::Op, 0), b);
   registry.record(b, 50);
   registry.record(b, 70);
-  const auto stats = registry.snapshot();
+  const auto stats = registry.snapshot().nodes;
   ASSERT_EQ(stats.size(), 1u);
   EXPECT_EQ(stats[0].node, b);
   EXPECT_EQ(stats[0].path, "a/b");
@@ -534,7 +678,7 @@ TEST(RegistryReset, IdleThreadCountsAreNotResurrected) {
     cv.notify_all();
     cv.wait(lock, [&] { return phase == 3; });
   }
-  const auto stats = registry.snapshot();
+  const auto stats = registry.snapshot().nodes;
   ASSERT_EQ(stats.size(), 1u);
   EXPECT_EQ(stats[0].count, 2u);  // 1 + 9, not the 5 from before the reset
   EXPECT_EQ(stats[0].total_ns, 10);
@@ -554,7 +698,7 @@ TEST(RegistryReset, ExitedThreadCountsAreDropped) {
   registry.reset();
   EXPECT_EQ(count_of(registry, node), 0u);
   std::thread([&] { registry.record(node, 4); }).join();  // may reuse the exited thread's shard
-  const auto stats = registry.snapshot();
+  const auto stats = registry.snapshot().nodes;
   ASSERT_EQ(stats.size(), 1u);
   EXPECT_EQ(stats[0].count, 1u);
   EXPECT_EQ(stats[0].total_ns, 4);
@@ -578,9 +722,11 @@ TEST(RegistryReset, DiscardedByResetCountsTheZeroedRecords) {
   registry.reset();
   registry.reset();  // twice in a row: the record is discarded once
   EXPECT_EQ(registry.discarded_by_reset(), 6u);
-  registry.start(a);
+  // A call timed across a reset completes, and is recorded, after it: not discarded.
+  const int64_t start = Registry::now_ns();
   registry.reset();
-  registry.stop();  // open across the reset: recorded after it, not discarded
+  const int64_t end = Registry::now_ns();
+  registry.record(a, end - start, end);
   EXPECT_EQ(registry.discarded_by_reset(), 6u);
   EXPECT_EQ(count_of(registry, a), 1u);
 }
@@ -622,7 +768,7 @@ TEST(RegistryReset, DiscardedByResetCountsIdleAndExitedThreads) {
   idle.join();
   registry.reset();
   EXPECT_EQ(registry.discarded_by_reset(), 11u);
-  EXPECT_TRUE(registry.snapshot().empty());
+  EXPECT_TRUE(registry.snapshot().nodes.empty());
 }
 
 // ---- threads ----
@@ -645,7 +791,7 @@ TEST(RegistryThreads, ConcurrentRecordersAreExact) {
     });
   }
   for (auto& thread : threads) thread.join();
-  const auto stats = registry.snapshot();
+  const auto stats = registry.snapshot().nodes;
   ASSERT_EQ(stats.size(), static_cast<size_t>(kThreads + 1));
   EXPECT_EQ(stats[0].count, static_cast<uint64_t>(kThreads) * kRecords);
   EXPECT_EQ(stats[0].total_ns, int64_t{kThreads} * (kRecords / 1000) * (999 * 1000 / 2));
@@ -661,22 +807,40 @@ TEST(RegistryThreads, ConcurrentRecordersAreExact) {
 TEST(RegistryThreads, SnapshotsRunConcurrentlyWithRecorders) {
   Registry registry;
   constexpr int kThreads = 8, kRecords = 50000;
+  // Two names, each under two parents: four nodes, two by-name entries.
+  const NodeId parents[2] = {registry.intern(kNoParent, "p0", Kind::Range, -1),
+                             registry.intern(kNoParent, "p1", Kind::Range, -1)};
   std::vector<NodeId> nodes;
   for (int i = 0; i < 4; ++i) {
-    nodes.push_back(registry.intern(kNoParent, numbered("n", i), Kind::Op, 0));
+    nodes.push_back(registry.intern(parents[i % 2], numbered("n", i / 2), Kind::Op, 0));
   }
   std::atomic<bool> done{false};
   std::atomic<int> snapshots{0};
   std::thread reader([&] {
-    std::vector<uint64_t> previous(nodes.size(), 0);
+    std::vector<uint64_t> previous(registry.node_count(), 0);
     while (!done.load()) {
-      const auto stats = registry.snapshot();
-      for (const BrickStats& s : stats) {
+      const Snapshot snapshot = registry.snapshot();
+      for (const BrickStats& s : snapshot.nodes) {
         ASSERT_LT(s.node, previous.size());
         EXPECT_GE(s.count, previous[s.node]) << "count went down";
         EXPECT_LE(s.min_ns, s.max_ns);
         EXPECT_GE(s.histogram.total(), s.count);  // a record's bucket is stored before its count
         previous[s.node] = s.count;
+      }
+      // The by-name view derives from the same reading: its figures are exactly the sums of the
+      // nodes', however the recorders moved on meanwhile.
+      for (const BrickStats& merged : snapshot.by_name()) {
+        uint64_t count = 0, histogram = 0;
+        int64_t total = 0;
+        for (const BrickStats& s : snapshot.nodes) {
+          if (s.name != merged.name) continue;
+          count += s.count;
+          total += s.total_ns;
+          histogram += s.histogram.total();
+        }
+        EXPECT_EQ(merged.count, count) << merged.name;
+        EXPECT_EQ(merged.total_ns, total) << merged.name;
+        EXPECT_EQ(merged.histogram.total(), histogram) << merged.name;
       }
       snapshots.fetch_add(1);
     }
@@ -691,7 +855,7 @@ TEST(RegistryThreads, SnapshotsRunConcurrentlyWithRecorders) {
   done.store(true);
   reader.join();
   EXPECT_GT(snapshots.load(), 0);
-  const auto stats = registry.snapshot();
+  const auto stats = registry.snapshot().nodes;
   ASSERT_EQ(stats.size(), 4u);
   uint64_t count = 0;
   int64_t total = 0;
@@ -720,7 +884,7 @@ TEST(RegistryThreads, ResetsRaceWithRecordersAndSnapshots) {
   do {  // at least once, even if the recorders finished first
     registry.reset();
     ++resets;
-    for (const BrickStats& s : registry.snapshot()) {
+    for (const BrickStats& s : registry.snapshot().nodes) {
       // Whatever survives a reset is a consistent subset: never more than was recorded.
       EXPECT_LE(s.count, uint64_t{kThreads} * kRecords);
       // The count is read first and published last: the other figures cover at least that many
@@ -747,6 +911,22 @@ TEST(RegistryThreads, ResetsRaceWithRecordersAndSnapshots) {
 struct alignas(64) Progress {
   std::atomic<uint64_t> records{0};
 };
+
+// One call of each of the nested `bricks` (outermost first), timed as the observer times them:
+// now_ns() at each start, then innermost first, now_ns() at its end and record(). Publishes
+// each record in `progress` (`done` records so far); returns the new total.
+template <size_t kDepth>
+uint64_t record_nested(Registry& registry, const NodeId (&bricks)[kDepth], Progress& progress,
+                       uint64_t done) {
+  int64_t starts[kDepth];
+  for (size_t level = 0; level < kDepth; ++level) starts[level] = Registry::now_ns();
+  for (size_t level = kDepth; level-- > 0;) {
+    const int64_t end = Registry::now_ns();
+    registry.record(bricks[level], end - starts[level], end);
+    progress.records.store(++done, std::memory_order_release);
+  }
+  return done;
+}
 
 uint64_t records_done(const std::vector<Progress>& progress) {
   uint64_t sum = 0;
@@ -776,7 +956,7 @@ ResetterFigures snapshot_and_reset_until_done(Registry& registry, const std::ato
     std::vector<uint64_t> previous(registry.node_count(), 0);
     for (int i = 0; i < 3; ++i) {
       const uint64_t made_before = records_done(progress);
-      const auto stats = registry.snapshot();
+      const auto stats = registry.snapshot().nodes;
       const uint64_t discarded = registry.discarded_by_reset();
       const uint64_t made_after = records_done(progress);
       ++figures.snapshots;
@@ -814,15 +994,10 @@ TEST(RegistryThreads, ResetsAccountForEveryRecordUnderLoad) {
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
+      const NodeId bricks[kDepth] = {outer, middle, leaves[t]};
       uint64_t done = 0;
       for (int i = 0; i < kIterations; ++i) {
-        registry.start(outer);
-        registry.start(middle);
-        registry.start(leaves[t]);
-        for (int level = 0; level < kDepth; ++level) {
-          registry.stop();
-          progress[t].records.store(++done, std::memory_order_release);
-        }
+        done = record_nested(registry, bricks, progress[t], done);
       }
       running.fetch_sub(1);
     });
@@ -835,7 +1010,7 @@ TEST(RegistryThreads, ResetsAccountForEveryRecordUnderLoad) {
 
   const uint64_t made = uint64_t{kThreads} * kIterations * kDepth;
   ASSERT_EQ(records_done(progress), made);
-  const auto stats = registry.snapshot();
+  const auto stats = registry.snapshot().nodes;
   const uint64_t live = total_count(stats);
   const uint64_t discarded = registry.discarded_by_reset();
   std::printf(
@@ -851,7 +1026,7 @@ TEST(RegistryThreads, ResetsAccountForEveryRecordUnderLoad) {
   // Once quiescent, the figures do not move; one more reset discards everything left.
   EXPECT_EQ(registry.discarded_by_reset(), discarded);
   registry.reset();
-  EXPECT_TRUE(registry.snapshot().empty());
+  EXPECT_TRUE(registry.snapshot().nodes.empty());
   EXPECT_EQ(registry.discarded_by_reset(), made);
 }
 
@@ -881,14 +1056,10 @@ TEST(RegistryThreads, ResetsAccountForAdoptedAndIdleShards) {
     slots.emplace_back([&, t] {
       for (int round = 0; round < kRounds; ++round) {
         std::thread([&] {
+          const NodeId bricks[kDepth] = {outer, inner};
           uint64_t done = progress[t].records.load(std::memory_order_relaxed);
           for (int i = 0; i < kIterations; ++i) {
-            registry.start(outer);
-            registry.start(inner);
-            for (int level = 0; level < kDepth; ++level) {
-              registry.stop();
-              progress[t].records.store(++done, std::memory_order_release);
-            }
+            done = record_nested(registry, bricks, progress[t], done);
           }
         }).join();
       }
@@ -915,17 +1086,11 @@ TEST(RegistryThreads, ThreadExitKeepsCounts) {
   const NodeId node = registry.intern(kNoParent, "op", Kind::Op, 0);
   for (int round = 0; round < 20; ++round) {
     std::thread([&] {
-      registry.start(node);
-      registry.stop();
+      registry.record(node, 10, Registry::now_ns());
       registry.record(node, 10);
     }).join();
   }
-  std::thread([&] { registry.start(node); }).join();  // exits with a brick open
-  std::thread([&] {
-    EXPECT_EQ(registry.depth(), 0);  // a new thread never inherits open bricks
-    EXPECT_THROW(registry.stop(), Error);
-    registry.record(node, 10);
-  }).join();
+  std::thread([&] { registry.record(node, 10); }).join();
   EXPECT_EQ(count_of(registry, node), 41u);
 }
 
@@ -944,13 +1109,10 @@ TEST(RegistryThreads, RegistriesAreIndependent) {
   // Registries that come and go (likely at a reused address) start empty.
   for (int i = 0; i < 50; ++i) {
     auto fresh = std::make_unique<Registry>();
-    EXPECT_TRUE(fresh->snapshot().empty());
-    EXPECT_EQ(fresh->depth(), 0);
+    EXPECT_TRUE(fresh->snapshot().nodes.empty());
     const NodeId node = fresh->intern(kNoParent, "x", Kind::Op, 0);
     fresh->record(node, i);
-    fresh->start(node);
-    EXPECT_EQ(fresh->depth(), 1);
-    const auto stats = fresh->snapshot();
+    const auto stats = fresh->snapshot().nodes;
     ASSERT_EQ(stats.size(), 1u);
     EXPECT_EQ(stats[0].count, 1u);
     EXPECT_EQ(stats[0].total_ns, i);

@@ -132,6 +132,36 @@ def test_reset_false_accumulates(x):
     assert by_name(bp.stats())["aten::relu"].count == 1
 
 
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_a_brick_open_across_a_reset_is_recorded_whole_after_it(mode, x):
+    # The observer keeps the stack of open bricks; a reset zeroes only completed figures.
+    bp.reset()
+    bp.enable(mode)
+    try:
+        torch.relu(x)
+        with record_function("Across"):
+            torch.relu(x)
+            time.sleep(0.002)
+            completed = bp.stats("path")
+            discarded = bp.health()["discarded_by_reset"]
+            bp.reset()
+            time.sleep(0.002)
+            torch.neg(x)
+    finally:
+        bp.disable()
+    before = {b.path: b.count for b in completed}
+    assert before["aten::relu"] == 1 and before["Across/aten::relu"] == 1
+    assert "Across" not in before  # still open
+    # What completed before the reset is discarded, and counted as such.
+    assert bp.health()["discarded_by_reset"] - discarded == sum(before.values())
+    paths = by_path(bp.stats("path"))
+    assert all(path == "Across" or path.startswith("Across/aten::neg") for path in paths), paths
+    assert paths["Across"].count == 1
+    assert paths["Across"].depth == 0
+    assert paths["Across"].total_ns >= 4_000_000  # whole: both sleeps, across the reset
+    assert paths["Across/aten::neg"].count == 1
+
+
 # =============================================================================================
 # 2. Known durations are measured in every sync mode
 # =============================================================================================
@@ -264,6 +294,28 @@ def test_last_ns_is_the_last_call():
     assert last <= s.last_ns <= last * 1.15 + 500_000, (s, first, last)
     if last * 1.15 + 500_000 < first:  # not descheduled: the short call is the min
         assert s.last_ns == s.min_ns
+
+
+def test_last_ns_by_name_is_the_last_completed_call_across_paths():
+    # The path interned first (A) completes the last call: the by-name entry takes its figure,
+    # not the figure of the node that comes last in node order (B).
+    spin = spin_op()
+    t = torch.ones(4, device="brick")
+    with bp.profile() as p:
+        with record_function("A"):
+            spin(t, 100)
+        with record_function("B"):
+            spin(t, 3000)
+        with record_function("A"):
+            spin(t, 200)
+    paths = by_path(p.report.paths)
+    a, b = paths["A/brick_test::spin"], paths["B/brick_test::spin"]
+    assert (a.count, b.count) == (2, 1)
+    assert a.last_ns != b.last_ns
+    for bricks in (p.report.bricks, bp.stats("name")):
+        merged = by_name(bricks)["brick_test::spin"]
+        assert merged.count == 3
+        assert merged.last_ns == a.last_ns
 
 
 # =============================================================================================
@@ -628,6 +680,16 @@ def test_bad_stats_and_table_arguments(x):
         p.report.brick("no such brick")
 
 
+def test_native_snapshot_names_an_unknown_view():
+    from torch_brickdev import _C
+
+    with pytest.raises(ValueError, match=r"unknown view 'bogus'; expected 'name' or 'path'"):
+        _C._profiler.snapshot(["path", "bogus"])
+    with pytest.raises(TypeError):
+        _C._profiler.snapshot("name")  # a str is not a list of views
+    assert _C._profiler.snapshot([]) == {}
+
+
 # =============================================================================================
 # 8. Concurrency
 # =============================================================================================
@@ -664,6 +726,63 @@ def test_concurrent_threads_are_counted_exactly():
     assert "aten::add" not in paths
     assert_invariants(p.report.bricks)
     assert health_delta(before) == {"unbalanced_exits": 0, "timing_failures": 0}
+
+
+def test_captured_report_views_agree_while_threads_record():
+    # A report's two views come from one snapshot: for every name, the by-name figures are the
+    # sums of its by-path figures, however many calls other threads complete meanwhile.
+    from torch_brickdev.profiler.report import Report
+
+    threads_n = 4
+    tensors = [torch.ones(4, device="brick") for _ in range(threads_n)]
+    stop = threading.Event()
+    started = threading.Barrier(threads_n + 1)
+    errors = []
+
+    def work(i, t):
+        try:
+            started.wait(timeout=30)
+            while not stop.is_set():
+                with record_function(f"Worker{i % 2}"):  # aten::add under two paths
+                    torch.add(t, t)
+                torch.add(t, t)  # and at top level
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    reports = []
+    threads = [threading.Thread(target=work, args=(i, t)) for i, t in enumerate(tensors)]
+    bp.reset()
+    bp.enable()
+    try:
+        for th in threads:
+            th.start()
+        started.wait(timeout=30)
+        deadline = time.monotonic() + 1.0
+        while len(reports) < 20 or time.monotonic() < deadline:
+            time.sleep(0.002)  # the workers get the GIL: a capture starts among running ops
+            reports.append(Report.capture(wall_ns=1, sync_mode=bp.sync_mode()))
+            if len(reports) >= 200:
+                break
+    finally:
+        stop.set()
+        for th in threads:
+            if th.is_alive():
+                th.join(timeout=30)
+        bp.disable()
+    assert not any(th.is_alive() for th in threads), "a worker did not stop within 30 s"
+    assert not errors, errors
+    for report in reports:
+        for brick in report.bricks:
+            paths = [p for p in report.paths if p.name == brick.name and p.kind == brick.kind]
+            assert brick.count == sum(p.count for p in paths), (brick, paths)
+            assert brick.total_ns == sum(p.total_ns for p in paths), (brick, paths)
+        assert {b.name for b in report.bricks} == {p.name for p in report.paths}
+    # The workers did record while the reports were captured.
+    first, last = reports[0], reports[-1]
+    add_count = lambda r: sum(b.count for b in r.bricks if b.name == "aten::add")  # noqa: E731
+    assert add_count(last) > add_count(first)
+    assert {p.path for p in last.paths} >= {"aten::add", "Worker0/aten::add",
+                                            "Worker1/aten::add"}
 
 
 # =============================================================================================

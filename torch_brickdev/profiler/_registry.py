@@ -122,7 +122,7 @@ def stats(by: str = "name") -> List[BrickStats]:
         )
     if by not in ("name", "path"):
         raise ValueError(f"brick profiler: stats(): by must be 'name' or 'path', got {by!r}")
-    return [BrickStats(**d) for d in _native.stats(by == "name")]
+    return [BrickStats(**d) for d in _native.snapshot([by])[by]]
 
 
 all_brick_stats = stats

@@ -31,7 +31,7 @@ from typing import Iterable, List, NoReturn, Optional, Tuple, Union
 import torch
 
 from .. import _C
-from ._registry import BrickStats, SyncMode, health, stats
+from ._registry import BrickStats, SyncMode, health
 
 SCHEMA = "torch_brickdev.report"
 VERSION = 1
@@ -86,9 +86,12 @@ class Report:
     @classmethod
     def capture(cls, *, wall_ns: int, sync_mode: Union[SyncMode, str],
                 metadata: Optional[dict] = None) -> "Report":
-        """Builds a report from the registry's current figures."""
+        """Builds a report from the registry's current figures: one snapshot, from which both
+        views derive, so that they agree even while other threads record."""
+        views = _C._profiler.snapshot(["name", "path"])
         return cls(
-            bricks=stats("name"), paths=stats("path"), wall_ns=wall_ns, sync_mode=sync_mode,
+            bricks=[BrickStats(**d) for d in views["name"]],
+            paths=[BrickStats(**d) for d in views["path"]], wall_ns=wall_ns, sync_mode=sync_mode,
             device={
                 "type": "brick",
                 "runtime": _C._runtime_name(),
