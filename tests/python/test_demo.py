@@ -10,7 +10,7 @@ import torch
 # PyTorch 2.13 workaround shared with the profiler tests (see profiler_helpers.py).
 import torch.profiler._cupti_monitor  # noqa: F401
 
-from torch_brickdev import demo
+from torch_brickdev.tools import demo
 from torch_brickdev import profiler as bp
 
 SMALL = dict(layers=2, hidden=64, heads=4, kv_heads=2, vocab=256, prompt_tokens=4, tokens=6)

@@ -1,5 +1,5 @@
 """The report reader and the decode-contract checker, fuzzed with hypothesis on malformed reports,
-and every public function of ``torch_brickdev.profiler.report`` and ``torch_brickdev.contract``
+and every public function of ``torch_brickdev.profiler.report`` and ``torch_brickdev.tools.contract``
 called with bad arguments from one table.
 
 Starting point: a valid report dict built here (the shape the demo writes: fourteen decode range
@@ -52,8 +52,8 @@ from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 import torch_brickdev  # noqa: F401  (registers brick)
-from torch_brickdev import contract
-from torch_brickdev.contract import CHECK_IDS, CheckResult, format_results, run_checks
+from torch_brickdev.tools import contract
+from torch_brickdev.tools.contract import CHECK_IDS, CheckResult, format_results, run_checks
 from torch_brickdev.profiler import Report, load_report
 from torch_brickdev.profiler import report as report_module
 from torch_brickdev.profiler.report import ReportError, compare_with_key_averages

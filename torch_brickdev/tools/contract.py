@@ -20,7 +20,7 @@ the demo: fourteen top-level range bricks, ``Embedding`` … ``Sampling``, and
 ``graph-capture``   the profiler saw every brick: no capture skipped, no timing lost
 ==================  ======================================================================
 
-Command line: ``python -m torch_brickdev.contract report.json [--layers L] [--tokens T]
+Command line: ``python -m torch_brickdev.tools.contract report.json [--layers L] [--tokens T]
 [--only id,id]``; exit status 0 when nothing failed, 1 when a check failed, 2 when the report
 cannot be read.
 """
@@ -35,8 +35,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
-from .profiler import Report, SyncMode
-from .profiler.report import ReportError, _read, _show
+from ..profiler import Report, SyncMode
+from ..profiler.report import ReportError, _read, _show
 
 __all__ = [
     "CHECKS",

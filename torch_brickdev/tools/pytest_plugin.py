@@ -44,7 +44,7 @@ class BrickProfile:
         """Runs the checks (all, or ``ids``) on the last report; raises AssertionError listing
         every failed check's message. Returns the results (n/a does not fail)."""
         from torch_brickdev.brick._utils import check_int, describe_value
-        from torch_brickdev.contract import failures, format_results, run_checks
+        from torch_brickdev.tools.contract import failures, format_results, run_checks
 
         where = "brick_profile.check()"
         for check_id in ids:
