@@ -767,8 +767,6 @@ EXEMPT = {
                                           "registry; not an input",
     "torch_brickdev.tools.demo.DecodeResult": "a record that decode() returns; not an input",
     "torch_brickdev.tools.demo.DecodeConfigTypeError": "an exception class",
-    "torch_brickdev.tools.pytest_plugin.brick_profile": "a pytest fixture: pytest calls it, without "
-                                                  "arguments",
     "torch_brickdev.runtime_note": NO_ARGUMENTS,
 }
 # Owned elsewhere (see the module docstring).

@@ -16,7 +16,7 @@ import time
 import torch
 
 import torch_brickdev  # noqa: F401  (registers brick)
-from torch_brickdev.tools.contract import _positive_arg  # the check subcommand's own parser type
+from torch_brickdev.tools._args import positive_int
 
 
 def _brick_device(text: str) -> torch.device:
@@ -115,10 +115,8 @@ def decode_demo(args) -> int:
     result = decode.run_demo(config, device=args.device, sync_mode=args.sync_mode, runs=args.runs,
                              out_dir=args.output, legacy=args.legacy, progress=not args.no_progress)
     print(decode.format_summary(result))
-    try:
-        from torch_brickdev.tools import contract
-    except ImportError:  # the contract module is optional for the demo
-        return 0
+    from torch_brickdev.tools import contract
+
     results = contract.run_checks(result["report"])
     print()
     print(contract.format_results(results))
@@ -173,21 +171,21 @@ def main(argv=None) -> int:
     p = commands.add_parser("demo", help="profile a Qwen-style decode on brick and check the contract")
     p.add_argument("--device", type=_brick_device, default=torch.device("brick", 0))
     p.add_argument("--sync-mode", choices=["event", "immediate", "deferred"], default="event")
-    p.add_argument("--layers", type=_positive_arg, default=defaults.layers)
-    p.add_argument("--hidden", type=_positive_arg, default=defaults.hidden)
-    p.add_argument("--heads", type=_positive_arg, default=defaults.heads)
-    p.add_argument("--kv-heads", type=_positive_arg, default=defaults.kv_heads)
-    p.add_argument("--vocab", type=_positive_arg, default=defaults.vocab)
-    p.add_argument("--prompt-tokens", type=_positive_arg, default=defaults.prompt_tokens)
-    p.add_argument("--tokens", type=_positive_arg, default=defaults.tokens,
+    p.add_argument("--layers", type=positive_int, default=defaults.layers)
+    p.add_argument("--hidden", type=positive_int, default=defaults.hidden)
+    p.add_argument("--heads", type=positive_int, default=defaults.heads)
+    p.add_argument("--kv-heads", type=positive_int, default=defaults.kv_heads)
+    p.add_argument("--vocab", type=positive_int, default=defaults.vocab)
+    p.add_argument("--prompt-tokens", type=positive_int, default=defaults.prompt_tokens)
+    p.add_argument("--tokens", type=positive_int, default=defaults.tokens,
                    help="tokens to decode (profiled)")
-    p.add_argument("--runs", type=_positive_arg, default=3, help="repeated profiled decodes (stability)")
+    p.add_argument("--runs", type=positive_int, default=3, help="repeated profiled decodes (stability)")
     p.add_argument("--seed", type=int, default=defaults.seed)
     p.add_argument("--output", "-o", default="brick_demo", help="folder for report.json and trace.json")
     p.add_argument("--legacy", action="store_true",
                    help="also compare key_averages() of the legacy profiler with the registry")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--threads", type=_positive_arg, default=None,
+    p.add_argument("--threads", type=positive_int, default=None,
                    help="CPU threads for the backing kernels (default: torch's default)")
     p.set_defaults(run=decode_demo)
 
@@ -198,10 +196,10 @@ def main(argv=None) -> int:
 
     p = commands.add_parser("train", help="train a small model on brick and on the CPU side by side")
     p.add_argument("--device", type=_brick_device, default=torch.device("brick", 0))
-    p.add_argument("--width", type=_positive_arg, default=256)
-    p.add_argument("--depth", type=_positive_arg, default=4)
-    p.add_argument("--batch", type=_positive_arg, default=64)
-    p.add_argument("--steps", type=_positive_arg, default=5)
+    p.add_argument("--width", type=positive_int, default=256)
+    p.add_argument("--depth", type=positive_int, default=4)
+    p.add_argument("--batch", type=positive_int, default=64)
+    p.add_argument("--steps", type=positive_int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(run=train)
 
@@ -210,7 +208,7 @@ def main(argv=None) -> int:
     p.add_argument("--output", "-o", default=".", help="folder for report.json and trace.json")
     p.add_argument("--no-trace", dest="trace", action="store_false",
                    help="skip the legacy profiler and the chrome trace (less overhead)")
-    p.add_argument("--rows", type=_positive_arg, default=30, help="rows of the printed table")
+    p.add_argument("--rows", type=positive_int, default=30, help="rows of the printed table")
     p.add_argument("script")
     p.add_argument("script_args", nargs=argparse.REMAINDER)
     p.set_defaults(run=profile_script)
