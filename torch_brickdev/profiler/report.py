@@ -78,13 +78,11 @@ class Report:
         if wall_ns < 0:
             raise ValueError(f"Report: wall_ns must be >= 0 (nanoseconds), got {wall_ns}")
         self.wall_ns = int(wall_ns)
-        modes = ", ".join(repr(m.value) for m in SyncMode)
-        if not isinstance(sync_mode, (SyncMode, str)):
+        if not isinstance(sync_mode, (SyncMode, str)):  # worded as for the other arguments
+            modes = ", ".join(repr(m.value) for m in SyncMode)
             raise TypeError(f"Report: sync_mode must be a SyncMode or a str ({modes}), got "
                             f"{_type(sync_mode)}")
-        if not isinstance(sync_mode, SyncMode) and sync_mode.lower() not in _SYNC_MODES:
-            raise ValueError(f"Report: sync_mode must be one of {modes}, got {sync_mode!r}")
-        self.sync_mode = SyncMode.parse(sync_mode)
+        self.sync_mode = SyncMode.parse(sync_mode, arg="sync_mode", where="Report")
         for name, value, optional in (("device", device, False), ("metadata", metadata, True),
                                       ("health", health, True)):
             if not isinstance(value, dict) and not (optional and value is None):

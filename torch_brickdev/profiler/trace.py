@@ -91,6 +91,10 @@ def device_intervals(prof):
     device_start_ns, device_end_ns)`` on the CPU time base of PyTorch's events (``c10::getTime``
     nanoseconds); ``info`` counts what matched and what could not be."""
     _check_finished_profile(prof, "brick profiler: device_intervals()")
+    return _device_intervals(prof)
+
+
+def _device_intervals(prof):
     results = prof.kineto_results
     trace_start = results.trace_start_ns()
     by_thread = defaultdict(list)
@@ -194,7 +198,7 @@ def export_chrome_trace(prof, path: Union[str, os.PathLike], *, rank: Optional[i
             cpu_slots[(ev["name"], round(float(ev["ts"]), 3))] = (ev["pid"], ev["tid"], external)
             cpu_pid = ev["pid"]
 
-    matches, info = device_intervals(prof)
+    matches, info = _device_intervals(prof)
     # Ops with a nested op on the same thread are shown as annotations around their children.
     parents = set()
     by_thread = defaultdict(list)
