@@ -17,6 +17,8 @@ what was expected. The rules:
   digits, no object repeating a key, nothing nested more than 100 levels deep;
 * unknown keys, at the top level and in brick entries, are ignored (a newer writer may add
   fields); ``device`` and ``metadata`` are kept as written, unknown ``health`` counters too.
+
+:meth:`Report.validate` applies the same rules to a report built or changed in memory.
 """
 
 from __future__ import annotations
