@@ -20,7 +20,7 @@ import torch
 
 import torch_brickdev
 import torch_brickdev.profiler as bp
-from torch_brickdev import demo
+from torch_brickdev.tools import demo
 
 
 def decode_seconds(model, config, device, region_factory=None):

@@ -16,7 +16,7 @@ A coverage test enumerates the public callables and fails on one that is neither
 nor exempted with a reason. The module prints ``bad input: N calls tried, M clear`` at its end
 (``pytest tests/python/test_bad_input.py -q -s``).
 
-Not covered: ``torch_brickdev.contract`` and ``torch_brickdev.profiler.report`` (owned
+Not covered: ``torch_brickdev.tools.contract`` and ``torch_brickdev.profiler.report`` (owned
 elsewhere), and the PyTorch ``torch.Stream`` / ``torch.Event`` methods that read a wrong-typed
 argument's memory as a stream or event (``event.record("x")``, ``stream.wait_event("x")``,
 ``stream.wait_stream("x")``, ``event.wait("x")``): calling them is undefined behaviour in
@@ -41,9 +41,9 @@ import torch
 import torch.profiler._cupti_monitor  # noqa: F401
 
 import torch_brickdev
-from torch_brickdev import demo
+from torch_brickdev.tools import demo
 from torch_brickdev import profiler as bp
-from torch_brickdev import pytest_plugin
+from torch_brickdev.tools import pytest_plugin
 from torch_brickdev.brick import device as brick_device_module
 from torch_brickdev.brick import memory as brick_memory_module
 from torch_brickdev.brick import random as brick_random_module
@@ -425,7 +425,7 @@ for value, error, pattern in [
     TABLE.append(bad(bp.export_chrome_trace, "rank", value, error, pattern, keyword=True,
                      path=os.path.join(tempfile.gettempdir(), "never.json"), **EXPORT))
 
-# -- torch_brickdev.demo -----------------------------------------------------------------------
+# -- torch_brickdev.tools.demo -----------------------------------------------------------------
 
 
 def _validate_config(**fields):
@@ -433,7 +433,7 @@ def _validate_config(**fields):
 
 
 _validate_config.__qualname__ = "DecodeConfig.validate"
-CONFIG = dict(subject="torch_brickdev.demo.DecodeConfig", keyword=True)
+CONFIG = dict(subject="torch_brickdev.tools.demo.DecodeConfig", keyword=True)
 for name in ("layers", "hidden", "heads", "kv_heads", "vocab", "prompt_tokens", "tokens",
              "max_positions"):
     for value, error in (("2", TypeError), (2.0, TypeError), (None, TypeError), (True, TypeError),
@@ -513,7 +513,7 @@ def _forward(ids, pos):
 
 
 _forward.__qualname__ = "QwenStyleDecoder.forward"
-FORWARD = dict(subject="torch_brickdev.demo.QwenStyleDecoder")
+FORWARD = dict(subject="torch_brickdev.tools.demo.QwenStyleDecoder")
 TABLE += [
     bad(_forward, "pos", -1, ValueError, r"pos must be >= 0, got -1", before=(named("ids"),), **FORWARD),
     bad(_forward, "pos", 1.0, TypeError, r"pos must be an int, got float", before=(named("ids"),), **FORWARD),
@@ -557,7 +557,7 @@ TABLE += [
         r"it lacks runs, .*\(got keys: config, device\)", received=r"got keys: config, device"),
 ]
 
-# -- torch_brickdev.pytest_plugin --------------------------------------------------------------
+# -- torch_brickdev.tools.pytest_plugin --------------------------------------------------------------
 
 
 def _check(*ids, **kwargs):
@@ -572,7 +572,7 @@ def _profile_with(**kwargs):
 
 _check.__qualname__ = "BrickProfile.check"
 _profile_with.__qualname__ = "BrickProfile.profile"
-PLUGIN = dict(subject="torch_brickdev.pytest_plugin.BrickProfile")
+PLUGIN = dict(subject="torch_brickdev.tools.pytest_plugin.BrickProfile")
 TABLE += [
     bad(_check, "ids", 5, TypeError, r"check ids must be str such as 'coverage', got int", **PLUGIN),
     bad(_check, "ids", None, TypeError, r"check ids must be str such as 'coverage', got None", **PLUGIN),
@@ -765,14 +765,12 @@ EXEMPT = {
     "torch_brickdev.profiler.clear_timeline": NO_ARGUMENTS,
     "torch_brickdev.profiler.BrickStats": "a frozen record that stats() builds from the native "
                                           "registry; not an input",
-    "torch_brickdev.demo.DecodeResult": "a record that decode() returns; not an input",
-    "torch_brickdev.demo.DecodeConfigTypeError": "an exception class",
-    "torch_brickdev.pytest_plugin.brick_profile": "a pytest fixture: pytest calls it, without "
-                                                  "arguments",
+    "torch_brickdev.tools.demo.DecodeResult": "a record that decode() returns; not an input",
+    "torch_brickdev.tools.demo.DecodeConfigTypeError": "an exception class",
     "torch_brickdev.runtime_note": NO_ARGUMENTS,
 }
 # Owned elsewhere (see the module docstring).
-NOT_COVERED_HERE = ("torch_brickdev.profiler.report", "torch_brickdev.contract")
+NOT_COVERED_HERE = ("torch_brickdev.profiler.report", "torch_brickdev.tools.contract")
 
 PUBLIC_MODULES = [
     torch_brickdev, BRICK, brick_device_module, brick_memory_module, brick_random_module,

@@ -6,7 +6,7 @@ import statistics
 import pytest
 import torch
 
-from torch_brickdev import demo
+from torch_brickdev.tools import demo
 
 CONFIG = demo.DecodeConfig(layers=2, hidden=256, heads=4, kv_heads=2, vocab=32000,
                            prompt_tokens=4, tokens=16)

@@ -230,7 +230,7 @@ def test_legacy_profiler_shows_brick_device_time_of_cuda_kernels():
 
 
 def test_demo_decode_satisfies_the_contract_on_cuda(tmp_path):
-    from torch_brickdev import contract, demo
+    from torch_brickdev.tools import contract, demo
 
     config = demo.DecodeConfig(tokens=16)
     for mode in ("event", "immediate"):

@@ -10,7 +10,8 @@ import torch
 # PyTorch 2.13 workaround shared with the profiler tests (see profiler_helpers.py).
 import torch.profiler._cupti_monitor  # noqa: F401
 
-from torch_brickdev import demo
+from torch_brickdev.tools import demo
+from torch_brickdev.tools.contract import DECODE_BRICKS
 from torch_brickdev import profiler as bp
 
 SMALL = dict(layers=2, hidden=64, heads=4, kv_heads=2, vocab=256, prompt_tokens=4, tokens=6)
@@ -46,13 +47,13 @@ def test_block_counts_are_exact(demo_run):
                  "AttentionOutput", "OutputProjection", "GateProjection", "UpProjection",
                  "Activation", "DownProjection"):
         expected[name] = per_layer
-    assert set(expected) == set(demo.BLOCK_NAMES)
+    assert set(expected) == set(DECODE_BRICKS)
     for name, count in expected.items():
         brick = report.brick(name)
         assert (brick.kind, brick.count) == ("range", count), name
         assert brick.total_ns > 0, name
     ranges = {b.name for b in report.bricks if b.kind == "range"}
-    assert ranges == set(demo.BLOCK_NAMES)
+    assert ranges == set(DECODE_BRICKS)
     # The ranges are siblings: every range path sits at depth 0.
     assert all(p.depth == 0 for p in report.paths if p.kind == "range")
     assert report.health["unbalanced_exits"] == 0

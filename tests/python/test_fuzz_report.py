@@ -1,5 +1,5 @@
 """The report reader and the decode-contract checker, fuzzed with hypothesis on malformed reports,
-and every public function of ``torch_brickdev.profiler.report`` and ``torch_brickdev.contract``
+and every public function of ``torch_brickdev.profiler.report`` and ``torch_brickdev.tools.contract``
 called with bad arguments from one table.
 
 Starting point: a valid report dict built here (the shape the demo writes: fourteen decode range
@@ -52,8 +52,8 @@ from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 import torch_brickdev  # noqa: F401  (registers brick)
-from torch_brickdev import contract
-from torch_brickdev.contract import CHECK_IDS, CheckResult, format_results, run_checks
+from torch_brickdev.tools import contract
+from torch_brickdev.tools.contract import CHECK_IDS, CheckResult, format_results, run_checks
 from torch_brickdev.profiler import Report, load_report
 from torch_brickdev.profiler import report as report_module
 from torch_brickdev.profiler.report import ReportError, compare_with_key_averages
@@ -214,6 +214,7 @@ def _assert_clear_error(error: ReportError, where: str, field_path: Optional[str
 def _assert_sound(report: Report) -> None:
     """What every report that loaded must satisfy."""
     assert not [f for f in _floats_in(report.to_dict()) if not math.isfinite(f)]
+    assert report.validate() is report  # what the reader accepts, the in-memory rules accept
     again = load_report(json.loads(report.to_json()))  # writes and reads back, unchanged
     assert again.to_dict() == report.to_dict()
     with _no_hang():
@@ -658,6 +659,22 @@ def test_bad_figures_in_memory_never_pass_the_checks_that_read_them(section, ind
 
 
 @FUZZ
+@given(section=sections, index=entry_index, field=st.sampled_from(sorted(AFFECTED_BY_FIELD)),
+       value=st.sampled_from(BAD_FIGURES))
+def test_a_bad_figure_in_memory_is_named_by_validate_and_fails_every_check(section, index,
+                                                                          field, value):
+    report = load_report(copy.deepcopy(BASE))
+    entries = getattr(report, section)
+    entries[index] = dataclasses.replace(entries[index], **{field: value})
+    named = f"{section}[{index}].{field}: field {field!r} must be"
+    with pytest.raises(ReportError, match=re.escape(f"Report: {named}")):
+        report.validate()
+    results = run_checks(report)
+    assert [r.status for r in results] == ["fail"] * len(CHECK_IDS)
+    assert all(named in r.message for r in results), format_results(results)
+
+
+@FUZZ
 @given(value=st.sampled_from(BAD_FIGURES + [0, 1.5, True]))
 def test_a_bad_wall_time_in_memory_fails_coverage_and_no_placeholders(value):
     report = load_report(copy.deepcopy(BASE))
@@ -813,6 +830,18 @@ def _report_with_metadata(value) -> Report:
     return report
 
 
+def _report_with_wall(value) -> Report:
+    report = _report()
+    report.wall_ns = value
+    return report
+
+
+def _report_with_bricks(bricks) -> Report:
+    report = _report()
+    report.bricks = bricks
+    return report
+
+
 def _good_args(**override) -> dict:
     report = _report()
     args = dict(bricks=report.bricks, paths=report.paths, wall_ns=report.wall_ns,
@@ -880,6 +909,12 @@ CASES: List[Case] = [
          r"created must be a str or None", "int"),
     Case("Report-torch_version-float", lambda: Report(**_good_args(torch_version=2.1)),
          TypeError, r"torch_version must be a str or None", "float"),
+    Case("Report-written-dict", lambda: Report(**_good_args(written={"wall_s": 1.0})),
+         TypeError, r"Report: written must be a WrittenFigures or None", "dict"),
+    Case("Report.validate-NaN-wall", lambda: _report_with_wall(math.nan).validate(), ReportError,
+         r"Report: field 'wall_ns' must be an integer >= 0", "NaN"),
+    Case("Report.validate-bricks-item", lambda: _report_with_bricks([1]).validate(), ReportError,
+         r"Report: bricks\[0\] must be an object", "integer 1"),
     Case("Report.capture-wall_ns", lambda: Report.capture(wall_ns=None, sync_mode="event"),
          TypeError, r"wall_ns must be an int", "NoneType"),
     Case("Report.capture-sync_mode", lambda: Report.capture(wall_ns=1, sync_mode=3), TypeError,

@@ -353,8 +353,10 @@ def test_export_twice(tmp_path):
     a = torch.randn(8, 8, device="brick")
     with legacy_profile() as prof:
         torch.relu(a)
+    attributes = dict(vars(prof))
     bp.export_chrome_trace(prof, tmp_path / "one.json")
     bp.export_chrome_trace(prof, tmp_path / "two.json")
+    assert vars(prof) == attributes  # brick keeps its state beside PyTorch's object, not on it
     one = json.loads((tmp_path / "one.json").read_text())["traceEvents"]
     two = json.loads((tmp_path / "two.json").read_text())["traceEvents"]
     assert len(one) == len(two)

@@ -40,13 +40,15 @@ from ._registry import (
     stats,
     sync_mode,
 )
-from .report import Report, compare_with_key_averages, load_report
+from .report import Report, ReportError, WrittenFigures, compare_with_key_averages, load_report
 from .trace import export_chrome_trace
 
 __all__ = [
     "BrickStats",
     "Report",
+    "ReportError",
     "SyncMode",
+    "WrittenFigures",
     "all_brick_stats",
     "clear_timeline",
     "compare_with_key_averages",

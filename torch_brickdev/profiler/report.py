@@ -17,6 +17,8 @@ what was expected. The rules:
   digits, no object repeating a key, nothing nested more than 100 levels deep;
 * unknown keys, at the top level and in brick entries, are ignored (a newer writer may add
   fields); ``device`` and ``metadata`` are kept as written, unknown ``health`` counters too.
+
+:meth:`Report.validate` applies the same rules to a report built or changed in memory.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import datetime
 import json
 import math
 import os
+from dataclasses import dataclass
 from typing import Iterable, List, NoReturn, Optional, Tuple, Union
 
 import torch
@@ -44,17 +47,32 @@ _MAX_NESTING = 100  # far deeper than any report; bounds the walk of a dict with
 
 
 class ReportError(ValueError):
-    """A report that cannot be read: names the file and the field."""
+    """A report that cannot be read (or breaks the rules a reader applies): names the file, or
+    ``Report`` for one in memory, and the field."""
+
+
+@dataclass(frozen=True)
+class WrittenFigures:
+    """The derived figures of a report file as written there (None where the file has none):
+    what a consumer of the file reads, to compare with what they derive from."""
+
+    wall_s: Optional[float]  # wall_ns / 1e9
+    top_level_ns: Optional[int]  # Report.top_level_ns()
+    bricks_avg_us: Tuple[Optional[float], ...]  # per entry of ``bricks``: BrickStats.avg_us()
+    paths_avg_us: Tuple[Optional[float], ...]  # per entry of ``paths``
 
 
 class Report:
     """One profiled region: every brick (by name and by call path), the wall time of the
-    region, the sync mode and the device. Every figure in it is measured."""
+    region, the sync mode and the device. Every figure in it is measured.
+
+    ``written``: the derived figures as the file :func:`load_report` read held them (None for a
+    report built in memory)."""
 
     def __init__(self, *, bricks: List[BrickStats], paths: List[BrickStats], wall_ns: int,
                  sync_mode: SyncMode, device: dict, metadata: Optional[dict] = None,
                  health: Optional[dict] = None, created: Optional[str] = None,
-                 torch_version: Optional[str] = None):
+                 torch_version: Optional[str] = None, written: Optional[WrittenFigures] = None):
         self.bricks = _brick_list(bricks, "bricks")
         self.paths = _brick_list(paths, "paths")
         if isinstance(wall_ns, bool) or not isinstance(wall_ns, int):
@@ -62,13 +80,11 @@ class Report:
         if wall_ns < 0:
             raise ValueError(f"Report: wall_ns must be >= 0 (nanoseconds), got {wall_ns}")
         self.wall_ns = int(wall_ns)
-        modes = ", ".join(repr(m.value) for m in SyncMode)
-        if not isinstance(sync_mode, (SyncMode, str)):
+        if not isinstance(sync_mode, (SyncMode, str)):  # worded as for the other arguments
+            modes = ", ".join(repr(m.value) for m in SyncMode)
             raise TypeError(f"Report: sync_mode must be a SyncMode or a str ({modes}), got "
                             f"{_type(sync_mode)}")
-        if not isinstance(sync_mode, SyncMode) and sync_mode.lower() not in _SYNC_MODES:
-            raise ValueError(f"Report: sync_mode must be one of {modes}, got {sync_mode!r}")
-        self.sync_mode = SyncMode.parse(sync_mode)
+        self.sync_mode = SyncMode.parse(sync_mode, arg="sync_mode", where="Report")
         for name, value, optional in (("device", device, False), ("metadata", metadata, True),
                                       ("health", health, True)):
             if not isinstance(value, dict) and not (optional and value is None):
@@ -77,11 +93,15 @@ class Report:
         for name, value in (("created", created), ("torch_version", torch_version)):
             if value is not None and not isinstance(value, str):
                 raise TypeError(f"Report: {name} must be a str or None, got {_type(value)}")
+        if written is not None and not isinstance(written, WrittenFigures):
+            raise TypeError(f"Report: written must be a WrittenFigures or None, got "
+                            f"{_type(written)}")
         self.device = dict(device)
         self.metadata = dict(metadata or {})
         self.health = dict(health or {})
         self.created = created or datetime.datetime.now(datetime.timezone.utc).isoformat()
         self.torch_version = torch_version or torch.__version__
+        self.written = written
 
     @classmethod
     def capture(cls, *, wall_ns: int, sync_mode: Union[SyncMode, str],
@@ -100,6 +120,34 @@ class Report:
             },
             metadata=metadata, health=health(),
         )
+
+    def with_metadata(self, **entries) -> "Report":
+        """A copy of this report whose metadata also holds ``entries``, e.g. figures known only
+        once the profiled region has ended (``report.with_metadata(decode={...})``)."""
+        return Report(bricks=self.bricks, paths=self.paths, wall_ns=self.wall_ns,
+                      sync_mode=self.sync_mode, device=self.device,
+                      metadata={**self.metadata, **entries}, health=self.health,
+                      created=self.created, torch_version=self.torch_version,
+                      written=self.written)
+
+    def validate(self) -> "Report":
+        """Checks this report, built or changed in memory, by the rules :func:`load_report`
+        applies to a file (see the module documentation); returns it. Raises ReportError naming
+        the field, e.g. ``Report: bricks[3].total_ns: field 'total_ns' must be an integer ...``."""
+        def entry(b):  # a BrickStats as the reader sees an entry; anything else as it is
+            return {k: getattr(b, k) for k in _BRICK_FIELDS} if isinstance(b, BrickStats) else b
+
+        def entries(items):
+            return [entry(b) for b in items] if isinstance(items, (list, tuple)) else items
+
+        mode = self.sync_mode.value if isinstance(self.sync_mode, SyncMode) else self.sync_mode
+        _Reader("Report").fields({
+            "schema": SCHEMA, "version": VERSION, "sync_mode": mode, "wall_ns": self.wall_ns,
+            "device": self.device, "metadata": self.metadata, "health": self.health,
+            "created": self.created, "torch": self.torch_version,
+            "bricks": entries(self.bricks), "paths": entries(self.paths),
+        })
+        return self
 
     # ---- queries ----------------------------------------------------------------------------
     def brick(self, name: str) -> BrickStats:
@@ -511,7 +559,7 @@ class _Reader:
         elif not (value is None or isinstance(value, (str, bool))):
             self.fail(path, f"must be a JSON value, got {_show(value)}")
 
-    def bricks(self, items, section: str) -> Tuple[List[BrickStats], list]:
+    def bricks(self, items, section: str) -> Tuple[List[BrickStats], Tuple[Optional[float], ...]]:
         """The entries of ``bricks`` or ``paths``, and the ``avg_us`` figures as written."""
         self.value(items, (section,), _LIST)
         bricks, written_avg = [], []
@@ -523,11 +571,11 @@ class _Reader:
             written_avg.append(self.field(item, "avg_us", path, _BRICK_OPTIONAL["avg_us"],
                                           required=False))
             bricks.append(BrickStats(**values))
-        return bricks, written_avg
+        return bricks, tuple(written_avg)
 
-    def report(self, data) -> Tuple[Report, dict]:
-        """The Report, and the derived figures as written (``avg_us`` per entry, ``wall_s``,
-        ``top_level_ns``) for the contract to compare with what they derive from."""
+    def fields(self, data) -> dict:
+        """The arguments of the Report that ``data`` holds, the derived figures as written
+        (``avg_us`` per entry, ``wall_s``, ``top_level_ns``) among them."""
         if not isinstance(data, dict):
             raise ReportError(f"{self.where}: must hold a JSON object (a report), got "
                               f"{_show(data)}")
@@ -556,30 +604,27 @@ class _Reader:
                 self.value(value, ("health", key), _COUNT)
         created = self.field(data, "created", (), _TEXT, required=False)
         torch_version = self.field(data, "torch", (), _TEXT, required=False)
-        written = {
-            "wall_s": self.field(data, "wall_s", (), _FIGURE, required=False),
-            "top_level_ns": self.field(data, "top_level_ns", (), _COUNT, required=False),
-        }
-        bricks, written["bricks"] = self.bricks(self.field(data, "bricks", (), _LIST), "bricks")
-        paths, written["paths"] = self.bricks(self.field(data, "paths", (), _LIST), "paths")
-        report = Report(bricks=bricks, paths=paths, wall_ns=wall_ns, sync_mode=mode,
-                        device=device, metadata=metadata, health=counters, created=created,
-                        torch_version=torch_version)
-        return report, written
+        wall_s = self.field(data, "wall_s", (), _FIGURE, required=False)
+        top_level_ns = self.field(data, "top_level_ns", (), _COUNT, required=False)
+        bricks, bricks_avg = self.bricks(self.field(data, "bricks", (), _LIST), "bricks")
+        paths, paths_avg = self.bricks(self.field(data, "paths", (), _LIST), "paths")
+        return dict(bricks=bricks, paths=paths, wall_ns=wall_ns, sync_mode=mode, device=device,
+                    metadata=metadata, health=counters, created=created,
+                    torch_version=torch_version,
+                    written=WrittenFigures(wall_s, top_level_ns, bricks_avg, paths_avg))
 
 
-def _read(source, func: str = "load_report", arg: str = "source") -> Tuple[Report, dict]:
-    data, where = _read_source(source, func, arg)
-    return _Reader(where).report(data)
-
-
-def load_report(source: Union[str, os.PathLike, dict]) -> Report:
-    """Reads a report written by :meth:`Report.write_json` (a path, or the parsed dict).
+def load_report(source: Union[str, os.PathLike, dict], *, where: str = "load_report",
+                arg: str = "source") -> Report:
+    """Reads a report written by :meth:`Report.write_json` (a path, or the parsed dict); its
+    :attr:`Report.written` holds the derived figures as written.
 
     Raises ReportError naming the file and the field (``bricks[3].count``) and what was expected
     for a malformed, truncated or wrong-version report (the rules are in the module
-    documentation), TypeError when ``source`` is neither a path nor a dict."""
-    return _read(source)[0]
+    documentation), TypeError when ``source`` is neither a path nor a dict. ``where`` and
+    ``arg`` name the caller's function and argument in the messages about ``source`` itself."""
+    data, label = _read_source(source, where, arg)
+    return Report(**_Reader(label).fields(data))
 
 
 def _first_unwritable(data) -> Optional[str]:

@@ -22,7 +22,9 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import weakref
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Optional, Union
 
 import torch
@@ -32,6 +34,23 @@ from ..brick._utils import check_int, check_path, describe
 
 _SKIPPED_EVENTS = ("[memory]", "[OutOfMemory]")
 _ANNOTATION_TID_BASE = 10_000_000
+
+
+@dataclass
+class _ProfileState:
+    """What brick keeps per legacy profile, so that repeated exports agree."""
+
+    clock_offset_ns: Optional[int] = None  # one per profile: device events land alike each time
+    base_trace: Optional[str] = None  # PyTorch's export, which it writes once per profile
+
+
+# Kept beside PyTorch's profile objects (never set on them), for as long as each one lives.
+_states: "weakref.WeakKeyDictionary[torch.autograd.profiler.profile, _ProfileState]" = \
+    weakref.WeakKeyDictionary()
+
+
+def _state(prof) -> _ProfileState:
+    return _states.setdefault(prof, _ProfileState())
 
 
 def _distributed_info(rank: Optional[int]) -> dict:
@@ -72,6 +91,10 @@ def device_intervals(prof):
     device_start_ns, device_end_ns)`` on the CPU time base of PyTorch's events (``c10::getTime``
     nanoseconds); ``info`` counts what matched and what could not be."""
     _check_finished_profile(prof, "brick profiler: device_intervals()")
+    return _device_intervals(prof)
+
+
+def _device_intervals(prof):
     results = prof.kineto_results
     trace_start = results.trace_start_ns()
     by_thread = defaultdict(list)
@@ -84,10 +107,10 @@ def device_intervals(prof):
             continue
         by_thread[e.start_thread_id()].append(e)
     timeline = _C._profiler.timeline()
-    # One clock offset per profile, so repeated exports place device events identically.
-    offset = getattr(prof, "_brick_clock_offset_ns", None)
-    if offset is None:
-        offset = prof._brick_clock_offset_ns = timeline["steady_to_cpu_offset_ns"]
+    state = _state(prof)
+    if state.clock_offset_ns is None:
+        state.clock_offset_ns = timeline["steady_to_cpu_offset_ns"]
+    offset = state.clock_offset_ns
     records = defaultdict(list)
     for thread, cpu_ns, device_ns, device, stream in timeline["records"]:
         if cpu_ns >= trace_start:
@@ -136,7 +159,8 @@ def export_chrome_trace(prof, path: Union[str, os.PathLike], *, rank: Optional[i
     path = _check_output_path(path, where)
     rank = check_int(rank, "rank", where, low=0, optional=True)
     # PyTorch's export can be saved once per profile: keep its text for later exports.
-    base_text = getattr(prof, "_brick_base_trace", None)
+    state = _state(prof)
+    base_text = state.base_trace
     if base_text is None:
         fd, tmp = tempfile.mkstemp(suffix=".json")
         os.close(fd)
@@ -156,7 +180,7 @@ def export_chrome_trace(prof, path: Union[str, os.PathLike], *, rank: Optional[i
                 base_text = f.read()
         finally:
             os.unlink(tmp)
-        prof._brick_base_trace = base_text
+        state.base_trace = base_text
     trace = json.loads(base_text)
 
     events = trace.setdefault("traceEvents", [])
@@ -174,7 +198,7 @@ def export_chrome_trace(prof, path: Union[str, os.PathLike], *, rank: Optional[i
             cpu_slots[(ev["name"], round(float(ev["ts"]), 3))] = (ev["pid"], ev["tid"], external)
             cpu_pid = ev["pid"]
 
-    matches, info = device_intervals(prof)
+    matches, info = _device_intervals(prof)
     # Ops with a nested op on the same thread are shown as annotations around their children.
     parents = set()
     by_thread = defaultdict(list)
@@ -227,7 +251,7 @@ def export_chrome_trace(prof, path: Union[str, os.PathLike], *, rank: Optional[i
 
     timeline = _C._profiler.timeline()
     # The profile's window on the annotations' clock (perf_counter_ns is the steady clock).
-    offset = prof._brick_clock_offset_ns
+    offset = state.clock_offset_ns
     if getattr(prof, "profiling_end_time_ns", 0):
         window_start = prof.profiling_start_time_ns + offset
         window_end = prof.profiling_end_time_ns + offset

@@ -1,4 +1,4 @@
-"""pytest plugin: the ``brick_profile`` fixture.
+"""What the ``brick_profile`` pytest fixture gives a test: a :class:`BrickProfile`.
 
 >>> def test_decode(brick_profile):
 ...     with brick_profile.profile(sync_mode="event", metadata={"decode": {...}}):
@@ -6,8 +6,8 @@
 ...     brick_profile.check()                      # every check of the decode contract
 ...     brick_profile.check("coverage", tokens=8)  # some of them, with overrides
 
-Registered through the ``pytest11`` entry point; torch is imported only when the fixture is
-used, so the plugin costs nothing in test sessions that do not use it.
+The fixture is registered by the top-level module ``pytest_torch_brickdev`` (the ``pytest11``
+entry point), which imports this module, and so torch, only when a test uses the fixture.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from __future__ import annotations
 import contextlib
 from typing import List, Optional
 
-import pytest
+from .. import profiler
+from ._args import check_int, describe_value
+from .contract import CheckResult, failures, format_results, run_checks
 
 
 class BrickProfile:
@@ -23,16 +25,14 @@ class BrickProfile:
     report against the decode-profiling contract."""
 
     def __init__(self):
-        self.report = None
-        self.results: Optional[list] = None
+        self.report: Optional[profiler.Report] = None
+        self.results: Optional[List[CheckResult]] = None
 
     @contextlib.contextmanager
     def profile(self, sync_mode=None, metadata: Optional[dict] = None, **kwargs):
         """Profiles the ``with`` body; yields the profiler's ``profile`` object. The report is
         kept in :attr:`report` (also when the body raises)."""
-        from torch_brickdev.profiler import profile
-
-        prof = profile(sync_mode=sync_mode, metadata=metadata, **kwargs)
+        prof = profiler.profile(sync_mode=sync_mode, metadata=metadata, **kwargs)
         try:
             with prof:
                 yield prof
@@ -40,12 +40,10 @@ class BrickProfile:
             if prof.report is not None:
                 self.report = prof.report
 
-    def check(self, *ids: str, layers: Optional[int] = None, tokens: Optional[int] = None) -> List:
+    def check(self, *ids: str, layers: Optional[int] = None,
+              tokens: Optional[int] = None) -> List[CheckResult]:
         """Runs the checks (all, or ``ids``) on the last report; raises AssertionError listing
         every failed check's message. Returns the results (n/a does not fail)."""
-        from torch_brickdev.brick._utils import check_int, describe_value
-        from torch_brickdev.contract import failures, format_results, run_checks
-
         where = "brick_profile.check()"
         for check_id in ids:
             if not isinstance(check_id, str):
@@ -64,10 +62,3 @@ class BrickProfile:
             raise AssertionError(f"{len(failed)} decode-contract check(s) failed:\n  "
                                  + "\n  ".join(lines) + "\n\n" + format_results(self.results))
         return self.results
-
-
-@pytest.fixture
-def brick_profile():
-    """A :class:`BrickProfile`: ``.profile(sync_mode=..., metadata=...)``, ``.check(*ids,
-    layers=..., tokens=...)`` and ``.report``."""
-    yield BrickProfile()

@@ -8,6 +8,8 @@ from a fixed seed. Each block runs inside a ``record_function`` range, all of th
     AttentionSoftmax, AttentionOutput, OutputProjection, GateProjection, UpProjection,
     Activation, DownProjection, LmHead, Sampling
 
+(the decode bricks of the contract, :data:`torch_brickdev.tools.contract.DECODE_BRICKS`)
+
 :func:`decode` prefills the prompt unprofiled, then runs ``tokens`` decode steps (one token
 each, LmHead then Sampling) inside the region it is given; :func:`run_demo` profiles repeated
 decodes with the brick registry, writes ``report.json`` and a chrome ``trace.json`` from one
@@ -31,15 +33,7 @@ from torch.profiler import record_function
 
 import torch_brickdev  # noqa: F401  (registers brick)
 from torch_brickdev import profiler as bp
-from torch_brickdev.brick._utils import (
-    check_bool, check_int, check_path, describe, describe_value, device_index,
-)
-
-BLOCK_NAMES = (
-    "Embedding", "RmsNorm", "QkvProjection", "RopeEmbedding", "AttentionScore", "AttentionSoftmax",
-    "AttentionOutput", "OutputProjection", "GateProjection", "UpProjection", "Activation",
-    "DownProjection", "LmHead", "Sampling",
-)
+from torch_brickdev.tools._args import check_bool, check_int, check_path, describe, describe_value
 
 FINAL_TOKEN_NOTE = (
     "each decode step's LmHead produces the logits its token is sampled from; the prompt's "
@@ -138,8 +132,12 @@ def _check_device(device, where: str) -> torch.device:
         raise ValueError(
             f"decode demo: {where}: device={device!r} is not a device; expected e.g. 'brick:0' "
             f"or 'cpu' ({error})") from None
-    if device.type == "brick":
-        device_index(device, where=f"decode demo: {where}")  # raises when out of range
+    count = torch.brick.device_count()
+    if device.type == "brick" and device.index is not None and device.index >= count:
+        raise RuntimeError(
+            f"decode demo: {where}: device={str(device)!r} is out of range: there are {count} "
+            f"brick device(s), valid device indices are 0..{count - 1} (BRICK_HOST_DEVICES sets "
+            "the count for the host runtime)")
     return device
 
 
@@ -274,8 +272,8 @@ class QwenStyleDecoder(torch.nn.Module):
 
 
 def build_model(config: DecodeConfig, device: Union[str, torch.device] = "brick:0") -> QwenStyleDecoder:
-    config = _check_config(config, "build_model()")
-    return QwenStyleDecoder(config, _check_device(device, "build_model()")).eval()
+    """``QwenStyleDecoder(config, device)`` in eval mode."""
+    return QwenStyleDecoder(config, device).eval()
 
 
 # ---- decoding --------------------------------------------------------------------------------
@@ -292,7 +290,10 @@ class DecodeResult:
 
 
 def prompt_ids(config: DecodeConfig) -> torch.Tensor:
-    config = _check_config(config, "prompt_ids()")
+    return _prompt_ids(_check_config(config, "prompt_ids()"))
+
+
+def _prompt_ids(config: DecodeConfig) -> torch.Tensor:
     gen = torch.Generator(device="cpu").manual_seed(config.seed + 1)
     return torch.randint(0, config.vocab, (1, config.prompt_tokens), generator=gen)
 
@@ -323,7 +324,14 @@ def decode(model: QwenStyleDecoder, config: DecodeConfig, device: Union[str, tor
     if progress is not None and not callable(progress):
         raise TypeError(f"decode demo: {where}: progress must be a callable or None, "
                         f"got {describe(progress)}")
-    prompt = prompt_ids(config)
+    return _decode(model, config, device, region, progress)
+
+
+def _decode(model, config: DecodeConfig, device: torch.device,
+            region: Optional[contextlib.AbstractContextManager] = None,
+            progress: Optional[Callable[[int, int, int], None]] = None) -> DecodeResult:
+    """:func:`decode` of validated arguments."""
+    prompt = _prompt_ids(config)
     with torch.no_grad():
         ids = prompt.to(device)
         p = config.prompt_tokens
@@ -412,16 +420,16 @@ def run_demo(config: Optional[DecodeConfig] = None, device: Union[str, torch.dev
     model = build_model(config, device)
     try:
         bar.start("warm-up")
-        decode(model, config, device, progress=bar)
+        _decode(model, config, device, progress=bar)
         run_means, prof, result = [], None, None
         for r in range(runs):
             bar.start(f"run {r + 1}/{runs}")
             prof = bp.profile(sync_mode=mode)
-            result = decode(model, config, device, region=prof, progress=bar)
+            result = _decode(model, config, device, region=prof, progress=bar)
             run_means.append(result.mean_token_ns)
         bar.start("legacy trace")
         legacy_prof = torch.autograd.profiler.profile(use_device="brick")
-        legacy_result = decode(model, config, device, region=legacy_prof, progress=bar)
+        legacy_result = _decode(model, config, device, region=legacy_prof, progress=bar)
     finally:
         bar.close()
 
@@ -433,14 +441,13 @@ def run_demo(config: Optional[DecodeConfig] = None, device: Union[str, torch.dev
         "p50_token_ns": _percentile(lat, 50),
         "p99_token_ns": _percentile(lat, 99),
     }
-    report = prof.report
-    report.metadata["decode"] = {
+    report = prof.report.with_metadata(decode={
         "model": "qwen-style", "layers": config.layers, "hidden": config.hidden,
         "heads": config.heads, "kv_heads": config.kv_heads, "vocab": config.vocab,
         "intermediate": config.intermediate_size, "prompt_tokens": config.prompt_tokens,
         "tokens": config.tokens, "runs": runs, "device": str(device), **figures,
         "final_token": FINAL_TOKEN_NOTE,
-    }
+    })
     report_path = report.write_json(os.path.join(out_dir, "report.json"))
     trace_path = bp.export_chrome_trace(legacy_prof, os.path.join(out_dir, "trace.json"))
     bp.clear_timeline()

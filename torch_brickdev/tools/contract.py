@@ -20,7 +20,7 @@ the demo: fourteen top-level range bricks, ``Embedding`` … ``Sampling``, and
 ``graph-capture``   the profiler saw every brick: no capture skipped, no timing lost
 ==================  ======================================================================
 
-Command line: ``python -m torch_brickdev.contract report.json [--layers L] [--tokens T]
+Command line: ``python -m torch_brickdev.tools.contract report.json [--layers L] [--tokens T]
 [--only id,id]``; exit status 0 when nothing failed, 1 when a check failed, 2 when the report
 cannot be read.
 """
@@ -28,15 +28,14 @@ cannot be read.
 from __future__ import annotations
 
 import argparse
-import copy
 import math
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
-from .profiler import Report, SyncMode
-from .profiler.report import ReportError, _read, _show
+from ..profiler import BrickStats, Report, ReportError, SyncMode, WrittenFigures, load_report
+from ._args import positive_int, show_json
 
 __all__ = [
     "CHECKS",
@@ -67,9 +66,6 @@ STABILITY_MAX_CV = 0.15
 
 PASS, FAIL, NA = "pass", "fail", "n/a"
 _NO_METADATA = "report has no decode metadata ({}): run the demo or pass them"
-# Attribute of a Report returned by load(): the derived figures as written in the file
-# (``avg_us`` per entry, ``wall_s``, ``top_level_ns``), to compare with what they derive from.
-_RAW_ATTR = "_contract_raw_avg_us"
 
 
 @dataclass
@@ -104,23 +100,11 @@ class CheckResult:
         return self.status == FAIL
 
 
-# ---- helpers ----------------------------------------------------------------------------------
+# ---- what the checks read, validated once -------------------------------------------------------
 #
-# A Report from load() holds validated figures (integers, finite numbers); a Report built or
-# altered in memory, and the free-form metadata of any report, may hold anything. Every
-# comparison below is written so that NaN (for which every comparison is False) and Infinity
-# fail a check instead of slipping through a ``not (x > y)``.
-
-
-def _expect_report(report, func: str) -> None:
-    if not isinstance(report, Report):
-        raise TypeError(f"{func}: report must be a Report (see load()), got "
-                        f"{type(report).__name__}")
-
-
-def _decode(report: Report) -> dict:
-    decode = report.metadata.get("decode") if isinstance(report.metadata, dict) else None
-    return decode if isinstance(decode, dict) else {}
+# The report reader (load_report) and Report.validate() guarantee every figure of a report:
+# integer counts and nanoseconds, finite percentiles, a known sync mode, counters in health.
+# The free-form metadata holds any JSON: its decode figures are read once, into _Decode.
 
 
 def _finite(x) -> bool:
@@ -136,52 +120,96 @@ def _positive(x) -> bool:
     return _finite(x) and x > 0
 
 
-def _call_count(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+# What each decode figure must be, as the messages say it. A decode of 0 tokens or layers has
+# nothing to check; an empty series has no figure to judge (token-accounting needs one).
+_INT, _NUMBER, _SERIES = "a positive integer", "a finite number > 0", "a list of finite numbers > 0"
+_DECODE_FIGURES = {
+    "layers": _INT, "tokens": _INT, "tokens_per_s": _NUMBER, "p50_token_ns": _NUMBER,
+    "p99_token_ns": _NUMBER, "token_latencies_ns": _SERIES, "run_mean_token_ns": _SERIES,
+}
 
 
-def _decode_int(decode: dict, name: str) -> Tuple[Optional[int], Optional[str]]:
-    """``(value, None)``; ``(None, None)`` when absent; ``(None, problem)`` when present but not
-    a positive integer (a decode of 0 tokens or layers has nothing to check)."""
-    if name not in decode:
-        return None, None
-    value = decode[name]
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        return None, f"metadata decode.{name} is {_show(value)}: expected a positive integer"
-    return value, None
+@dataclass(frozen=True)
+class _Decode:
+    """``metadata["decode"]`` of a report (with the layers / tokens overrides), read once: each
+    figure the checks use, None when absent; ``problems[key]`` says why a present figure is
+    unusable (its value is then None)."""
+
+    layers: Optional[int] = None
+    tokens: Optional[int] = None
+    tokens_per_s: Optional[float] = None
+    p50_token_ns: Optional[float] = None
+    p99_token_ns: Optional[float] = None
+    token_latencies_ns: Optional[Sequence[float]] = None
+    run_mean_token_ns: Optional[Sequence[float]] = None
+    sync_mode: object = None  # the mode the run asked for, as written
+    final_token: object = None
+    problems: Dict[str, str] = field(default_factory=dict)
+
+    def get(self, key: str) -> Tuple[Optional[object], Optional[str]]:
+        """``(value, None)``; ``(None, None)`` when absent; ``(None, problem)``."""
+        return getattr(self, key), self.problems.get(key)
 
 
-def _decode_number(decode: dict, name: str) -> Tuple[Optional[float], Optional[str]]:
-    """A finite number > 0, as :func:`_decode_int`."""
-    if name not in decode:
-        return None, None
-    value = decode[name]
-    if not _positive(value):
-        return None, f"metadata decode.{name} is {_show(value)}: expected a finite number > 0"
-    return value, None
+def _decode_problem(key: str, value) -> Optional[str]:
+    """Why ``value`` cannot be the decode figure ``key`` (None when it can)."""
+    expected = _DECODE_FIGURES[key]
+    if expected == _INT:
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+    elif expected == _NUMBER:
+        ok = _positive(value)
+    elif not isinstance(value, (list, tuple)):
+        ok = False
+    else:
+        for i, item in enumerate(value):
+            if not _positive(item):
+                return f"metadata decode.{key}[{i}] is {show_json(item)}: expected {expected}"
+        ok = True
+    return None if ok else f"metadata decode.{key} is {show_json(value)}: expected {expected}"
 
 
-def _decode_series(decode: dict, name: str, allow_empty: bool
-                   ) -> Tuple[Optional[list], Optional[str]]:
-    """A list of finite numbers > 0, as :func:`_decode_int`."""
-    if name not in decode:
-        return None, None
-    values = decode[name]
-    expected = "a " + ("" if allow_empty else "non-empty ") + "list of finite numbers > 0"
-    if not isinstance(values, (list, tuple)) or not (values or allow_empty):
-        return None, f"metadata decode.{name} is {_show(values)}: expected {expected}"
-    for i, value in enumerate(values):
-        if not _positive(value):
-            return None, f"metadata decode.{name}[{i}] is {_show(value)}: expected {expected}"
-    return values, None
+def _read_decode(metadata: dict, overrides: Dict[str, int]) -> _Decode:
+    decode = metadata.get("decode")
+    decode = {**(decode if isinstance(decode, dict) else {}), **overrides}
+    values, problems = {}, {}
+    for key in _DECODE_FIGURES:
+        if key in decode:
+            problem = _decode_problem(key, decode[key])
+            if problem:
+                problems[key] = problem
+            else:
+                values[key] = decode[key]
+    return _Decode(**values, sync_mode=decode.get("sync_mode"),
+                   final_token=decode.get("final_token"), problems=problems)
 
 
-def _named(report: Report) -> Dict[str, object]:
-    """The bricks by name (the first of duplicated names; completeness reports duplicates)."""
-    out = {}
+@dataclass(frozen=True)
+class _Subject:
+    """A report as the checks read it: validated, the bricks by name (the first of duplicated
+    names; completeness reports duplicates), its decode metadata read. ``invalid``: why the
+    report breaks the rules of a report (then every check fails, saying so)."""
+
+    report: Report
+    mode: Optional[SyncMode] = None
+    named: Dict[str, BrickStats] = field(default_factory=dict)
+    decode: _Decode = field(default_factory=_Decode)
+    written: Optional[WrittenFigures] = None  # of a report read from a file or dict
+    invalid: Optional[str] = None
+
+
+def _subject(report: Report, validated: bool, overrides: Dict[str, int]) -> _Subject:
+    """``report`` read for the checks; a report from the reader is ``validated`` already, one
+    built or changed in memory is validated here."""
+    if not validated:
+        try:
+            report.validate()
+        except ReportError as error:
+            return _Subject(report, invalid=str(error))
+    named = {}
     for b in report.bricks:
-        out.setdefault(b.name, b)
-    return out
+        named.setdefault(b.name, b)
+    return _Subject(report, SyncMode.parse(report.sync_mode), named,
+                    _read_decode(report.metadata, overrides), report.written)
 
 
 def _cv(values: Sequence[float]) -> float:
@@ -210,25 +238,44 @@ def _fmt_ms(ns: float) -> str:
     return f"{ns / 1e6:.3f} ms"
 
 
-def _written(report: Report) -> dict:
-    raw = getattr(report, _RAW_ATTR, None)
-    return raw if isinstance(raw, dict) else {}
+_BODIES: Dict[str, Callable[[_Subject], CheckResult]] = {}
+
+
+def _check(check_id: str):
+    """Registers ``body(s: _Subject)`` as the check ``check_id``; returns the public function of
+    the same name, which takes a Report (run_checks validates a report once, then runs bodies)."""
+    def register(body):
+        _BODIES[check_id] = body
+
+        def check(report: Report) -> CheckResult:
+            if not isinstance(report, Report):
+                raise TypeError(f"{body.__name__}: report must be a Report (see load()), got "
+                                f"{type(report).__name__}")
+            return _run(check_id, _subject(report, False, {}))
+
+        check.__name__ = check.__qualname__ = body.__name__
+        check.__doc__ = body.__doc__
+        return check
+    return register
+
+
+def _run(check_id: str, s: _Subject) -> CheckResult:
+    if s.invalid is not None:
+        return _result(check_id, FAIL, f"the report breaks the rules of a report, so none of its "
+                       f"figures is checked: {s.invalid}")
+    return _BODIES[check_id](s)
 
 
 # ---- the checks -------------------------------------------------------------------------------
 
 
-def check_coverage(report: Report) -> CheckResult:
-    _expect_report(report, "check_coverage")
+@_check("coverage")
+def check_coverage(s: _Subject) -> CheckResult:
+    report = s.report
     wall = report.wall_ns
-    if not _positive(wall):
+    if wall == 0:
         return _result("coverage", FAIL, f"wall time is {wall!r} ns: expected a measured region "
                        "(a finite number > 0)", wall_ns=wall)
-    odd = [p.path for p in report.paths if p.depth == 0
-           and not (_finite(p.total_ns) and p.total_ns >= 0)]
-    if odd:
-        return _result("coverage", FAIL, f"top-level brick(s) {', '.join(map(repr, odd[:5]))} "
-                       "have no measured total_ns (expected finite numbers >= 0)", wall_ns=wall)
     top = report.top_level_ns()
     ratio = top / wall
     status = PASS if COVERAGE_MIN <= ratio <= COVERAGE_MAX else FAIL
@@ -239,8 +286,8 @@ def check_coverage(report: Report) -> CheckResult:
     elif ratio > COVERAGE_MAX:
         message += "; time is counted twice"
     # The file's own copies of the figures must agree with what they derive from.
-    written = _written(report)
-    written_top, written_wall_s = written.get("top_level_ns"), written.get("wall_s")
+    written_top, written_wall_s = (s.written.top_level_ns, s.written.wall_s) if s.written \
+        else (None, None)
     if written_top is not None and written_top != top:
         status = FAIL
         message += (f"; the file's top_level_ns {written_top} disagrees with its top-level "
@@ -253,22 +300,21 @@ def check_coverage(report: Report) -> CheckResult:
     return _result("coverage", status, message, coverage=ratio, top_level_ns=top, wall_ns=wall)
 
 
-def check_lmhead_count(report: Report) -> CheckResult:
-    _expect_report(report, "check_lmhead_count")
-    decode = _decode(report)
-    tokens, problem = _decode_int(decode, "tokens")
+@_check("lmhead-count")
+def check_lmhead_count(s: _Subject) -> CheckResult:
+    tokens, problem = s.decode.get("tokens")
     if problem:
         return _result("lmhead-count", FAIL, problem)
     if tokens is None:
         return _result("lmhead-count", NA, _NO_METADATA.format("tokens"))
-    lm = _named(report).get("LmHead")
+    lm = s.named.get("LmHead")
     count = lm.count if lm is not None else 0
-    final = decode.get("final_token")
+    final = s.decode.final_token
     how = ("one LmHead per decoded token; the final sampled token is counted as decoded (its "
            "logits come from its own LmHead) and no forward pass runs after it")
     if isinstance(final, str):
         how += f"; final token {final!r}"
-    if _call_count(count) and count == tokens:
+    if count == tokens:
         return _result("lmhead-count", PASS, f"LmHead ran {count} times for {tokens} decoded "
                        f"tokens ({how})", lmhead_count=count, tokens=tokens, final_token=final)
     found = "never ran" if lm is None else f"ran {count!r} times"
@@ -277,11 +323,14 @@ def check_lmhead_count(report: Report) -> CheckResult:
                    final_token=final)
 
 
-def check_token_accounting(report: Report) -> CheckResult:
-    _expect_report(report, "check_token_accounting")
-    decode = _decode(report)
-    rate, rate_problem = _decode_number(decode, "tokens_per_s")
-    latencies, latency_problem = _decode_series(decode, "token_latencies_ns", allow_empty=False)
+@_check("token-accounting")
+def check_token_accounting(s: _Subject) -> CheckResult:
+    report = s.report
+    rate, rate_problem = s.decode.get("tokens_per_s")
+    latencies, latency_problem = s.decode.get("token_latencies_ns")
+    if latencies is not None and not latencies:
+        latency_problem = (f"metadata decode.token_latencies_ns is {show_json(latencies)}: "
+                           f"expected a non-empty list of finite numbers > 0")
     problems = [p for p in (rate_problem, latency_problem) if p]
     if problems:
         return _result("token-accounting", FAIL, "; ".join(problems))
@@ -289,13 +338,10 @@ def check_token_accounting(report: Report) -> CheckResult:
                if v is None]
     if missing:
         return _result("token-accounting", NA, _NO_METADATA.format(", ".join(missing)))
-    lm = _named(report).get("LmHead")
+    lm = s.named.get("LmHead")
     if lm is None or lm.count == 0:
         return _result("token-accounting", NA, "no LmHead brick: per-token figures have no "
                        "denominator (see completeness)")
-    if not _call_count(lm.count) or not all(_call_count(b.count) for b in report.bricks):
-        return _result("token-accounting", FAIL, "brick counts are not call counts (integers "
-                       ">= 0): per-token figures have no denominator", lmhead_count=lm.count)
     elapsed = sum(float(x) for x in latencies)  # > 0: every latency is; inf on overflow
     total_calls = sum(b.count for b in report.bricks)
     range_calls = sum(b.count for b in report.bricks if b.kind == "range")
@@ -328,27 +374,16 @@ def check_token_accounting(report: Report) -> CheckResult:
                    f"not the {total_calls} total brick calls", **figures)
 
 
-def check_per_call_ordering(report: Report) -> CheckResult:
-    _expect_report(report, "check_per_call_ordering")
-    named = _named(report)
+@_check("per-call-ordering")
+def check_per_call_ordering(s: _Subject) -> CheckResult:
+    named = s.named
     missing = [n for n in ("LmHead", "GateProjection", "RmsNorm")
                if n not in named or named[n].count == 0]
     if missing:
         return _result("per-call-ordering", NA, f"cannot order: brick(s) {', '.join(missing)} "
                        "never ran (see completeness)")
-    counts = [f"{n} {named[n].count!r}" for n in ("LmHead", "GateProjection", "RmsNorm")
-              if not _call_count(named[n].count)]
-    if counts:  # avg_us() of a count None is 0.0: it would order
-        return _result("per-call-ordering", FAIL, f"call counts {', '.join(counts)}: expected "
-                       "integers >= 0 to divide by")
     lm, gate, norm = (named[n].avg_us() for n in ("LmHead", "GateProjection", "RmsNorm"))
-    odd = [f"{n} {v!r}" for n, v in (("LmHead", lm), ("GateProjection", gate), ("RmsNorm", norm))
-           if not (_finite(v) and v >= 0)]
-    if odd:
-        return _result("per-call-ordering", FAIL, f"per-call figures {', '.join(odd)} us: "
-                       "expected finite numbers >= 0 to order", lmhead_avg_us=lm,
-                       gate_avg_us=gate, rmsnorm_avg_us=norm)
-    mode = report.sync_mode if isinstance(report.sync_mode, SyncMode) else None
+    mode = s.mode
     need_factor = mode in (SyncMode.IMMEDIATE, SyncMode.EVENT)
     ratio = lm / norm if norm > 0 else math.inf
     figures = dict(lmhead_avg_us=lm, gate_avg_us=gate, rmsnorm_avg_us=norm,
@@ -363,23 +398,15 @@ def check_per_call_ordering(report: Report) -> CheckResult:
                    f"{found}; expected {expected}", **figures)
 
 
-def check_sync_mode(report: Report) -> CheckResult:
-    _expect_report(report, "check_sync_mode")
-    raw = getattr(report, "sync_mode", None)
-    try:
-        mode = SyncMode.parse(raw) if raw is not None else None
-    except (TypeError, ValueError):
-        mode = None
-    if mode is None:
-        valid = ", ".join(m.value for m in SyncMode)
-        return _result("sync-mode", FAIL, f"sync mode {raw!r} is missing or unknown: expected one "
-                       f"of {valid}", sync_mode=None if raw is None else str(raw))
-    declared = _decode(report).get("sync_mode")
+@_check("sync-mode")
+def check_sync_mode(s: _Subject) -> CheckResult:
+    mode = s.mode
+    declared = s.decode.sync_mode
     if declared is not None and str(declared).lower() != mode.value:
         return _result("sync-mode", FAIL, f"the run asked for sync mode {declared!r} but the "
                        f"profiler timed in {mode.value!r}: the mode did not reach the executor",
                        sync_mode=mode.value, declared=declared)
-    named = _named(report)
+    named = s.named
     avgs = {n: named[n].avg_us() for n in DECODE_BRICKS if n in named and named[n].count}
     cv = _cv(list(avgs.values())) if len(avgs) >= 2 else None
     figures = dict(sync_mode=mode.value, named_bricks=len(avgs), avg_us_cv=cv)
@@ -398,8 +425,9 @@ def check_sync_mode(report: Report) -> CheckResult:
     return _result("sync-mode", PASS, message, **figures)
 
 
-def check_completeness(report: Report) -> CheckResult:
-    _expect_report(report, "check_completeness")
+@_check("completeness")
+def check_completeness(s: _Subject) -> CheckResult:
+    report, named = s.report, s.named
     problems = []
     seen, duplicates = set(), []
     for b in report.bricks:
@@ -408,11 +436,10 @@ def check_completeness(report: Report) -> CheckResult:
         seen.add(b.name)
     if duplicates:
         problems.append(f"duplicate brick name(s) {', '.join(map(repr, duplicates))}")
-    zero = [b.name for b in report.bricks if not b.count > 0]  # NaN is not > 0 either
+    zero = [b.name for b in report.bricks if b.count == 0]
     if zero:
         problems.append(f"brick(s) with count 0 listed: {', '.join(map(repr, zero))}")
-    named = _named(report)
-    missing = [n for n in DECODE_BRICKS if n not in named or not named[n].count > 0]
+    missing = [n for n in DECODE_BRICKS if n not in named or named[n].count == 0]
     problems += [f"brick {n!r} never ran" for n in missing]
     # Every name of the per-path view is in the per-name view, with the same number of calls.
     path_counts: Dict[str, int] = {}
@@ -439,35 +466,26 @@ def check_completeness(report: Report) -> CheckResult:
                    f"count > 0; all {len(DECODE_BRICKS)} decode bricks present", **figures)
 
 
-def check_avg_agreement(report: Report) -> CheckResult:
-    _expect_report(report, "check_avg_agreement")
-    raw = _written(report)
+@_check("avg-agreement")
+def check_avg_agreement(s: _Subject) -> CheckResult:
+    raw = s.written
     worst, bad, checked, source = 0.0, [], 0, "file" if raw else "avg_us()"
     for section in ("bricks", "paths"):
-        entries = getattr(report, section)
-        written = raw.get(section)
-        if not isinstance(written, list) or len(written) != len(entries):
+        entries = getattr(s.report, section)
+        written = getattr(raw, f"{section}_avg_us") if raw else None
+        if written is not None and len(written) != len(entries):  # entries changed in memory
             written = None
         for i, b in enumerate(entries):
             figure = written[i] if written is not None else None
-            if not _call_count(b.count):
-                bad.append(f"{b.path}: count {b.count!r} is not a call count (an integer >= 0)")
-                continue
             if b.count == 0:
                 # Nothing ran: any time or per-call figure is a disagreement, not a pass.
                 if b.total_ns != 0 or figure not in (None, 0):
                     bad.append(f"{b.path}: ran 0 times but total_ns {b.total_ns!r}, avg_us "
                                f"{figure!r} (expected 0)")
                 continue
-            if not (_finite(b.total_ns) and b.total_ns >= 0):
-                bad.append(f"{b.path}: total_ns {b.total_ns!r} is not a finite number >= 0")
-                continue
             canonical = b.total_ns / b.count / 1000.0
             if figure is None:
                 figure = b.avg_us()
-            if not _finite(figure):
-                bad.append(f"{b.path}: avg_us {figure!r} is not a number")
-                continue
             checked += 1
             error = abs(figure - canonical) / canonical if canonical else (0.0 if figure == 0 else math.inf)
             worst = max(worst, error)
@@ -483,23 +501,22 @@ def check_avg_agreement(report: Report) -> CheckResult:
                    f"{AVG_TOLERANCE:.0%} of total_ns / count / 1000 (worst {worst:.2e})", **figures)
 
 
-def check_structure(report: Report) -> CheckResult:
-    _expect_report(report, "check_structure")
-    decode = _decode(report)
+@_check("structure")
+def check_structure(s: _Subject) -> CheckResult:
     (layers, layers_problem), (tokens, tokens_problem) = (
-        _decode_int(decode, "layers"), _decode_int(decode, "tokens"))
+        s.decode.get("layers"), s.decode.get("tokens"))
     problems = [p for p in (layers_problem, tokens_problem) if p]
     if problems:
         return _result("structure", FAIL, "; ".join(problems))
     missing = [n for n, v in (("layers", layers), ("tokens", tokens)) if v is None]
     if missing:
         return _result("structure", NA, _NO_METADATA.format(", ".join(missing)))
-    named = _named(report)
+    named = s.named
     expected = {n: tokens * layers for n in ATTENTION_BRICKS}
     expected["RmsNorm"] = (2 * layers + 1) * tokens
     found = {n: (named[n].count if n in named else 0) for n in expected}
     bad = [f"{n} ran {found[n]!r} times, expected {expected[n]}" for n in expected
-           if not (_call_count(found[n]) and found[n] == expected[n])]
+           if found[n] != expected[n]]
     figures = dict(layers=layers, tokens=tokens, expected=expected, found=found)
     if bad:
         return _result("structure", FAIL, f"T={tokens}, L={layers}: " + "; ".join(bad)
@@ -508,9 +525,9 @@ def check_structure(report: Report) -> CheckResult:
                    f" calls each (T x L), RmsNorm {expected['RmsNorm']} ((2L + 1) x T)", **figures)
 
 
-def check_stability(report: Report) -> CheckResult:
-    _expect_report(report, "check_stability")
-    runs, problem = _decode_series(_decode(report), "run_mean_token_ns", allow_empty=True)
+@_check("stability")
+def check_stability(s: _Subject) -> CheckResult:
+    runs, problem = s.decode.get("run_mean_token_ns")
     if problem:
         return _result("stability", FAIL, problem)
     if runs is None:
@@ -526,27 +543,15 @@ def check_stability(report: Report) -> CheckResult:
                    cv=cv, runs=len(runs), run_mean_token_ns=list(runs))
 
 
-def check_no_placeholders(report: Report) -> CheckResult:
-    _expect_report(report, "check_no_placeholders")
+@_check("no-placeholders")
+def check_no_placeholders(s: _Subject) -> CheckResult:
+    report = s.report
     problems = []
-    if not _call_count(report.wall_ns) or report.wall_ns <= 0:
+    if report.wall_ns == 0:
         problems.append(f"wall_ns is {report.wall_ns!r}, expected > 0")
     for section in ("bricks", "paths"):
         for b in getattr(report, section):
             where = f"{section[:-1]} {b.path!r}"
-            values = dict(total_ns=b.total_ns, min_ns=b.min_ns, max_ns=b.max_ns,
-                          p50_ns=b.p50_ns, p90_ns=b.p90_ns, p99_ns=b.p99_ns)
-            odd = [k for k, v in values.items() if not _finite(v)]
-            if odd:
-                problems.append(f"{where}: {', '.join(odd)} not a finite number")
-                continue
-            negative = [k for k, v in values.items() if v < 0]
-            if negative:
-                problems.append(f"{where}: {', '.join(negative)} negative")
-                continue
-            if not _call_count(b.count):
-                problems.append(f"{where}: count {b.count!r} is not a call count")
-                continue
             if b.count == 0:
                 continue
             if b.kind == "range" and b.total_ns <= 0:
@@ -558,23 +563,21 @@ def check_no_placeholders(report: Report) -> CheckResult:
             if not (b.min_ns - 1 <= b.p50_ns <= b.max_ns + 1):
                 problems.append(f"{where}: p50 {b.p50_ns:.0f} ns outside "
                                 f"[min {b.min_ns}, max {b.max_ns}]")
-    named = _named(report)
+    named = s.named
     totals = [(named[n].total_ns, named[n].count) for n in DECODE_BRICKS
-              if n in named and _call_count(named[n].count) and named[n].count
-              and _finite(named[n].total_ns)]
+              if n in named and named[n].count]
     if len(totals) >= 2 and len({t * 1.0 / c for t, c in totals}) == 1:
         problems.append(f"all {len(totals)} decode bricks share one avg "
                         f"({totals[0][0] / totals[0][1] / 1e3:.3f} us)")
-    decode = _decode(report)
     for key in ("token_latencies_ns", "run_mean_token_ns"):
-        values, problem = _decode_series(decode, key, allow_empty=True)
+        values, problem = s.decode.get(key)
         if problem:
             problems.append(f"metadata {key}: expected finite values > 0 ({problem})")
         elif values is not None and len(values) >= 3 and len(set(values)) == 1:
             problems.append(f"metadata {key}: all {len(values)} values are {values[0]}")
     for key in ("tokens_per_s", "p50_token_ns", "p99_token_ns"):
-        if key in decode and not _positive(decode[key]):
-            problems.append(f"metadata {key} is {decode[key]!r}, expected a finite value > 0")
+        if key in s.decode.problems:
+            problems.append(s.decode.problems[key])
     figures = dict(problems=len(problems))
     if problems:
         shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more"
@@ -585,28 +588,24 @@ def check_no_placeholders(report: Report) -> CheckResult:
                    f"range bricks > 0 ns, wall {_fmt_ms(report.wall_ns)})", **figures)
 
 
-def check_graph_capture(report: Report) -> CheckResult:
-    _expect_report(report, "check_graph_capture")
-    h = report.health if isinstance(report.health, dict) else {}
+@_check("graph-capture")
+def check_graph_capture(s: _Subject) -> CheckResult:
+    h = s.report.health
     if not h:
         return _result("graph-capture", NA, "report has no health section: cannot tell whether "
                        "the profiler saw every brick")
-
-    def zero(value) -> bool:  # a counter at 0; False, 0.0 or NaN are not counters
-        return _call_count(value) and value == 0
-
     problems = []
     for key in ("timing_failures", "pending_events", "unbalanced_exits"):
         if key not in h:
             problems.append(f"health has no {key!r}")
-        elif not zero(h[key]):
+        elif h[key] != 0:
             problems.append(f"{key} {h[key]!r} (expected 0)")
-    for key, value in sorted(h.items(), key=lambda kv: str(kv[0])):
-        if "captur" in str(key).lower() and not zero(value):
+    for key, value in sorted(h.items()):
+        if "captur" in key.lower() and value != 0:
             problems.append(f"{key} {value!r}: bricks ran inside a graph capture or replay the "
                             "profiler did not see (expected 0; disable graph replay while "
                             "profiling)")
-    figures = {str(k): v for k, v in h.items()}
+    figures = dict(h)
     if problems:
         return _result("graph-capture", FAIL, "the profiler missed bricks: " + "; ".join(problems),
                        **figures)
@@ -648,15 +647,14 @@ CHECK_IDS = tuple(i for i, _ in CHECKS)
 # ---- running ----------------------------------------------------------------------------------
 
 
-def _load(source, func: str, arg: str) -> Report:
+def _load(source, func: str, arg: str) -> Tuple[Report, bool]:
+    """The report, and whether the reader validated it just now."""
     if isinstance(source, Report):
-        return source
+        return source, False
     if not isinstance(source, (dict, str, bytes, os.PathLike)):
         raise TypeError(f"{func}: {arg} must be a Report, a report dict or the path of a report "
                         f"file, got {type(source).__name__}")
-    report, written = _read(source, func, arg)
-    setattr(report, _RAW_ATTR, written)
-    return report
+    return load_report(source, where=func, arg=arg), True
 
 
 def load(source: Union[str, os.PathLike, dict, Report]) -> Report:
@@ -666,10 +664,12 @@ def load(source: Union[str, os.PathLike, dict, Report]) -> Report:
     A report read from a file or dict keeps the derived figures as written (``avg_us`` of each
     entry, ``wall_s``, ``top_level_ns``), so the checks see what a consumer of the file reads:
     ``avg-agreement`` and ``coverage`` compare them with what they derive from."""
-    return _load(source, "load", "source")
+    return _load(source, "load", "source")[0]
 
 
-def _with_overrides(report: Report, layers: Optional[int], tokens: Optional[int]) -> Report:
+def _overrides(layers: Optional[int], tokens: Optional[int]) -> Dict[str, int]:
+    """The decode figures given to run_checks, which stand in for the report's."""
+    given = {}
     for name, value, what in (("layers", layers, "decoder layers"), ("tokens", tokens,
                                                                      "decoded tokens")):
         if value is None:
@@ -679,17 +679,8 @@ def _with_overrides(report: Report, layers: Optional[int], tokens: Optional[int]
                             f"{type(value).__name__}")
         if value < 1:
             raise ValueError(f"run_checks: {name} ({what}) must be a positive int, got {value!r}")
-    if layers is None and tokens is None:
-        return report
-    view = copy.copy(report)
-    view.metadata = dict(report.metadata) if isinstance(report.metadata, dict) else {}
-    decode = dict(_decode(report))
-    if layers is not None:
-        decode["layers"] = layers
-    if tokens is not None:
-        decode["tokens"] = tokens
-    view.metadata["decode"] = decode
-    return view
+        given[name] = value
+    return given
 
 
 def _selected(only) -> Sequence[str]:
@@ -722,15 +713,18 @@ def run_checks(report: Union[Report, dict, str, os.PathLike], *, layers: Optiona
     """Runs the checks (all, or those in ``only``, in :data:`CHECKS` order) on a report.
     ``layers`` / ``tokens`` override (or stand in for) ``metadata["decode"]``."""
     selected = _selected(only)
-    report = _with_overrides(_load(report, "run_checks", "report"), layers, tokens)
+    report, validated = _load(report, "run_checks", "report")
+    return _run_all(_subject(report, validated, _overrides(layers, tokens)), selected)
+
+
+def _run_all(subject: _Subject, selected: Sequence[str]) -> List[CheckResult]:
     results = []
-    for check_id, fn in CHECKS:
-        if check_id in selected:
-            try:
-                results.append(fn(report))
-            except Exception as error:  # a check must never hide the others
-                results.append(_result(check_id, FAIL, f"check raised {type(error).__name__}: "
-                                       f"{error}"))
+    for check_id in selected:
+        try:
+            results.append(_run(check_id, subject))
+        except Exception as error:  # a check must never hide the others
+            results.append(_result(check_id, FAIL, f"check raised {type(error).__name__}: "
+                                   f"{error}"))
     return results
 
 
@@ -756,6 +750,10 @@ def format_results(results: Sequence[CheckResult]) -> str:
     if not results:  # "verdict: PASS" over no check would be a verdict on nothing
         raise ValueError("format_results: results is empty; expected the results of at least "
                          "one check (from run_checks)")
+    return _format(results)
+
+
+def _format(results: List[CheckResult]) -> str:
     width = max([len(r.id) for r in results] + [1])
     lines = [f"{r.status.upper():<4}  {r.id:<{width}}  {r.message}" for r in results]
     failed = [r.id for r in results if r.status == FAIL]
@@ -769,23 +767,13 @@ def format_results(results: Sequence[CheckResult]) -> str:
     return "\n".join(lines)
 
 
-def _positive_arg(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
-    return value
-
-
 def _ids(text: str) -> List[str]:
     wanted = [t.strip() for t in text.split(",") if t.strip()]
     unknown = [t for t in wanted if t not in CHECK_IDS]
     if unknown or not wanted:
         raise argparse.ArgumentTypeError(f"unknown check id(s) {', '.join(unknown) or text!r}; "
                                          f"expected some of {', '.join(CHECK_IDS)}")
-    return wanted
+    return [i for i in CHECK_IDS if i in wanted]  # in the order of CHECKS, as run_checks runs them
 
 
 def _emit(text: str, stream) -> None:
@@ -810,9 +798,9 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "torch_brickdev check
     parser = argparse.ArgumentParser(prog=prog, description="Check a brick report against the "
                                      "decode-profiling contract (gpu-decode-profiling-v1).")
     parser.add_argument("report", help="a report written by Report.write_json")
-    parser.add_argument("--layers", type=_positive_arg,
+    parser.add_argument("--layers", type=positive_int,
                         help="decoder layers L (overrides metadata)")
-    parser.add_argument("--tokens", type=_positive_arg,
+    parser.add_argument("--tokens", type=positive_int,
                         help="decoded tokens T (overrides metadata)")
     parser.add_argument("--only", type=_ids, help="comma-separated check ids: "
                         + ", ".join(CHECK_IDS))
@@ -821,13 +809,15 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "torch_brickdev check
     except SystemExit as exit_:  # usage errors (2) and --help (0) return, as the rest does
         return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 2)
     try:
-        report = load(args.report)
+        report = load_report(args.report, where="load")
     except ReportError as error:
         _emit(f"{prog}: {error}", sys.stderr)
         return 2
-    results = run_checks(report, layers=args.layers, tokens=args.tokens, only=args.only)
-    _emit(format_results(results), sys.stdout)
-    return 1 if failures(results) else 0
+    overrides = {name: value for name, value in (("layers", args.layers),
+                                                 ("tokens", args.tokens)) if value is not None}
+    results = _run_all(_subject(report, True, overrides), args.only or CHECK_IDS)
+    _emit(_format(results), sys.stdout)
+    return 1 if any(r.failed for r in results) else 0
 
 
 if __name__ == "__main__":

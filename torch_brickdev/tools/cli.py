@@ -1,0 +1,220 @@
+"""``python -m torch_brickdev``: command-line entry point.
+
+Commands:
+  demo     decode tokens with a Qwen-style model on brick, profile every block, check the
+           decode-profiling contract, write report.json and trace.json
+  check    check a report against the decode-profiling contract
+  profile  run a Python script with the brick profiler on; write its report and trace
+  train    train a small model on a brick device and on the CPU side by side
+"""
+
+import argparse
+import copy
+import sys
+import time
+
+import torch
+
+import torch_brickdev  # noqa: F401  (registers brick)
+from torch_brickdev.tools._args import positive_int
+
+
+def _brick_device(text: str) -> torch.device:
+    try:
+        device = torch.device(text)
+    except RuntimeError as error:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device: {error}") from None
+    if device.type != "brick":
+        raise argparse.ArgumentTypeError(f"expected a brick device such as brick:0, got {text}")
+    index = 0 if device.index is None else device.index
+    if index >= torch.brick.device_count():
+        raise argparse.ArgumentTypeError(
+            f"{text}: there are {torch.brick.device_count()} brick device(s)"
+        )
+    return torch.device("brick", index)
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.up = torch.nn.Linear(width, 4 * width)
+        self.down = torch.nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+
+def _model(width: int, depth: int, classes: int) -> torch.nn.Module:
+    return torch.nn.Sequential(
+        *[_Block(width) for _ in range(depth)], torch.nn.LayerNorm(width), torch.nn.Linear(width, classes)
+    )
+
+
+def _train(model, data, targets, steps):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses, times = [], []
+    for _ in range(steps):
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(data), targets)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())  # .item() waits for the device
+        times.append(time.perf_counter() - start)
+    return losses, times
+
+
+def train(args) -> int:
+    torch.manual_seed(args.seed)
+    cpu_model = _model(args.width, args.depth, 10)
+    brick_model = copy.deepcopy(cpu_model).to(args.device)
+    data = torch.randn(args.batch, args.width)
+    targets = torch.randint(0, 10, (args.batch,))
+    params = sum(p.numel() for p in cpu_model.parameters())
+    print(f"torch {torch.__version__}; brick runtime: {torch_brickdev.runtime_name()} "
+          f"(backing device: {torch_brickdev.backing_device_type()}), "
+          f"{torch.brick.device_count()} device(s)")
+    print(f"model: {args.depth} residual MLP blocks, width {args.width}, {params:,} parameters; "
+          f"batch {args.batch}; {args.steps} AdamW steps on {args.device} and on cpu")
+    torch.brick.reset_peak_memory_stats(args.device)
+    brick_losses, brick_times = _train(brick_model, data.to(args.device), targets.to(args.device), args.steps)
+    cpu_losses, cpu_times = _train(cpu_model, data, targets, args.steps)
+    print(f"\n{'step':>4}  {'loss (brick)':>12}  {'loss (cpu)':>12}  {'ms (brick)':>10}  {'ms (cpu)':>9}")
+    for step, (lb, lc, tb, tc) in enumerate(zip(brick_losses, cpu_losses, brick_times, cpu_times)):
+        print(f"{step:>4}  {lb:>12.6f}  {lc:>12.6f}  {tb * 1e3:>10.2f}  {tc * 1e3:>9.2f}")
+    worst = max(abs(a - b) for a, b in zip(brick_losses, cpu_losses))
+    steady = slice(1, None) if args.steps > 1 else slice(None)
+    ratio = sum(brick_times[steady]) / sum(cpu_times[steady])
+    stats = torch.brick.memory_stats(args.device)
+    print(f"\nlargest loss difference brick vs cpu: {worst:.2e}")
+    print(f"step time brick / cpu (after the first step): {ratio:.3f}x")
+    print(f"{args.device} memory: {stats['allocated_bytes.all.current'] / 2**20:.2f} MiB allocated, "
+          f"peak {stats['allocated_bytes.all.peak'] / 2**20:.2f} MiB, "
+          f"{stats['allocation.all.allocated']:,} allocations in total")
+    if worst > 1e-3:
+        print("error: brick and cpu diverged", file=sys.stderr)
+        return 1
+    return 0
+
+
+def decode_demo(args) -> int:
+    from torch_brickdev.tools import demo as decode
+
+    config = decode.DecodeConfig(
+        layers=args.layers, hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads,
+        vocab=args.vocab, prompt_tokens=args.prompt_tokens, tokens=args.tokens, seed=args.seed,
+    )
+    try:
+        config.validate()  # before any work
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    result = decode.run_demo(config, device=args.device, sync_mode=args.sync_mode, runs=args.runs,
+                             out_dir=args.output, legacy=args.legacy, progress=not args.no_progress)
+    print(decode.format_summary(result))
+    from torch_brickdev.tools import contract
+
+    results = contract.run_checks(result["report"])
+    print()
+    print(contract.format_results(results))
+    return 1 if any(r.status == "fail" for r in results) else 0
+
+
+def profile_script(args) -> int:
+    """Runs a script under the brick registry (and, for the trace, PyTorch's legacy profiler
+    with brick's stubs), like ``nsys profile``: the script sees its own argv."""
+    import os
+    import runpy
+
+    import torch_brickdev.profiler as bp
+
+    if not os.path.isfile(args.script):
+        print(f"error: no such script: {args.script}", file=sys.stderr)
+        return 2
+    os.makedirs(args.output, exist_ok=True)
+    saved_argv = sys.argv
+    sys.argv = [args.script, *args.script_args]
+    exit_code = 0
+    legacy = torch.autograd.profiler.profile(use_device="brick") if args.trace else None
+    try:
+        if legacy is not None:
+            legacy.__enter__()
+        with bp.profile(sync_mode=args.sync_mode, metadata={"script": args.script,
+                                                            "argv": list(args.script_args)}) as p:
+            try:
+                runpy.run_path(args.script, run_name="__main__")
+            except SystemExit as exit_:
+                exit_code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    finally:
+        if legacy is not None:
+            legacy.__exit__(None, None, None)
+        sys.argv = saved_argv
+    report_path = p.report.write_json(os.path.join(args.output, "report.json"))
+    print(p.report.table(row_limit=args.rows))
+    print(f"\nreport: {report_path}")
+    if legacy is not None:
+        trace_path = bp.export_chrome_trace(legacy, os.path.join(args.output, "trace.json"))
+        print(f"trace:  {trace_path} (open in ui.perfetto.dev)")
+    return exit_code
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m torch_brickdev", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    from torch_brickdev.tools.demo import DecodeConfig
+
+    defaults = DecodeConfig()
+    p = commands.add_parser("demo", help="profile a Qwen-style decode on brick and check the contract")
+    p.add_argument("--device", type=_brick_device, default=torch.device("brick", 0))
+    p.add_argument("--sync-mode", choices=["event", "immediate", "deferred"], default="event")
+    p.add_argument("--layers", type=positive_int, default=defaults.layers)
+    p.add_argument("--hidden", type=positive_int, default=defaults.hidden)
+    p.add_argument("--heads", type=positive_int, default=defaults.heads)
+    p.add_argument("--kv-heads", type=positive_int, default=defaults.kv_heads)
+    p.add_argument("--vocab", type=positive_int, default=defaults.vocab)
+    p.add_argument("--prompt-tokens", type=positive_int, default=defaults.prompt_tokens)
+    p.add_argument("--tokens", type=positive_int, default=defaults.tokens,
+                   help="tokens to decode (profiled)")
+    p.add_argument("--runs", type=positive_int, default=3, help="repeated profiled decodes (stability)")
+    p.add_argument("--seed", type=int, default=defaults.seed)
+    p.add_argument("--output", "-o", default="brick_demo", help="folder for report.json and trace.json")
+    p.add_argument("--legacy", action="store_true",
+                   help="also compare key_averages() of the legacy profiler with the registry")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="CPU threads for the backing kernels (default: torch's default)")
+    p.set_defaults(run=decode_demo)
+
+    p = commands.add_parser("check", help="check a report.json against the decode-profiling contract",
+                            add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(run=lambda args: __import__("torch_brickdev.tools.contract", fromlist=["main"]).main(args.rest))
+
+    p = commands.add_parser("train", help="train a small model on brick and on the CPU side by side")
+    p.add_argument("--device", type=_brick_device, default=torch.device("brick", 0))
+    p.add_argument("--width", type=positive_int, default=256)
+    p.add_argument("--depth", type=positive_int, default=4)
+    p.add_argument("--batch", type=positive_int, default=64)
+    p.add_argument("--steps", type=positive_int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(run=train)
+
+    p = commands.add_parser("profile", help="run a script with the brick profiler; write report.json and trace.json")
+    p.add_argument("--sync-mode", choices=["event", "immediate", "deferred"], default="event")
+    p.add_argument("--output", "-o", default=".", help="folder for report.json and trace.json")
+    p.add_argument("--no-trace", dest="trace", action="store_false",
+                   help="skip the legacy profiler and the chrome trace (less overhead)")
+    p.add_argument("--rows", type=positive_int, default=30, help="rows of the printed table")
+    p.add_argument("script")
+    p.add_argument("script_args", nargs=argparse.REMAINDER)
+    p.set_defaults(run=profile_script)
+    args = parser.parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
