@@ -770,6 +770,7 @@ EXEMPT = {
     "torch_brickdev.pytest_plugin.brick_profile": "a pytest fixture: pytest calls it, without "
                                                   "arguments",
     "torch_brickdev.runtime_note": NO_ARGUMENTS,
+    "torch_brickdev.demo.default_threads": NO_ARGUMENTS,
 }
 # Owned elsewhere (see the module docstring).
 NOT_COVERED_HERE = ("torch_brickdev.profiler.report", "torch_brickdev.contract")
