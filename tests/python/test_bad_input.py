@@ -768,6 +768,7 @@ EXEMPT = {
     "torch_brickdev.tools.demo.DecodeResult": "a record that decode() returns; not an input",
     "torch_brickdev.tools.demo.DecodeConfigTypeError": "an exception class",
     "torch_brickdev.runtime_note": NO_ARGUMENTS,
+    "torch_brickdev.tools.demo.default_threads": NO_ARGUMENTS,
 }
 # Owned elsewhere (see the module docstring).
 NOT_COVERED_HERE = ("torch_brickdev.profiler.report", "torch_brickdev.tools.contract")

@@ -4,6 +4,7 @@ The profiler must never lose or double-count a brick, never leave a brick open, 
 profiling run must be exact, whatever happened in the previous one.
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -105,24 +106,69 @@ def test_exception_leaving_the_profile_context_still_disables_and_reports():
 
 # ---- KeyboardInterrupt --------------------------------------------------------------------
 
+# How long a loop waits for the interrupt it arranged (sent 0.05 s in) before the test fails.
+INTERRUPT_WAIT_S = 30.0
 
-def interrupt_main_after(seconds):
-    timer = threading.Timer(seconds, _thread.interrupt_main)
+
+@contextlib.contextmanager
+def sigint_raises_keyboard_interrupt():
+    """Python's own SIGINT handler for the body, the previous disposition restored after. A
+    process started with SIGINT ignored (a background job of a non-interactive shell, as many
+    CI runners start their jobs) has no handler: neither interrupt_main() nor a real SIGINT
+    would interrupt anything, and a loop waiting for one would never end."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        # None: the previous handler was not installed from Python; SIG_DFL is what it was.
+        signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
+
+
+def run_until_interrupted(step, send, wait_s=INTERRUPT_WAIT_S):
+    """Calls ``step()`` until a KeyboardInterrupt ends it. ``send`` delivers the interrupt from a
+    timer thread armed after the first step, so it lands inside the caller's region with work
+    done; without one the test fails after ``wait_s`` instead of looping forever."""
+    step()
+    timer = threading.Timer(0.05, send)
+    timer.daemon = True
     timer.start()
-    return timer
+    deadline = time.monotonic() + wait_s
+    try:
+        while time.monotonic() < deadline:
+            step()
+    finally:
+        timer.join(timeout=wait_s)  # due 0.05 s after it started
+    pytest.fail(f"no KeyboardInterrupt within {wait_s} s")
 
 
-def test_keyboard_interrupt_during_a_profiled_region():
+@pytest.fixture(params=["inherited", "ignored"], ids=lambda d: f"sigint-{d}")
+def sigint_disposition(request):
+    """Runs an interrupt test with SIGINT as pytest was started, and with SIGINT ignored (as a CI
+    runner may start it); either way the test must end, and leave the disposition as it was."""
+    before = signal.getsignal(signal.SIGINT)
+    if request.param == "ignored":
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        expected = signal.getsignal(signal.SIGINT)
+        yield
+        assert signal.getsignal(signal.SIGINT) == expected, "SIGINT's disposition was not restored"
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_DFL if before is None else before)
+
+
+def test_keyboard_interrupt_during_a_profiled_region(sigint_disposition):
     x = torch.ones(64, device="brick")
-    timer = interrupt_main_after(0.05)
     calls = 0
-    with pytest.raises(KeyboardInterrupt):
+
+    def step():
+        nonlocal x, calls
+        x = x + 1
+        calls += 1
+
+    with sigint_raises_keyboard_interrupt(), pytest.raises(KeyboardInterrupt):
         with bp.profile() as session:
             with record_function("loop"):
-                while True:
-                    x = x + 1
-                    calls += 1
-    timer.join()
+                run_until_interrupted(step, _thread.interrupt_main)
     assert not bp.is_enabled()
     assert session.report.brick("aten::add").count == calls
     found = counts("path")
@@ -133,15 +179,17 @@ def test_keyboard_interrupt_during_a_profiled_region():
     exact_run()
 
 
-def test_keyboard_interrupt_under_the_legacy_profiler_and_the_registry():
+def test_keyboard_interrupt_under_the_legacy_profiler_and_the_registry(sigint_disposition):
     x = torch.ones(64, device="brick")
-    timer = interrupt_main_after(0.05)
-    with pytest.raises(KeyboardInterrupt):
+
+    def step():
+        nonlocal x
+        x = x + 1
+
+    with sigint_raises_keyboard_interrupt(), pytest.raises(KeyboardInterrupt):
         with torch.autograd.profiler.profile(use_device="brick"):
             with bp.profile():
-                while True:
-                    x = x + 1
-    timer.join()
+                run_until_interrupted(step, _thread.interrupt_main)
     assert not bp.is_enabled()
     exact_run()
     with torch.autograd.profiler.profile(use_device="brick") as prof:
@@ -150,19 +198,27 @@ def test_keyboard_interrupt_under_the_legacy_profiler_and_the_registry():
     assert rows["aten::mul"].count == 1
 
 
-def test_sigint_handler_raising_inside_ops_leaves_no_open_brick():
-    # A real SIGINT delivered while ops run (the default handler raises KeyboardInterrupt).
+def test_sigint_handler_raising_inside_ops_leaves_no_open_brick(sigint_disposition):
+    # A real SIGINT delivered while ops run (Python's default handler raises KeyboardInterrupt).
     x = torch.ones(256, device="brick")
     pid = os.getpid()
-    timer = threading.Timer(0.05, lambda: os.kill(pid, signal.SIGINT))
-    timer.start()
-    with pytest.raises(KeyboardInterrupt):
+
+    def step():
+        nonlocal x
+        with record_function("step"):
+            x = torch.sin(x)
+
+    with sigint_raises_keyboard_interrupt(), pytest.raises(KeyboardInterrupt):
         with bp.profile():
-            while True:
-                with record_function("step"):
-                    x = torch.sin(x)
-    timer.join()
+            run_until_interrupted(step, lambda: os.kill(pid, signal.SIGINT))
     exact_run()
+
+
+def test_a_missing_interrupt_fails_at_the_deadline_instead_of_hanging():
+    started = time.monotonic()
+    with pytest.raises(pytest.fail.Exception, match="no KeyboardInterrupt within 0.2 s"):
+        run_until_interrupted(lambda: time.sleep(0.001), lambda: None, wait_s=0.2)
+    assert time.monotonic() - started < 5
 
 
 # ---- re-entry and nesting -----------------------------------------------------------------
@@ -224,15 +280,19 @@ def run_in_child(body, timeout=30.0):
         os._exit(status)
     os.close(write_end)
     deadline = time.monotonic() + timeout
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() > deadline:
+    done = 0
+    try:
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() > deadline:
+                pytest.fail(f"the forked child hung for more than {timeout} s")
+            time.sleep(0.01)
+    finally:
+        if not done:  # timed out, or the wait itself was interrupted: no child outlives its test
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-            pytest.fail(f"the forked child hung for more than {timeout} s")
-        time.sleep(0.01)
     with os.fdopen(read_end) as pipe:
         result = json.loads(pipe.read() or "null")
     assert os.waitstatus_to_exitcode(status) == 0, result
@@ -303,7 +363,7 @@ def test_dataloader_workers_do_not_touch_the_parents_stats():
     with bp.profile() as session:
         with record_function("epoch"):
             loader = DataLoader(BrickWork(), batch_size=4, num_workers=2,
-                                multiprocessing_context="fork")
+                                multiprocessing_context="fork", timeout=60)  # s per batch
             total = 0.0
             for batch in loader:
                 total += float(batch.sum())
@@ -322,7 +382,7 @@ def test_fork_while_other_threads_are_profiling_never_deadlocks_the_child():
     # Other threads hold the profiler's locks at arbitrary moments; the fork handlers must hand
     # the child every lock released.
     stop = threading.Event()
-    started = threading.Barrier(4)
+    started = threading.Barrier(4, timeout=30)  # a broken barrier raises in every thread
 
     def hammer():
         y = torch.ones(4, device="brick")
@@ -337,17 +397,18 @@ def test_fork_while_other_threads_are_profiling_never_deadlocks_the_child():
 
     with torch.autograd.profiler.profile(use_device="brick"):
         with bp.profile():
-            threads = [threading.Thread(target=hammer) for _ in range(3)]
+            threads = [threading.Thread(target=hammer, daemon=True) for _ in range(3)]
             for t in threads:
                 t.start()
-            # Forks begin once every thread has run an op under both profilers. Right after a
-            # profiler starts, each thread's first op refreshes its copy of RecordFunction's
-            # callbacks under a lock of PyTorch's own (at::GlobalCallbackManager); a fork at that
-            # moment leaves the child waiting on it forever. Brick cannot hold that lock across
-            # fork(); its own locks are what this test exercises.
-            torch.ones(1, device="brick").add_(1)
-            started.wait(timeout=30)
             try:
+                # Forks begin once every thread has run an op under both profilers. Right after
+                # a profiler starts, each thread's first op refreshes its copy of
+                # RecordFunction's callbacks under a lock of PyTorch's own
+                # (at::GlobalCallbackManager); a fork at that moment leaves the child waiting
+                # on it forever. Brick cannot hold that lock across fork(); its own locks are
+                # what this test exercises.
+                torch.ones(1, device="brick").add_(1)
+                started.wait()
                 for _ in range(15):
                     seen = run_in_child(lambda: {
                         "sum": float((torch.ones(4, device="brick") + 1).sum()),
@@ -360,7 +421,8 @@ def test_fork_while_other_threads_are_profiling_never_deadlocks_the_child():
             finally:
                 stop.set()
                 for t in threads:
-                    t.join()
+                    t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a hammering thread did not stop"
     assert_healthy()
     exact_run()
 

@@ -475,7 +475,8 @@ def test_failing_op_keeps_the_stack_balanced(x):
 
 def test_default_sync_mode_is_event():
     code = "import torch_brickdev.profiler as p; print(p.sync_mode().value)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         timeout=120)
     assert out.stdout.strip() == "event"
 
 
@@ -698,7 +699,7 @@ def test_native_snapshot_names_an_unknown_view():
 def test_concurrent_threads_are_counted_exactly():
     threads_n, iters = 8, 500
     tensors = [torch.ones(4, device="brick") for _ in range(threads_n)]
-    barrier = threading.Barrier(threads_n)
+    barrier = threading.Barrier(threads_n, timeout=60)
     errors = []
 
     def work(t):
@@ -712,11 +713,12 @@ def test_concurrent_threads_are_counted_exactly():
 
     before = bp.health()
     with bp.profile() as p:
-        threads = [threading.Thread(target=work, args=(t,)) for t in tensors]
+        threads = [threading.Thread(target=work, args=(t,), daemon=True) for t in tensors]
         for th in threads:
             th.start()
         for th in threads:
-            th.join()
+            th.join(timeout=120)
+    assert not any(th.is_alive() for th in threads), "a worker thread did not finish"
     assert not errors
     names = by_name(p.report.bricks)
     assert names["Worker"].count == threads_n * iters

@@ -110,8 +110,7 @@ def decode_demo(args) -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads if args.threads is not None else decode.default_threads())
     result = decode.run_demo(config, device=args.device, sync_mode=args.sync_mode, runs=args.runs,
                              out_dir=args.output, legacy=args.legacy, progress=not args.no_progress)
     print(decode.format_summary(result))
@@ -179,14 +178,15 @@ def main(argv=None) -> int:
     p.add_argument("--prompt-tokens", type=positive_int, default=defaults.prompt_tokens)
     p.add_argument("--tokens", type=positive_int, default=defaults.tokens,
                    help="tokens to decode (profiled)")
-    p.add_argument("--runs", type=positive_int, default=3, help="repeated profiled decodes (stability)")
+    p.add_argument("--runs", type=positive_int, default=5, help="repeated profiled decodes (stability)")
     p.add_argument("--seed", type=int, default=defaults.seed)
     p.add_argument("--output", "-o", default="brick_demo", help="folder for report.json and trace.json")
     p.add_argument("--legacy", action="store_true",
                    help="also compare key_averages() of the legacy profiler with the registry")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--threads", type=positive_int, default=None,
-                   help="CPU threads for the backing kernels (default: torch's default)")
+                   help="CPU threads for the backing kernels (default: half the CPUs, at least 1, "
+                   "so that another process on the machine does not stall every op)")
     p.set_defaults(run=decode_demo)
 
     p = commands.add_parser("check", help="check a report.json against the decode-profiling contract",

@@ -288,6 +288,12 @@ class DecodeResult:
     def mean_token_ns(self) -> float:
         return sum(self.token_latencies_ns) / len(self.token_latencies_ns)
 
+    @property
+    def median_token_ns(self) -> float:
+        """The run's figure for the stability check: a few tokens slowed by another process
+        move the mean, not the median; a decode that really runs slower moves both."""
+        return _percentile(self.token_latencies_ns, 50)
+
 
 def prompt_ids(config: DecodeConfig) -> torch.Tensor:
     return _prompt_ids(_check_config(config, "prompt_ids()"))
@@ -357,6 +363,18 @@ def _decode(model, config: DecodeConfig, device: torch.device,
 
 # ---- the demo --------------------------------------------------------------------------------
 
+def default_threads() -> int:
+    """Kernel threads for a timed decode: half the CPUs this process may run on, at least 1 and
+    at most torch's default. An intra-op parallel region waits for its slowest thread, so with a
+    thread on every core one core taken by another process stalls every op (run-to-run times
+    then swing with the machine's load); with half of them the decode keeps its pace."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity API (macOS, Windows)
+        cpus = os.cpu_count() or 1
+    return max(1, min(torch.get_num_threads(), cpus // 2))
+
+
 def _percentile(values: List[int], q: float) -> float:
     """Linear interpolation between closest ranks (numpy's default)."""
     s = sorted(values)
@@ -389,7 +407,7 @@ class _ProgressBar:
 
 
 def run_demo(config: Optional[DecodeConfig] = None, device: Union[str, torch.device] = "brick:0",
-             sync_mode: str = "event", runs: int = 3, out_dir: Union[str, os.PathLike] = ".",
+             sync_mode: str = "event", runs: int = 5, out_dir: Union[str, os.PathLike] = ".",
              legacy: bool = False, progress: bool = True, legacy_rows: int = 15) -> dict:
     """Builds the model on ``device``, warms up, profiles ``runs`` decodes with the brick
     registry (the last run's report is kept and written to ``out_dir/report.json``), then runs
@@ -421,12 +439,13 @@ def run_demo(config: Optional[DecodeConfig] = None, device: Union[str, torch.dev
     try:
         bar.start("warm-up")
         _decode(model, config, device, progress=bar)
-        run_means, prof, result = [], None, None
+        run_means, run_medians, prof, result = [], [], None, None
         for r in range(runs):
             bar.start(f"run {r + 1}/{runs}")
             prof = bp.profile(sync_mode=mode)
             result = _decode(model, config, device, region=prof, progress=bar)
             run_means.append(result.mean_token_ns)
+            run_medians.append(result.median_token_ns)
         bar.start("legacy trace")
         legacy_prof = torch.autograd.profiler.profile(use_device="brick")
         legacy_result = _decode(model, config, device, region=legacy_prof, progress=bar)
@@ -437,9 +456,11 @@ def run_demo(config: Optional[DecodeConfig] = None, device: Union[str, torch.dev
     figures = {
         "token_latencies_ns": list(lat),
         "run_mean_token_ns": run_means,
+        "run_median_token_ns": run_medians,  # what the stability check compares
         "tokens_per_s": 1e9 * len(lat) / sum(lat),
         "p50_token_ns": _percentile(lat, 50),
         "p99_token_ns": _percentile(lat, 99),
+        "threads": torch.get_num_threads(),  # the kernels' (see default_threads)
     }
     report = prof.report.with_metadata(decode={
         "model": "qwen-style", "layers": config.layers, "hidden": config.hidden,
@@ -486,7 +507,8 @@ def format_summary(result: dict) -> str:
         f"Qwen-style decoder on {result['device']}: {c.layers} layers, hidden {c.hidden}, "
         f"{c.heads} heads / {c.kv_heads} KV heads, vocab {c.vocab}, intermediate {c.intermediate_size}; "
         f"prompt {c.prompt_tokens} tokens (prefill not profiled), {c.tokens} decode steps x "
-        f"{result['runs']} profiled runs, sync mode {result['sync_mode']}",
+        f"{result['runs']} profiled runs, sync mode {result['sync_mode']}"
+        + (f", {result['threads']} kernel thread(s)" if "threads" in result else ""),
         "",
         "brick registry (last run):",
         result["brick_table"],
@@ -497,6 +519,9 @@ def format_summary(result: dict) -> str:
     if result.get("comparison_table"):
         lines += ["", "legacy key_averages vs brick registry:", result["comparison_table"]]
     means = ", ".join(f"{m / 1e6:.3f}" for m in result["run_mean_token_ns"])
+    if result.get("run_median_token_ns"):
+        means += "; median per run (ms): " + ", ".join(
+            f"{m / 1e6:.3f}" for m in result["run_median_token_ns"])
     lines += [
         "",
         f"tokens/s: {result['tokens_per_s']:.1f}; per-token latency p50 {result['p50_token_ns'] / 1e6:.3f} ms, "
