@@ -1,5 +1,15 @@
+import importlib.util
+
 import pytest
 import torch
+
+# PyTorch 2.13 workaround (not a brick bug): the first legacy profile of a process imports
+# torch.profiler._cupti_monitor inside __enter__; with with_stack=True the Python tracer then
+# names one of that module's frames with garbage bytes and key_averages() raises
+# UnicodeDecodeError. Importing it up front keeps with_stack tests deterministic. PyTorch 2.14
+# no longer has the module (nor the problem).
+if importlib.util.find_spec("torch.profiler._cupti_monitor") is not None:
+    importlib.import_module("torch.profiler._cupti_monitor")
 
 import torch_brickdev  # noqa: F401  (registers brick even with autoload disabled)
 

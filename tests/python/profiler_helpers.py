@@ -9,12 +9,6 @@ import time
 import pytest
 import torch
 
-# PyTorch 2.13 workaround (not a brick bug): the first legacy profile of a process imports
-# torch.profiler._cupti_monitor inside __enter__; with with_stack=True the Python tracer then
-# names one of that module's frames with garbage bytes and key_averages() raises
-# UnicodeDecodeError. Importing it up front keeps with_stack tests deterministic.
-import torch.profiler._cupti_monitor  # noqa: F401
-
 import torch_brickdev  # noqa: F401  (registers brick)
 from torch_brickdev import profiler as bp
 

@@ -37,9 +37,6 @@ from typing import Callable, Dict, List, Optional
 import pytest
 import torch
 
-# PyTorch 2.13 workaround shared with the profiler tests (see profiler_helpers.py).
-import torch.profiler._cupti_monitor  # noqa: F401
-
 import torch_brickdev
 from torch_brickdev.tools import demo
 from torch_brickdev import profiler as bp

@@ -7,9 +7,6 @@ import os
 import pytest
 import torch
 
-# PyTorch 2.13 workaround shared with the profiler tests (see profiler_helpers.py).
-import torch.profiler._cupti_monitor  # noqa: F401
-
 from torch_brickdev.tools import demo
 from torch_brickdev.tools.contract import DECODE_BRICKS
 from torch_brickdev import profiler as bp

@@ -57,6 +57,7 @@ def test_negative_device_index_is_refused():
 
 def test_freeing_a_tensor_while_a_side_stream_uses_it():
     side = torch.brick.Stream()
+    gc.collect()  # garbage of earlier tests must not be freed between the two readings
     baseline = torch.brick.memory_allocated()
     source = torch.full((1024,), 3.0, device="brick")
     with torch.brick.stream(side):
