@@ -163,13 +163,13 @@ struct ThreadCache {
 };
 
 // The calling thread's cache once it has one: a direct TLS access even inside a dlopen()ed module.
-[[gnu::tls_model("initial-exec")]] constinit thread_local ThreadCache* t_cache = nullptr;
+[[gnu::tls_model("initial-exec")]] constinit thread_local ThreadCache* t_slot_cache = nullptr;
 // Set when the thread's cache has been destroyed (thread exit): later releases go to the depot.
-[[gnu::tls_model("initial-exec")]] constinit thread_local bool t_cache_gone = false;
+[[gnu::tls_model("initial-exec")]] constinit thread_local bool t_slot_cache_gone = false;
 
 ThreadCache::~ThreadCache() {
-  t_cache = nullptr;
-  t_cache_gone = true;
+  t_slot_cache = nullptr;
+  t_slot_cache_gone = true;
   for (auto& slots : free) {
     try {
       depot().give(slots, slots.size());
@@ -180,10 +180,10 @@ ThreadCache::~ThreadCache() {
 }
 
 ThreadCache* this_thread_cache() {
-  if (t_cache != nullptr) return t_cache;
-  if (t_cache_gone) return nullptr;
+  if (t_slot_cache != nullptr) return t_slot_cache;
+  if (t_slot_cache_gone) return nullptr;
   thread_local ThreadCache cache;
-  t_cache = &cache;
+  t_slot_cache = &cache;
   return &cache;
 }
 
@@ -225,7 +225,7 @@ ThreadCache* this_thread_cache() {
 }  // namespace
 
 StubSlot* acquire_stub_slot(int device) {
-  ThreadCache* cache = t_cache;
+  ThreadCache* cache = t_slot_cache;
   if (cache != nullptr && device < static_cast<int>(cache->free.size())) [[likely]] {
     auto& slots = cache->free[device];
     if (!slots.empty()) [[likely]] {
@@ -238,7 +238,7 @@ StubSlot* acquire_stub_slot(int device) {
 }
 
 void release_stub_slot(StubSlot* slot) noexcept {
-  ThreadCache* cache = t_cache;
+  ThreadCache* cache = t_slot_cache;
   if (cache != nullptr && slot->device < static_cast<int>(cache->free.size())) [[likely]] {
     auto& slots = cache->free[slot->device];
     if (slots.size() < kMaxCached) [[likely]] {

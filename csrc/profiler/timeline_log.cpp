@@ -171,6 +171,7 @@ TimelineLog::ThreadLog* TimelineLog::my_log() noexcept {
         return owned.log;
       }
     }
+    mine.logs.reserve(mine.logs.size() + 1);  // so that a log taken below is recorded as ours
     // Take over a log an exited thread gave up, or start one.
     std::shared_ptr<ThreadLog> log;
     {
