@@ -1,10 +1,11 @@
 // The device timeline's storage: one append-only log per thread, read and cleared as a whole.
 //
 // ProfilerStubs::record() appends one record per call (PyTorch reads the op's CPU time right
-// around it), so an append takes no lock and allocates nothing: the calling thread owns its log
-// and writes it alone; readers (snapshot(), clear(), fork) walk every thread's log under the
-// list's lock, which an append takes only when it first meets a thread, or, once, after a
-// clear(). Plain C++ (no torch): tests drive it without an interpreter.
+// around it), so an append takes no lock and allocates nothing but, every few thousand records,
+// a chunk: the calling thread owns its log and writes it alone; readers (snapshot(), clear(),
+// fork) walk every thread's log under the list's lock. An append takes that lock only the first
+// time a thread logs, and its own log's lock once after each clear(). Plain C++ (no torch):
+// tests drive it without an interpreter.
 #pragma once
 
 #include <atomic>
