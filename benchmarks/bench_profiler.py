@@ -4,8 +4,9 @@ Targets (from the brick profiler issue):
   registry in Event mode:      at most 0.3 us per op over no profiler (Kineto's is 0.9-1.2 us)
   registry disabled:           within 1% of no profiler at all
   report for 100k ops:         at least 100x faster to build than key_averages() on the same run
-For comparison it also prints PyTorch's legacy profiler (use_device="brick") and torch.profiler
-(Kineto, CPU activity) on the same workload.
+For comparison it also prints PyTorch's legacy profiler (use_device="brick", and CPU only: the
+difference is the cost of brick's ProfilerStubs, whose record() runs twice per op) and
+torch.profiler (Kineto, CPU activity) on the same workload.
 
 The workload is a loop of small brick ops (add, mul, relu on 1k elements); per-op overhead is
 (profiled time - unprofiled time) / ops, with the op count taken from the registry itself.
@@ -69,6 +70,11 @@ def run_legacy(a, b, n):
         return timed(lambda: workload(a, b, n))
 
 
+def run_legacy_cpu(a, b, n):
+    with torch.autograd.profiler.profile():
+        return timed(lambda: workload(a, b, n))
+
+
 def run_kineto(a, b, n):
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
         return timed(lambda: workload(a, b, n))
@@ -111,6 +117,7 @@ def main() -> int:
         "registry, deferred mode": run_registry("deferred"),
         "registry, immediate mode": run_registry("immediate"),
         "legacy autograd profiler (use_device=brick)": run_legacy,
+        "legacy autograd profiler (CPU only)": run_legacy_cpu,
         "torch.profiler (Kineto, CPU)": run_kineto,
     }
     for run in configs.values():  # warm up
@@ -146,7 +153,11 @@ def main() -> int:
     print(f"registry disabled: {disabled_ratio:.4f}x no profiler (target within 1%): "
           f"{'ok' if abs(disabled_ratio - 1) <= 0.01 else 'OUTSIDE TARGET'}")
     legacy_over = figures["legacy autograd profiler (use_device=brick)"][1] / 1000
+    legacy_cpu_over = figures["legacy autograd profiler (CPU only)"][1] / 1000
     kineto_over = figures["torch.profiler (Kineto, CPU)"][1] / 1000
+    stubs_ns = (legacy_over - legacy_cpu_over) * 1000
+    print(f"brick's ProfilerStubs in the legacy profiler: {stubs_ns:.0f} ns/op "
+          f"(use_device=brick {legacy_over:.2f} us/op - CPU only {legacy_cpu_over:.2f} us/op)")
     print(f"for comparison: legacy profiler {legacy_over:.2f} us/op, torch.profiler "
           f"{kineto_over:.2f} us/op, registry {event_overhead_us:.3f} us/op "
           f"({kineto_over / max(event_overhead_us, 1e-9):.1f}x less than torch.profiler)")

@@ -347,6 +347,40 @@ def test_forked_child_can_run_its_own_profiles():
     exact_run()
 
 
+def test_forked_child_logs_into_its_own_empty_timeline():
+    from torch_brickdev import _C
+
+    timeline = _C._profiler.timeline
+    bp.clear_timeline()
+    x = torch.ones(4, device="brick")
+    with torch.autograd.profiler.profile(use_device="brick"):
+        x = x + 1
+    bp.mark("parent")
+    before = timeline()
+    assert before["records"] and [a[0] for a in before["annotations"]] == ["parent"]
+
+    def child():
+        empty = timeline()
+        with torch.autograd.profiler.profile(use_device="brick"):
+            torch.ones(4, device="brick").add_(1)
+        bp.mark("child")
+        after = timeline()
+        return {"empty": [len(empty["records"]), len(empty["annotations"]),
+                          empty["dropped_records"]],
+                "records": len(after["records"]),
+                "annotations": [a[0] for a in after["annotations"]]}
+
+    seen = run_in_child(child)
+    assert seen["empty"] == [0, 0, 0]  # none of the parent's records or marks
+    assert seen["records"] > 0  # the child's own profile was logged
+    assert seen["annotations"] == ["child"]
+    after = timeline()  # the parent's timeline is as it was
+    assert after["records"] == before["records"]
+    assert after["annotations"] == before["annotations"]
+    bp.clear_timeline()
+    assert not timeline()["records"]
+
+
 class BrickWork(Dataset):
     """Each item does brick work in the worker process."""
 
