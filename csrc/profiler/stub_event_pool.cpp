@@ -35,13 +35,20 @@ class Depot {
   size_t take(int device, std::vector<StubSlot*>& out) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!warmed_up_) [[unlikely]] {
-      // The first take (PyTorch records once per device as a profile starts): fill every
-      // device's supply in the background from now on.
+      // The first take of the process (the first record() of the first profile): a batch now,
+      // so that the ops right after it do not each create an event while the refill thread
+      // starts, and every device's supply filled in the background from now on.
       warmed_up_ = true;
+      ensure_device(device);
+      try {
+        while (free_[device].size() < kBatch) free_[device].push_back(new_slot(device));
+      } catch (...) {
+        // The device cannot make more events now; record() creates them as needed instead.
+      }
       for (int d = 0; d < runtime::get().device_count(); ++d) request_refill(d);
     }
     ensure_device(device);
-    auto& free = free_[device];
+    auto& free = free_[device];  // (after every resize of free_)
     const size_t n = std::min(kBatch, free.size());
     out.insert(out.end(), free.end() - n, free.end());
     free.resize(free.size() - n);
