@@ -84,12 +84,12 @@ sanitize() {
 }
 
 # Another PyTorch release, in its own virtual environment (build/torch-VERSION/venv) and its own
-# copy of the working tree (the built module sits beside the sources, so two builds of one tree
-# would overwrite each other): the extension is built against that release and every C++ and
-# Python suite runs there. The release is pinned: pip never chooses a torch.
+# copy of the working tree (build/torch-VERSION/src: the built module sits beside the sources, so
+# two builds of one tree would overwrite each other): the extension is built against that release
+# and every C++ and Python suite runs there. The release is pinned: pip never chooses a torch.
 torch_lane() {
   local version=$1 lane="$PWD/build/torch-$1"
-  local venv="$lane/venv" src="$lane/src"
+  local venv="$lane/venv" src="$lane/src" build="$lane/build"
   log "lane torch==$version ($lane)"
   if ! "$venv/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$version')" 2>/dev/null; then
     log "installing torch==$version into $venv"
@@ -102,7 +102,7 @@ torch_lane() {
   git ls-files -co --exclude-standard -z | tar -c --null -T - -f - | tar -x -C "$src"
   (
     cd "$src"
-    export BRICK_BUILD_DIR="$src/build/release"
+    export BRICK_BUILD_DIR="$build"  # outside the copy: rebuilt incrementally (tar keeps mtimes)
     log "building torch_brickdev against torch==$version"
     BRICK_BUILD_TESTS=1 "$venv/bin/python" -m pip install -q --no-build-isolation --no-deps -e .
     log "GoogleTest (CTest), torch==$version"
