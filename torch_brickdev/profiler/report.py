@@ -34,6 +34,7 @@ from typing import Iterable, List, NoReturn, Optional, Tuple, Union
 import torch
 
 from .. import _C
+from ..argcheck import show_json
 from ._registry import BrickStats, SyncMode, health
 
 SCHEMA = "torch_brickdev.report"
@@ -403,31 +404,9 @@ def _path_text(path: _Path) -> str:
 
 def _show(value) -> str:
     """A value as the message shows it: its JSON type, and the value when short."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return f"boolean {str(value).lower()}"
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "NaN"
-        if math.isinf(value):
-            return "Infinity" if value > 0 else "-Infinity"
-        return f"number {value!r}"
-    if isinstance(value, int):
-        if abs(value) < 10**30:
-            return f"integer {value}"
-        # str() of a huge int is slow and limited: estimate the digits from the bits
-        return f"integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
     if isinstance(value, _LongInteger):
         return f"integer of {value.digits} digits"
-    if isinstance(value, str):
-        text = repr(value)
-        return f"string {text if len(text) <= 60 else text[:57] + '...'}"
-    if isinstance(value, (list, tuple)):
-        return f"array of {len(value)} item(s)"
-    if isinstance(value, dict):
-        return "object"
-    return f"{_type(value)} (not a JSON value)"
+    return show_json(value)
 
 
 def _is_int(value) -> bool:

@@ -35,8 +35,10 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
+from ..argcheck import show_json
 from ..profiler import BrickStats, Report, ReportError, SyncMode, WrittenFigures, load_report
-from ._args import positive_int, show_json
+
+from ._args import positive_int
 
 __all__ = [
     "CHECKS",

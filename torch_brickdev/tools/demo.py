@@ -19,7 +19,6 @@ legacy-profiled decode, and :func:`format_summary` renders the result.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import os
 import sys
@@ -33,7 +32,7 @@ from torch.profiler import record_function
 
 import torch_brickdev  # noqa: F401  (registers brick)
 from torch_brickdev import profiler as bp
-from torch_brickdev.tools._args import check_bool, check_int, check_path, describe, describe_value
+from torch_brickdev.argcheck import check_bool, check_int, check_path, describe, describe_value
 
 FINAL_TOKEN_NOTE = (
     "each decode step's LmHead produces the logits its token is sampled from; the prompt's "

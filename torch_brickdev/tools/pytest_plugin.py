@@ -16,7 +16,7 @@ import contextlib
 from typing import List, Optional
 
 from .. import profiler
-from ._args import check_int, describe_value
+from torch_brickdev.argcheck import check_int, describe_value
 from .contract import CheckResult, failures, format_results, run_checks
 
 
