@@ -93,14 +93,7 @@ class CudaRuntimeTest : public ::testing::Test {
     SKIP_WITHOUT_GPU();
     rt_ = make_cuda_runtime();
   }
-  void TearDown() override {
-    if (rt_ == nullptr) return;
-    for (int d = 0; d < rt_->device_count(); ++d) rt_->set_current_stream(d, kDefaultStream);
-    rt_->set_current_device(0);
-    for (int d = 0; d < rt_->device_count(); ++d) rt_->synchronize_device(d);
-    kind_.release();
-    rt_.reset();
-  }
+  void TearDown() override { tear_down_runtime(rt_, kind_); }
 
   Runtime& rt() { return *rt_; }
   StreamId new_stream(DeviceIndex device, int priority = 0) {

@@ -35,15 +35,7 @@ class RuntimeContractTest : public ::testing::Test {
     rt_ = Kind::make();
   }
 
-  void TearDown() override {
-    if (rt_ == nullptr) return;
-    // Leave the calling thread as a fresh runtime would find it (see the thread-state tests).
-    for (int d = 0; d < rt_->device_count(); ++d) rt_->set_current_stream(d, kDefaultStream);
-    rt_->set_current_device(0);
-    for (int d = 0; d < rt_->device_count(); ++d) rt_->synchronize_device(d);
-    kind_.release();
-    rt_.reset();
-  }
+  void TearDown() override { tear_down_runtime(rt_, kind_); }
 
   Runtime& rt() { return *rt_; }
   Kind& kind() { return kind_; }

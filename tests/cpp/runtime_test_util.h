@@ -40,6 +40,19 @@ using runtime::kMaxDevices;
 using runtime::Runtime;
 using runtime::StreamId;
 
+// A fixture's tear-down: leaves the calling thread as a fresh runtime would find it (default
+// streams, device 0, no work pending; see the thread-state tests), then releases what the kind
+// made for the runtime and the runtime itself.
+template <typename RuntimeKind>
+void tear_down_runtime(std::unique_ptr<Runtime>& rt, RuntimeKind& kind) {
+  if (rt == nullptr) return;
+  for (int d = 0; d < rt->device_count(); ++d) rt->set_current_stream(d, kDefaultStream);
+  rt->set_current_device(0);
+  for (int d = 0; d < rt->device_count(); ++d) rt->synchronize_device(d);
+  kind.release();
+  rt.reset();
+}
+
 // Runs `fn`, expects it to throw brick::runtime::Error, and returns the message.
 template <typename Fn>
 std::string error_message(Fn&& fn) {
