@@ -230,9 +230,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable
           adopt_result(std::move(grad_bias), device)};
 }
 
+// Whether `from`'s TensorImpl may replace `self`'s in place (`param.data = new`, which
+// Module._apply uses to keep tied parameters one Parameter across `.to()`). PyTorch's own rule
+// admits only its dense backends; brick tensors are plain dense TensorImpls on the same footing.
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  if (self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set())) return true;
+  constexpr auto dense_backends = c10::DispatchKeySet(
+      {c10::BackendComponent::CPUBit, c10::BackendComponent::CUDABit, c10::BackendComponent::MPSBit,
+       c10::BackendComponent::HIPBit, c10::BackendComponent::XPUBit, c10::BackendComponent::HPUBit,
+       c10::BackendComponent::MTIABit, c10::BackendComponent::PrivateUse1Bit});
+  const auto is_dense = [&](const c10::DispatchKeySet keys) {
+    return keys.has(c10::DispatchKey::Dense) && keys.has_any(dense_backends);
+  };
+  return is_dense(self.key_set()) && is_dense(from.key_set());
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
   m.impl("convolution_overrideable", convolution_overrideable);
   m.impl("convolution_backward_overrideable", convolution_backward_overrideable);
   m.impl("empty.memory_format", empty_memory_format);
