@@ -31,7 +31,14 @@ except ImportError as error:  # pragma: no cover - only on a broken install or c
         "TORCH_DEVICE_BACKEND_AUTOLOAD=0 to skip loading brick)"
     ) from error
 
-__all__ = ["BACKEND_NAME", "runtime_name", "runtime_note", "backing_device_type", "backing_stream"]
+__all__ = [
+    "BACKEND_NAME",
+    "backing_device_type",
+    "backing_stream",
+    "profiler",
+    "runtime_name",
+    "runtime_note",
+]
 
 BACKEND_NAME = "brick"
 
@@ -88,3 +95,7 @@ def backing_stream(stream: Optional["torch.Stream"] = None) -> "torch.cuda.Strea
 
 
 _register()
+
+# The profiler is part of the package's API, as torch.profiler is of torch's: usable as
+# `torch_brickdev.profiler` right after `import torch_brickdev`.
+from . import profiler  # noqa: E402,F401

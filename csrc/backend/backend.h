@@ -6,6 +6,8 @@
 #include <c10/core/Device.h>
 #include <c10/core/Storage.h>
 
+#include <utility>
+
 #include "runtime/runtime.h"
 
 namespace brick::backend {
@@ -50,6 +52,18 @@ class DeviceScope {
 // The allocator behind every brick storage. Reports to PyTorch's memory profiler.
 c10::Allocator* brick_allocator();
 bool is_brick_allocation(const c10::DataPtr& data_ptr);
+
+// Pinned host memory on the host runtime (pinned_memory.cpp): blocks of host memory that
+// `is_host_pinned` recognises, for any address inside one.
+c10::Allocator* host_pinned_allocator();
+bool is_host_pinned(const void* data);
+
+// Frees what brick's allocator caches: nothing on the host runtime (allocations are returned to
+// the system when freed); PyTorch's CUDA caching allocator's unused blocks on CUDA backing.
+void empty_brick_cache();
+// (free, total) bytes of the memory behind brick device `device`: the host's physical memory on
+// the host runtime, the GPU's on CUDA backing.
+std::pair<size_t, size_t> brick_memory_info(c10::DeviceIndex device);
 
 // Brick memory `data_ptr` is used by work queued on `stream` of brick `device`: its free waits
 // for that work (record_stream). Memory of any other kind is left alone.

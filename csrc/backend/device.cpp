@@ -6,6 +6,14 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+// torch.accelerator.get_device_capability() (PyTorch 2.10+) asks the device guard.
+#if __has_include(<c10/core/DeviceCapability.h>)
+#include <c10/core/DeviceCapability.h>
+#define BRICK_HAS_DEVICE_CAPABILITY 1
+#else
+#define BRICK_HAS_DEVICE_CAPABILITY 0
+#endif
+
 #include <array>
 #include <mutex>
 
@@ -175,6 +183,17 @@ class BrickGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     record_stream_use(data_ptr, stream.device_index(), stream.id());
   }
 
+#if BRICK_HAS_DEVICE_CAPABILITY
+  // The backing device's: every dtype on the host (the CPU's kernels take them all), CUDA's
+  // answer for the GPU on CUDA backing.
+  c10::DeviceCapability getDeviceCapability(c10::Device device) const override {
+    const auto index = resolve_device_index(device.index());
+    if (!cuda_backing()) return c10::DeviceCapability();
+    return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)
+        ->getDeviceCapability(backing_device(index));
+  }
+#endif
+
   double elapsedTime(void* start, void* end,
                      const c10::DeviceIndex /*device_index*/) const override {
     TORCH_CHECK(start != nullptr && end != nullptr,
@@ -228,14 +247,15 @@ struct BrickHooks final : public at::PrivateUse1HooksInterface {
   }
 
   bool isPinnedPtr(const void* data) const override {
-    return cuda_backing() && at::detail::getCUDAHooks().isPinnedPtr(data);
+    if (cuda_backing()) return at::detail::getCUDAHooks().isPinnedPtr(data);
+    return is_host_pinned(data);
   }
 
   c10::Allocator* getPinnedMemoryAllocator() const override {
-    // On the host runtime brick memory is host memory already; on CUDA, page-locked host memory
-    // comes from PyTorch's CUDA host allocator, as for torch.cuda.
+    // On CUDA, page-locked host memory comes from PyTorch's CUDA host allocator, as for
+    // torch.cuda; on the host runtime, from brick's pinned host allocator (pinned_memory.cpp).
     if (cuda_backing()) return at::detail::getCUDAHooks().getPinnedMemoryAllocator();
-    return c10::GetCPUAllocator();
+    return host_pinned_allocator();
   }
 
   c10::DeviceIndex deviceCount() const override {

@@ -3,6 +3,19 @@
 #include <c10/core/TensorImpl.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
+#include <torch/version.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+
+// torch.accelerator's memory API (2.9+) asks the device's allocator for these figures.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
+#include <c10/core/CachingDeviceAllocator.h>
+#define BRICK_HAS_DEVICE_ALLOCATOR 1
+#else
+#define BRICK_HAS_DEVICE_ALLOCATOR 0
+#endif
 
 #include "backend/backend.h"
 #include "backend/backing.h"
@@ -44,7 +57,13 @@ c10::DataPtr allocate_brick_memory(size_t nbytes, c10::Device label) {
           label.type() == kBrick ? c10::Device(kBrick, device) : backing_device(device)};
 }
 
-class BrickAllocator final : public c10::Allocator {
+#if BRICK_HAS_DEVICE_ALLOCATOR
+using BrickAllocatorBase = c10::DeviceAllocator;
+#else
+using BrickAllocatorBase = c10::Allocator;
+#endif
+
+class BrickAllocator final : public BrickAllocatorBase {
  public:
   c10::DataPtr allocate(size_t nbytes) override {
     return allocate_brick_memory(nbytes, c10::Device(kBrick));
@@ -58,7 +77,66 @@ class BrickAllocator final : public c10::Allocator {
     const int device = rt().current_device();
     BRICK_RUNTIME_CALL(rt().copy(dst, device, src, device, count));
   }
+
+#if BRICK_HAS_DEVICE_ALLOCATOR
+  bool initialized() override { return runtime::runtime_created_in_pid() != -1; }
+  void emptyCache(c10::MempoolId_t /*mempool_id*/) override { empty_brick_cache(); }
+  void recordStream(const c10::DataPtr& ptr, c10::Stream stream) override {
+    record_stream_use(ptr, stream.device_index(), stream.id());
+  }
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override;
+  void resetAccumulatedStats(c10::DeviceIndex device) override {
+    BRICK_RUNTIME_CALL(rt().reset_accumulated_memory_stats(resolve_device_index(device)));
+  }
+  void resetPeakStats(c10::DeviceIndex device) override {
+    BRICK_RUNTIME_CALL(rt().reset_peak_memory_stats(resolve_device_index(device)));
+  }
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
+    return brick_memory_info(resolve_device_index(device));
+  }
+#endif
 };
+
+#if BRICK_HAS_DEVICE_ALLOCATOR
+// torch.cuda's statistics, from brick's own accounting: brick holds no cache of its own, so
+// what is allocated is what is active, requested and (on the host runtime) reserved. On CUDA
+// backing the reserved figures are those of PyTorch's CUDA caching allocator for the GPU, which
+// brick and plain cuda tensors share.
+c10::CachingDeviceAllocator::DeviceStats BrickAllocator::getDeviceStats(c10::DeviceIndex device) {
+  using c10::CachingDeviceAllocator::Stat;
+  using c10::CachingDeviceAllocator::StatType;
+  const auto index = resolve_device_index(device);
+  const auto stats = runtime_call([&] { return rt().memory_stats(index); });
+  const auto aggregate = static_cast<size_t>(StatType::AGGREGATE);
+  const auto set = [&](Stat& stat, int64_t current, int64_t peak, int64_t allocated,
+                       int64_t freed) {
+    stat.current = current;
+    stat.peak = peak;
+    stat.allocated = allocated;
+    stat.freed = freed;
+  };
+  c10::CachingDeviceAllocator::DeviceStats out;
+  set(out.allocation[aggregate], stats.allocations, stats.peak_allocations, stats.total_allocations,
+      stats.total_frees);
+  set(out.allocated_bytes[aggregate], stats.allocated_bytes, stats.peak_allocated_bytes,
+      stats.allocated_bytes_total, stats.freed_bytes_total);
+  out.active[aggregate] = out.allocation[aggregate];
+  out.active_bytes[aggregate] = out.allocated_bytes[aggregate];
+  out.requested_bytes[aggregate] = out.allocated_bytes[aggregate];
+  if (cuda_backing()) {
+    const auto cuda = c10::getDeviceAllocator(c10::DeviceType::CUDA)
+                          ->getDeviceStats(backing_device(index).index());
+    out.segment = cuda.segment;
+    out.reserved_bytes = cuda.reserved_bytes;
+    out.num_alloc_retries = cuda.num_alloc_retries;
+    out.num_ooms = cuda.num_ooms;
+  } else {
+    out.segment[aggregate] = out.allocation[aggregate];
+    out.reserved_bytes[aggregate] = out.allocated_bytes[aggregate];
+  }
+  return out;
+}
+#endif
 
 // Backs the storages of backing aliases, so that a backing-device kernel that grows an out=
 // argument allocates brick memory, which the fallback then hands to the brick tensor.
@@ -96,6 +174,41 @@ void delete_adopted(void* ctx) {
 }  // namespace
 
 c10::Allocator* brick_allocator() { return &g_brick_allocator; }
+
+void empty_brick_cache() {
+#if BRICK_HAS_DEVICE_ALLOCATOR
+  if (cuda_backing()) c10::getDeviceAllocator(c10::DeviceType::CUDA)->emptyCache();
+#endif
+}
+
+std::pair<size_t, size_t> brick_memory_info(c10::DeviceIndex device) {
+  check_device_index(device, "mem_get_info");
+  if (cuda_backing()) {
+#if BRICK_HAS_DEVICE_ALLOCATOR
+    BackingScope scope(device);
+    return c10::getDeviceAllocator(c10::DeviceType::CUDA)
+        ->getMemoryInfo(backing_device(device).index());
+#else
+    TORCH_CHECK(false, "brick: mem_get_info on CUDA backing needs PyTorch 2.9 or later");
+#endif
+  }
+  // The host runtime's memory is the machine's: what Linux says a new allocation can get
+  // without swapping (MemAvailable: free pages plus reclaimable cache), of all physical memory.
+  const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t total = static_cast<size_t>(sysconf(_SC_PHYS_PAGES)) * page;
+  size_t available = static_cast<size_t>(sysconf(_SC_AVPHYS_PAGES)) * page;
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  size_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemAvailable:") {
+      available = kib * 1024;
+      break;
+    }
+  }
+  return {available, total};
+}
 
 bool is_brick_allocation(const c10::DataPtr& data_ptr) {
   return data_ptr.get_deleter() == &delete_brick_memory ||

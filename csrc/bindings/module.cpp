@@ -69,6 +69,20 @@ PYBIND11_MODULE(_C, m) {
     BRICK_RUNTIME_CALL(rt().synchronize_device(resolve_device_index(device)));
   });
   m.def("_memory_stats", &memory_stats);
+  m.def("_backing_device_index", [](int device) {
+    // The CUDA device behind a brick device on CUDA backing; -1 on the host runtime.
+    const auto index = resolve_device_index(device);
+    return brick::backend::cuda_backing() ? rt().backing_device_index(index) : -1;
+  });
+  m.def("_mem_get_info", [](int device) {
+    const auto [free_bytes, total_bytes] =
+        brick::backend::brick_memory_info(resolve_device_index(device));
+    return py::make_tuple(free_bytes, total_bytes);
+  });
+  m.def("_empty_cache", [] { brick::backend::empty_brick_cache(); });
+  m.def("_reset_accumulated_memory_stats", [](int device) {
+    BRICK_RUNTIME_CALL(rt().reset_accumulated_memory_stats(resolve_device_index(device)));
+  });
   m.def("_reset_peak_memory_stats", [](int device) {
     BRICK_RUNTIME_CALL(rt().reset_peak_memory_stats(resolve_device_index(device)));
   });

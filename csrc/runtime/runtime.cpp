@@ -102,6 +102,13 @@ void MemoryTracker::reset_peak() noexcept {
   peak_allocations_.store(allocations_.load(std::memory_order_relaxed), std::memory_order_relaxed);
 }
 
+void MemoryTracker::reset_accumulated() noexcept {
+  total_allocations_.store(0, std::memory_order_relaxed);
+  total_frees_.store(0, std::memory_order_relaxed);
+  allocated_bytes_total_.store(0, std::memory_order_relaxed);
+  freed_bytes_total_.store(0, std::memory_order_relaxed);
+}
+
 void Runtime::check_device(DeviceIndex device) const {
   const int count = device_count();
   if (device < 0 || device >= count) {
@@ -142,6 +149,11 @@ MemoryStats Runtime::memory_stats(DeviceIndex device) const {
 void Runtime::reset_peak_memory_stats(DeviceIndex device) {
   check_device(device);
   trackers_[device].reset_peak();
+}
+
+void Runtime::reset_accumulated_memory_stats(DeviceIndex device) {
+  check_device(device);
+  trackers_[device].reset_accumulated();
 }
 
 void Runtime::record_adopted(DeviceIndex device, size_t nbytes) noexcept {

@@ -54,6 +54,8 @@ class MemoryTracker {
   void on_release_adopted(int64_t nbytes) noexcept;
   MemoryStats snapshot() const noexcept;
   void reset_peak() noexcept;
+  // Zeroes the monotonic totals (allocations and frees made, bytes allocated and freed).
+  void reset_accumulated() noexcept;
 
  private:
   void bump_peaks() noexcept;
@@ -148,6 +150,7 @@ class Runtime {
   // Memory statistics (allocations made through `allocate` plus adopted bytes).
   MemoryStats memory_stats(DeviceIndex device) const;
   void reset_peak_memory_stats(DeviceIndex device);
+  void reset_accumulated_memory_stats(DeviceIndex device);
   // Bytes the backing device allocated that brick took over (zero-copy op results).
   void record_adopted(DeviceIndex device, size_t nbytes) noexcept;
   void release_adopted(DeviceIndex device, size_t nbytes) noexcept;

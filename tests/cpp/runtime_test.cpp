@@ -102,6 +102,7 @@ TYPED_TEST(RuntimeContractTest, EveryDeviceTakingCallValidatesTheIndex) {
   EXPECT_THROW(rt.set_current_device(n), Error);
   EXPECT_THROW(rt.memory_stats(n), Error);
   EXPECT_THROW(rt.reset_peak_memory_stats(-1), Error);
+  EXPECT_THROW(rt.reset_accumulated_memory_stats(n), Error);
   EXPECT_THROW(rt.current_stream(n), Error);
   EXPECT_THROW(rt.synchronize_device(n), Error);
   EXPECT_THROW(rt.is_capturing(n, kDefaultStream), Error);
@@ -242,6 +243,18 @@ TYPED_TEST(RuntimeContractTest, AdoptedBytesTrackPeaksAndTotalsPerDevice) {
   EXPECT_EQ(s.total_allocations, 2);
   EXPECT_EQ(s.allocated_bytes_total, 400);
   EXPECT_EQ(s.freed_bytes_total, 400);
+
+  rt.record_adopted(last, 64);
+  rt.reset_accumulated_memory_stats(last);
+  s = rt.memory_stats(last);
+  EXPECT_EQ(s.total_allocations, 0) << "reset_accumulated zeroes the monotonic totals";
+  EXPECT_EQ(s.total_frees, 0);
+  EXPECT_EQ(s.allocated_bytes_total, 0);
+  EXPECT_EQ(s.freed_bytes_total, 0);
+  EXPECT_EQ(s.allocated_bytes, 64) << "and leaves live memory counted";
+  EXPECT_EQ(s.allocations, 1);
+  EXPECT_EQ(s.peak_allocated_bytes, 100) << "and the peak alone";
+  rt.release_adopted(last, 64);
 }
 
 TYPED_TEST(RuntimeContractTest, ConcurrentAdoptionBalancesExactly) {
