@@ -55,6 +55,13 @@ setup_python() {
     log "installing ${wanted[*]}"
     "$PYTHON" -m pip install -q "${wanted[@]}" || echo "could not install ${wanted[*]}; continuing" >&2
   fi
+  # transformers models run on brick in the tests (small random configs, no downloads). Pinned:
+  # its dependencies never include torch.
+  if ! TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PYTHON" -c "import transformers" 2>/dev/null; then
+    log "installing transformers"
+    "$PYTHON" -m pip install -q "transformers==5.24.0" ||
+      echo "could not install transformers; its tests will skip" >&2
+  fi
   # HolisticTraceAnalysis loads brick's traces in the tests. Its declared dependencies pull in
   # jupyterlab; it imports only these, so it is installed without them.
   if ! TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PYTHON" -c "import hta.trace_analysis" 2>/dev/null; then

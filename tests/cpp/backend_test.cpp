@@ -667,4 +667,26 @@ TEST_F(BackendTest, DeviceIndexOutOfRangeThrows) {
   EXPECT_EQ(rt().current_device(), 0);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Pinned host memory (host runtime)
+
+TEST_F(BackendTest, PinnedHostMemoryIsRecognisedInsideItsBlockOnly) {
+  if (brick::backend::cuda_backing()) GTEST_SKIP() << "CUDA backing pins through CUDA's allocator";
+  const auto& hooks = at::detail::getPrivateUse1Hooks();
+  c10::Allocator* pinned = hooks.getPinnedMemoryAllocator();
+  c10::DataPtr block = pinned->allocate(256);
+  auto* start = static_cast<char*>(block.get());
+  ASSERT_NE(start, nullptr);
+  EXPECT_TRUE(hooks.isPinnedPtr(start));
+  EXPECT_TRUE(hooks.isPinnedPtr(start + 255)) << "an address inside the block is pinned";
+  EXPECT_FALSE(hooks.isPinnedPtr(start + 256)) << "one past the end is not";
+  const at::Tensor ordinary = at::empty({64}, on(kCpu));
+  EXPECT_FALSE(hooks.isPinnedPtr(ordinary.data_ptr()));
+  EXPECT_FALSE(hooks.isPinnedPtr(nullptr));
+  const at::Tensor pinned_tensor = at::empty({64}, on(kCpu)).pin_memory();
+  EXPECT_TRUE(pinned_tensor.is_pinned());
+  block.clear();
+  EXPECT_FALSE(hooks.isPinnedPtr(start)) << "a freed block is forgotten";
+}
+
 }  // namespace
