@@ -172,6 +172,9 @@ BAD_DEVICES = [
 OPTIONAL_DEVICE_FUNCTIONS = [
     BRICK.synchronize, BRICK.memory_stats, BRICK.memory_allocated, BRICK.max_memory_allocated,
     BRICK.reset_peak_memory_stats, BRICK.current_stream, BRICK.default_stream, BRICK.get_rng_state,
+    BRICK.reset_accumulated_memory_stats, BRICK.memory_reserved, BRICK.max_memory_reserved,
+    BRICK.mem_get_info, BRICK.memory_summary, BRICK.get_device_properties, BRICK.get_device_name,
+    BRICK.get_device_capability,
 ]
 for function in OPTIONAL_DEVICE_FUNCTIONS:
     for value, error, pattern in BAD_DEVICES + [(-1, RuntimeError, OUT_OF_RANGE)]:
@@ -186,6 +189,15 @@ for value, error, pattern in BAD_DEVICES:
     TABLE.append(bad(BRICK.device, "device", value, error, pattern))
 for value, error, pattern in BAD_DEVICES + [(None, TypeError, DEVICE_TYPE + r", got None")]:
     TABLE.append(bad(BRICK.set_device, "device", value, error, pattern))
+
+TABLE += [
+    bad(BRICK.is_bf16_supported, "including_emulation", 1, TypeError,
+        r"including_emulation must be a bool \(True or False\), got int"),
+    bad(BRICK.is_bf16_supported, "including_emulation", None, TypeError,
+        r"including_emulation must be a bool \(True or False\), got None"),
+    bad(BRICK.memory_summary, "abbreviated", "no", TypeError,
+        r"abbreviated must be a bool \(True or False\), got str", before=(None,)),
+]
 
 TABLE += [
     bad(BRICK.device_of, "tensor", "brick:0", TypeError, r"tensor must be a torch\.Tensor, got str"),
@@ -753,6 +765,12 @@ EXEMPT = {
     "torch.brick.seed_all": NO_ARGUMENTS,
     "torch.brick.initial_seed": NO_ARGUMENTS,
     "torch.brick.get_rng_state_all": NO_ARGUMENTS,
+    "torch.brick.init": NO_ARGUMENTS,
+    "torch.brick.empty_cache": NO_ARGUMENTS,
+    "torch.brick.memory_snapshot": NO_ARGUMENTS,
+    "torch.brick.get_amp_supported_dtype": NO_ARGUMENTS,
+    "torch.brick.BrickDeviceProperties": "a record that get_device_properties() builds; not an "
+                                         "input",
     "torch_brickdev.profiler.disable": NO_ARGUMENTS,
     "torch_brickdev.profiler.is_enabled": NO_ARGUMENTS,
     "torch_brickdev.profiler.reset": NO_ARGUMENTS,

@@ -1407,3 +1407,33 @@ def test_fake_tensor_mode_keeps_brick():
         b = torch.empty(3, 3, device="brick:0")
         c = a + b
         assert c.device == torch.device("brick:0") and c.shape == (3, 3)
+
+
+# ---- autocast's device-module contract ------------------------------------------------------
+
+
+def test_checkpointing_cpu_and_brick_work_with_brick_loaded():
+    # PyTorch opens torch.amp.autocast(<current accelerator>, enabled=False) when it recomputes
+    # a checkpointed region, also for CPU tensors: brick (the accelerator once loaded) must
+    # answer for it, or checkpointing breaks everywhere brick is installed.
+    from torch.utils.checkpoint import checkpoint
+
+    for device in ("cpu", "brick"):
+        x = torch.linspace(-1, 1, 16, device=device).reshape(4, 4).requires_grad_()
+        for reentrant in (False, True):
+            x.grad = None
+            checkpoint(torch.sin, x, use_reentrant=reentrant).sum().backward()
+            torch.testing.assert_close(x.grad.cpu(), torch.cos(x.detach().cpu()))
+    assert torch.brick.get_amp_supported_dtype() == [torch.float16, torch.bfloat16]
+
+
+def test_enabled_autocast_on_brick_fails_naming_the_cause():
+    # Autocast on brick has no casting policy yet: an op under it must fail saying so, never run
+    # uncast as if autocast were on.
+    a = torch.ones(2, 2, device="brick")
+    with pytest.raises(NotImplementedError, match=r'torch\.autocast\("brick"\).*not support'):
+        with torch.autocast("brick", dtype=torch.bfloat16):
+            a @ a
+    assert (a @ a).dtype == torch.float32, "brick works as before once autocast is left"
+    with torch.autocast("brick", enabled=False):
+        assert (a @ a).dtype == torch.float32

@@ -178,3 +178,11 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
     if including_emulation:
         return True
     return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+
+
+def get_amp_supported_dtype() -> "list[torch.dtype]":
+    """The dtypes ``torch.amp.autocast("brick", dtype=...)`` accepts, as PyTorch asks every
+    accelerator's device module (activation checkpointing opens autocast, disabled, on the
+    current accelerator). Autocast itself is not supported on brick yet: an op under an enabled
+    ``torch.autocast("brick")`` raises NotImplementedError saying so."""
+    return [torch.float16, torch.bfloat16]
