@@ -239,3 +239,33 @@ def test_demo_decode_satisfies_the_contract_on_cuda(tmp_path):
         report = torch_brickdev.profiler.load_report(tmp_path / mode / "report.json")
         failed = [r for r in contract.run_checks(report) if not r.passed]
         assert not failed, (mode, [str(r) for r in failed], result)
+
+
+@pytest.mark.parametrize("head_dim", [64, 40])  # 40: CUDA's flash path pads it to 48
+def test_sdpa_takes_cudas_kernel_and_matches_plain_cuda(head_dim):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 128, head_dim, device="cuda", dtype=torch.float16)
+               for _ in range(3))
+    for t in (q, k, v):
+        t.requires_grad_()
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    out.sum().backward()
+    expected_grads = [t.grad for t in (q, k, v)]
+    bq, bk, bv = (t.detach().to("brick").requires_grad_() for t in (q, k, v))
+    brick_out = torch.nn.functional.scaled_dot_product_attention(bq, bk, bv, is_causal=True)
+    brick_out.sum().backward()
+    torch.testing.assert_close(brick_out.to("cuda"), out.detach(), rtol=0, atol=0)
+    for got, want in zip((bq.grad, bk.grad, bv.grad), expected_grads):
+        torch.testing.assert_close(got.to("cuda"), want, rtol=1e-3, atol=1e-3)
+
+
+def test_lstm_and_gru_match_plain_cuda():
+    for cls in (torch.nn.LSTM, torch.nn.GRU):
+        torch.manual_seed(0)
+        module = cls(16, 32, num_layers=2)
+        cuda, brick = module.to("cuda"), cls(16, 32, num_layers=2)
+        brick.load_state_dict(cuda.state_dict())
+        brick.to("brick")
+        x = torch.randn(5, 3, 16, device="cuda")
+        torch.testing.assert_close(brick(x.to("brick"))[0].to("cuda"), cuda(x)[0],
+                                   rtol=1e-4, atol=1e-5)
