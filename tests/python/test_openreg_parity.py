@@ -57,6 +57,8 @@ Openreg test file -> tests here (names without the ``test_`` prefix; "(spec)": s
                        -> (spec) tied_weights_stay_tied_after_to_brick,
                           tied_weights_train_as_one_parameter_on_brick
 * test_rng.py          -> generators_and_seeds
+* test_autocast.py     -> tests/python/test_autocast.py (fp16 mm, the unsupported-dtype warning,
+                          the fast dtype; brick's policy is the CPU's, checked op by op)
 * test_autograd.py     -> autograd_has_one_worker_thread_per_device
 * test_profiler.py     -> legacy_profiler_records_ranges_forward_and_backward;
                           (spec) profiler_subpackage_is_reachable_from_the_package
@@ -99,9 +101,6 @@ import torch_brickdev
 
 NOT_APPLICABLE = {
     # --- not yet ------------------------------------------------------------------------------
-    "test_autocast.py (all): autocast(device_type=...) dtype lists, warnings, fast dtype":
-        "not applicable yet: autocast('brick') is issue 13, not done; torch.get_autocast_dtype"
-        "('brick') today is only PyTorch's generic default",
     "test_compile.py TestAutocast (autocast inside torch.compile)":
         "not applicable yet: needs autocast('brick'), issue 13",
     # --- openreg-specific ------------------------------------------------------------------------
@@ -1425,15 +1424,3 @@ def test_checkpointing_cpu_and_brick_work_with_brick_loaded():
             checkpoint(torch.sin, x, use_reentrant=reentrant).sum().backward()
             torch.testing.assert_close(x.grad.cpu(), torch.cos(x.detach().cpu()))
     assert torch.brick.get_amp_supported_dtype() == [torch.float16, torch.bfloat16]
-
-
-def test_enabled_autocast_on_brick_fails_naming_the_cause():
-    # Autocast on brick has no casting policy yet: an op under it must fail saying so, never run
-    # uncast as if autocast were on.
-    a = torch.ones(2, 2, device="brick")
-    with pytest.raises(NotImplementedError, match=r'torch\.autocast\("brick"\).*not support'):
-        with torch.autocast("brick", dtype=torch.bfloat16):
-            a @ a
-    assert (a @ a).dtype == torch.float32, "brick works as before once autocast is left"
-    with torch.autocast("brick", enabled=False):
-        assert (a @ a).dtype == torch.float32
