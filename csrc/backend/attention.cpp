@@ -30,9 +30,19 @@ at::Tensor backing_view(const at::Tensor& tensor) {
   return tensor.defined() && tensor.is_privateuseone() ? make_backing_alias(tensor) : tensor;
 }
 
-std::optional<at::Tensor> backing_view(const std::optional<at::Tensor>& tensor) {
+// For the kernel choice, which also depends on which inputs need gradients (the fused kernels
+// have no gradient for a mask, for one).
+at::Tensor backing_view_for_choice(const at::Tensor& tensor) {
+  at::Tensor view = backing_view(tensor);
+  if (view.defined() && tensor.requires_grad() && !view.requires_grad()) {
+    view.requires_grad_(true);
+  }
+  return view;
+}
+
+std::optional<at::Tensor> backing_view_for_choice(const std::optional<at::Tensor>& tensor) {
   if (!tensor.has_value()) return std::nullopt;
-  return backing_view(*tensor);
+  return backing_view_for_choice(*tensor);
 }
 
 int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
@@ -42,8 +52,9 @@ int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, const a
   // Straight to the backing device's kernel (what its stub runs), not recorded as an op: the
   // choice is part of SDPA, as on the backing device.
   const int64_t choice = at::_ops::_fused_sdp_choice::redispatch(
-      backing_dispatch_key_set(), backing_view(query), backing_view(key), backing_view(value),
-      backing_view(attn_mask), dropout_p, is_causal, scale, enable_gqa);
+      backing_dispatch_key_set(), backing_view_for_choice(query), backing_view_for_choice(key),
+      backing_view_for_choice(value), backing_view_for_choice(attn_mask), dropout_p, is_causal,
+      scale, enable_gqa);
   if (cuda_backing() && choice == static_cast<int64_t>(at::SDPBackend::flash_attention)) {
     return static_cast<int64_t>(at::SDPBackend::overrideable);
   }
