@@ -53,9 +53,10 @@ def _register() -> None:
             f"only one PrivateUse1 backend can be loaded per process"
         )
     torch.utils.rename_privateuse1_backend(BACKEND_NAME)
-    from . import brick as _device_module
+    from . import _compile, brick as _device_module
 
     torch._register_device_module(BACKEND_NAME, _device_module)
+    _compile.install(_device_module)  # torch.compile's Inductor backend on brick, set up lazily
     torch.utils.generate_methods_for_privateuse1_backend(
         for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
     )

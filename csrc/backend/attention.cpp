@@ -21,6 +21,7 @@
 
 #include "backend/backend.h"
 #include "backend/backing.h"
+#include "backend/launch.h"
 
 namespace brick::backend {
 
@@ -102,7 +103,10 @@ fused_attention_overrideable(const at::Tensor& query, const at::Tensor& key,
                              std::optional<double> scale) {
   check_cuda_flash("_scaled_dot_product_fused_attention_overrideable", attn_bias);
   const auto device = query.device().index();
+  LaunchScope launch("aten::_scaled_dot_product_fused_attention_overrideable",
+                     runtime::LaunchKind::Kernel);
   BackingScope scope(device);
+  launch.queue(device);
   const int64_t head_dim = query.size(-1);
   auto [out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, philox_seed, philox_offset,
         debug_mask] =
@@ -130,7 +134,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_attention_overr
     std::optional<double> scale) {
   check_cuda_flash("_scaled_dot_product_fused_attention_overrideable_backward", attn_bias);
   const auto device = query.device().index();
+  LaunchScope launch("aten::_scaled_dot_product_fused_attention_overrideable_backward",
+                     runtime::LaunchKind::Kernel);
   BackingScope scope(device);
+  launch.queue(device);
   const int64_t head_dim = query.size(-1);
   auto [grad_query, grad_key, grad_value] = at::_scaled_dot_product_flash_attention_backward_symint(
       pad_head_dim(make_backing_alias(grad_out)), pad_head_dim(make_backing_alias(query)),

@@ -19,6 +19,7 @@
 #include "backend/backing.h"
 #include "backend/errors.h"
 #include "backend/generator.h"
+#include "backend/launch.h"
 
 namespace brick::backend {
 
@@ -29,6 +30,7 @@ class FallbackCall {
   explicit FallbackCall(const c10::OperatorHandle& op) : op_(op), schema_(op.schema()) {}
 
   void run(torch::jit::Stack* stack) {
+    LaunchScope launch(schema_.name().c_str(), runtime::LaunchKind::Kernel);
     const auto& arguments = schema_.arguments();
     const size_t first = stack->size() - arguments.size();
     for (size_t i = 0; i < arguments.size(); ++i) {
@@ -41,6 +43,7 @@ class FallbackCall {
     }
 
     BackingScope scope(device_);
+    launch.queue(device_);
     try {
       op_.redispatchBoxed(backing_dispatch_key_set(), stack);
     } catch (c10::Error& error) {

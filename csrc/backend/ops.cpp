@@ -19,6 +19,7 @@
 #include "backend/backend.h"
 #include "backend/backing.h"
 #include "backend/errors.h"
+#include "backend/launch.h"
 
 namespace brick::backend {
 
@@ -149,11 +150,13 @@ void order_after(const c10::Stream& first, const c10::Stream& then) {
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   TORCH_CHECK(self.defined() && dst.defined(), "brick: copy_ got an undefined tensor");
+  LaunchScope launch("aten::_copy_from", runtime::LaunchKind::Memcpy);
   const at::Tensor source = self.is_privateuseone() ? make_backing_alias(self) : self;
   const at::Tensor target = dst.is_privateuseone() ? make_backing_alias(dst) : dst;
   const auto device = dst.is_privateuseone() ? dst.device().index() : self.device().index();
   if (!cuda_backing()) {
     DeviceScope scope(device);
+    launch.queue(device);
     target.copy_(source, non_blocking);
     return dst;
   }
@@ -172,6 +175,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     torch_stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(other.device());
   }
   BackingScope scope(device);
+  launch.queue(device);
   if (!torch_stream) {
     target.copy_(source, non_blocking);
     return dst;
@@ -208,7 +212,9 @@ at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& w
                                     int64_t groups) {
   TORCH_CHECK(input.device() == weight.device(), "brick: convolution got input on ", input.device(),
               " and weight on ", weight.device());
+  LaunchScope launch("aten::convolution_overrideable", runtime::LaunchKind::Kernel);
   BackingScope scope(input.device().index());
+  launch.queue(input.device().index());
   at::Tensor out = at::convolution(make_backing_alias(input), make_backing_alias(weight),
                                    backing_or_undefined(bias), stride, padding, dilation,
                                    transposed, output_padding, groups);
@@ -220,7 +226,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable
     c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
     c10::IntArrayRef output_padding, int64_t groups, std::array<bool, 3> output_mask) {
   const auto device = input.device().index();
+  LaunchScope launch("aten::convolution_backward_overrideable", runtime::LaunchKind::Kernel);
   BackingScope scope(device);
+  launch.queue(device);
   const int64_t bias_channels = transposed ? weight.size(1) * groups : weight.size(0);
   auto [grad_input, grad_weight, grad_bias] =
       at::convolution_backward(make_backing_alias(grad_output), make_backing_alias(input),

@@ -15,6 +15,7 @@
 
 #include "backend/backend.h"
 #include "backend/backing.h"
+#include "backend/launch.h"
 
 namespace brick::backend {
 
@@ -62,7 +63,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_lstm_cell(
   check_cell_arguments("_thnn_fused_lstm_cell", 4, input_gates, hidden_gates, cx, input_bias,
                        hidden_bias);
   const auto device = input_gates.device().index();
+  LaunchScope launch("aten::_thnn_fused_lstm_cell", runtime::LaunchKind::Kernel);
   BackingScope scope(device);
+  launch.queue(device);
   at::Tensor workspace =
       gate_sum(make_backing_alias(input_gates), make_backing_alias(hidden_gates),
                backing_alias_or_undefined(input_bias), backing_alias_or_undefined(hidden_bias));
@@ -83,7 +86,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_lstm_cell_backward(
     const std::optional<at::Tensor>& grad_hy, const std::optional<at::Tensor>& grad_cy,
     const at::Tensor& cx, const at::Tensor& cy, const at::Tensor& workspace, bool has_bias) {
   const auto device = workspace.device().index();
+  LaunchScope launch("aten::_thnn_fused_lstm_cell_backward_impl", runtime::LaunchKind::Kernel);
   BackingScope scope(device);
+  launch.queue(device);
   const auto gates = make_backing_alias(workspace).chunk(4, 1);
   const at::Tensor& ingate = gates[0];
   const at::Tensor& forgetgate = gates[1];
@@ -120,7 +125,9 @@ std::tuple<at::Tensor, at::Tensor> fused_gru_cell(const at::Tensor& input_gates,
   check_cell_arguments("_thnn_fused_gru_cell", 3, input_gates, hidden_gates, hx, input_bias,
                        hidden_bias);
   const auto device = input_gates.device().index();
+  LaunchScope launch("aten::_thnn_fused_gru_cell", runtime::LaunchKind::Kernel);
   BackingScope scope(device);
+  launch.queue(device);
   const at::Tensor input_bias_alias = backing_alias_or_undefined(input_bias);
   const at::Tensor hidden_bias_alias = backing_alias_or_undefined(hidden_bias);
   at::Tensor input_side = make_backing_alias(input_gates);
@@ -144,7 +151,9 @@ std::tuple<at::Tensor, at::Tensor> fused_gru_cell(const at::Tensor& input_gates,
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_gru_cell_backward(
     const at::Tensor& grad_hy, const at::Tensor& workspace, bool has_bias) {
   const auto device = workspace.device().index();
+  LaunchScope launch("aten::_thnn_fused_gru_cell_backward", runtime::LaunchKind::Kernel);
   BackingScope scope(device);
+  launch.queue(device);
   const auto saved = make_backing_alias(workspace).chunk(5, 1);
   const at::Tensor& resetgate = saved[0];
   const at::Tensor& updategate = saved[1];

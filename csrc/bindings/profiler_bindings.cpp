@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "profiler/kineto_plugin.h"
 #include "profiler/profiler.h"
 
 namespace py = pybind11;
@@ -109,6 +110,17 @@ void bind_profiler(py::module_& parent) {
   m.def("mark", [](const std::string& name) { profiler::mark(name.c_str()); });
   m.def("range_push", [](const std::string& name) { profiler::range_push(name.c_str()); });
   m.def("range_pop", &profiler::range_pop);
+  m.def("kineto_plugin_available", &profiler::kineto_plugin_available);
+  m.def("kineto_plugin_stats", [] {
+    const profiler::KinetoPluginStats stats = profiler::kineto_plugin_stats();
+    py::dict d;
+    d["sessions_processed"] = stats.sessions_processed;
+    d["activities_emitted"] = stats.activities_emitted;
+    d["activities_unlinked"] = stats.activities_unlinked;
+    d["capture_skipped"] = stats.capture_skipped;
+    d["failed"] = stats.failed;
+    return d;
+  });
 }
 
 }  // namespace brick::bindings

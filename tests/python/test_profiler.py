@@ -901,7 +901,7 @@ def test_compare_with_key_averages():
             torch.mm(a, a)
     text = bp.compare_with_key_averages(prof, p.report)
     assert "aten::mm" in text
-    assert "legacy BRICK us" in text and "brick total us" in text
+    assert "torch BRICK us" in text and "brick total us" in text
     row = next(line for line in text.splitlines() if line.startswith("aten::mm"))
     assert row.split()[1] == "1" and row.split()[3] == "1"  # legacy calls, brick calls
 

@@ -20,6 +20,10 @@ Sync modes (:class:`SyncMode`) say what a brick's duration measures:
   device all bricks then look alike.
 
 On the host runtime the device executes on the calling thread, so the three agree closely.
+
+``torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1])`` also
+sees brick (PyTorch 2.12+): every kernel and copy brick launches is a device activity on the
+brick device's stream track, linked to its CPU op (see :func:`kineto_available`).
 """
 
 from ._registry import (
@@ -40,6 +44,9 @@ from ._registry import (
     stats,
     sync_mode,
 )
+from ._kineto import available as kineto_available
+from ._kineto import stats as kineto_stats
+from ._kineto import warn_where_unavailable as _warn_where_unavailable
 from .report import Report, ReportError, WrittenFigures, compare_with_key_averages, load_report
 from .trace import export_chrome_trace
 
@@ -57,6 +64,8 @@ __all__ = [
     "export_chrome_trace",
     "health",
     "is_enabled",
+    "kineto_available",
+    "kineto_stats",
     "load_report",
     "mark",
     "profile",
@@ -67,3 +76,6 @@ __all__ = [
     "stats",
     "sync_mode",
 ]
+
+# torch.profiler on a PyTorch without Kineto's PrivateUse1 registry: a warning, not silence.
+_warn_where_unavailable()

@@ -34,6 +34,7 @@ from typing import Iterable, List, NoReturn, Optional, Tuple, Union
 import torch
 
 from .. import _C
+from ._kineto import is_brick_activity
 from ..argcheck import show_json
 from ._registry import BrickStats, SyncMode, health
 
@@ -616,20 +617,25 @@ def _first_unwritable(data) -> Optional[str]:
 
 
 def compare_with_key_averages(prof, report: Report, row_limit: Optional[int] = None) -> str:
-    """Rows of ``prof.key_averages()`` (PyTorch's legacy profiler) beside the registry's figures
-    for the same names. The legacy path truncates each event's device time to whole
-    microseconds; the registry keeps nanoseconds, so short ops differ most. PyTorch also folds
-    an op nested directly in an op of the same name into it, so such names count more calls
-    in the registry. ``row_limit``: the first rows only (None: every row)."""
+    """Rows of ``prof.key_averages()`` (PyTorch's legacy profiler or ``torch.profiler``) beside
+    the registry's figures for the same names. The legacy path truncates each event's device
+    time to whole microseconds; the registry keeps nanoseconds, so short ops differ most.
+    PyTorch also folds an op nested directly in an op of the same name into it, so such names
+    count more calls in the registry. The rows brick's torch.profiler plugin adds (``brick::``
+    device activities, launches) are left out: their time is in their ops' rows.
+    ``row_limit``: the first rows only (None: every row)."""
     if not callable(getattr(prof, "key_averages", None)):
         raise TypeError(f"compare_with_key_averages: prof must be a profiler with key_averages() "
-                        f"(torch.autograd.profiler.profile), got {_type(prof)}")
+                        f"(torch.profiler.profile or torch.autograd.profiler.profile), got "
+                        f"{_type(prof)}")
     if not isinstance(report, Report):
         raise TypeError(f"compare_with_key_averages: report must be a Report, got {_type(report)}")
     _check_row_limit(row_limit, "compare_with_key_averages")
     # key_averages() may split one name into rows (with and without device time): merge them.
     legacy = {}
     for avg in prof.key_averages():
+        if is_brick_activity(avg.key):
+            continue
         count, total = legacy.get(avg.key, (0, 0.0))
         legacy[avg.key] = (count + avg.count, total + getattr(avg, "device_time_total", 0.0))
     rows = []
@@ -640,7 +646,7 @@ def compare_with_key_averages(prof, report: Report, row_limit: Optional[int] = N
     if row_limit is not None:
         rows = rows[:row_limit]
     width = max([4] + [len(r[0]) for r in rows]) + 2
-    header = (f"{'Name':<{width}}{'legacy calls':>13}{'legacy BRICK us':>17}"
+    header = (f"{'Name':<{width}}{'torch calls':>13}{'torch BRICK us':>17}"
               f"{'brick calls':>12}{'brick total us':>16}{'brick avg us':>14}{'diff':>8}")
     lines = ["-" * len(header), header, "-" * len(header)]
     for name, count, legacy_total, brick in rows:

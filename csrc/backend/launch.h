@@ -1,0 +1,41 @@
+// Announces the work the backend queues on a brick device to an installed launch observer
+// (runtime/launch_observer.h). Costs one atomic load when none is installed.
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include "runtime/launch_observer.h"
+
+namespace brick::backend {
+
+class LaunchScope {
+ public:
+  LaunchScope(const char* name, runtime::LaunchKind kind) noexcept
+      : observer_(runtime::launch_observer()) {
+    if (observer_ != nullptr) [[unlikely]] {
+      launch_.name = name;
+      launch_.kind = kind;
+      observer_->begin(launch_);
+    }
+  }
+  ~LaunchScope() {
+    if (observer_ != nullptr) [[unlikely]]
+      observer_->end(launch_);
+  }
+  LaunchScope(const LaunchScope&) = delete;
+  LaunchScope& operator=(const LaunchScope&) = delete;
+
+  // The backing kernel is about to be queued on `device`'s current stream.
+  void queue(c10::DeviceIndex device) noexcept {
+    if (observer_ != nullptr) [[unlikely]] {
+      launch_.device = device;
+      observer_->queue(launch_);
+    }
+  }
+
+ private:
+  runtime::LaunchObserver* observer_;
+  runtime::Launch launch_;
+};
+
+}  // namespace brick::backend

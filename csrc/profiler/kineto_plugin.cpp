@@ -1,0 +1,220 @@
+// torch.profiler's view of brick: a Kineto child profiler for the PrivateUse1 device.
+//
+// `torch.profiler.profile(activities=[CPU, PrivateUse1])` runs Kineto in state KINETO_PRIVATEUSE1,
+// which configures this profiler's session around each recording window. While it records, the
+// device-activity recorder (device_activity.h) observes every kernel and copy brick launches;
+// Kineto pushes each CPU op's correlation id on the op's thread, so every launch knows its op.
+// At the end the session hands Kineto, per launch:
+//   - a runtime activity on the launching thread (PRIVATEUSE1_RUNTIME "brickLaunchKernel" /
+//     "brickMemcpy": from when brick started preparing the launch until it was queued), the
+//     start of an `ac2g` flow;
+//   - the device activity (CONCURRENT_KERNEL / GPU_MEMCPY, "brick::<op>") on its brick
+//     device and stream, from the runtime events recorded around the work, the end of that flow;
+// both linked to the CPU op, which is what gives key_averages() its Self BRICK / BRICK total.
+// Timestamps are Unix-epoch nanoseconds, PyTorch's profiler clock.
+#include "profiler/kineto_plugin.h"
+
+#if BRICK_HAS_KINETO_PLUGIN
+
+#include <GenericTraceActivity.h>
+#include <IActivityProfiler.h>
+#include <libkineto.h>
+#include <output_base.h>
+#include <torch/csrc/profiler/standalone/privateuse1_profiler.h>
+
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+
+#include "profiler/device_activity.h"
+#include "runtime/runtime.h"
+
+namespace brick::profiler {
+
+namespace {
+
+using libkineto::ActivityType;
+
+std::atomic<uint64_t> g_sessions_processed{0};
+std::atomic<uint64_t> g_activities_emitted{0};
+std::atomic<uint64_t> g_activities_unlinked{0};
+std::atomic<uint64_t> g_capture_skipped{0};
+std::atomic<uint64_t> g_failed{0};
+
+class BrickActivitySession final : public libkineto::IActivityProfilerSession {
+ public:
+  void start() override {
+    ActivityRecorder::instance().start();
+    status_ = libkineto::TraceStatus::RECORDING;
+  }
+
+  void stop() override {
+    ActivityRecorder::instance().stop();
+    status_ = libkineto::TraceStatus::PROCESSING;
+  }
+
+  std::vector<std::string> errors() override { return errors_; }
+
+  void processTrace(libkineto::ActivityLogger& logger) override {
+    processTrace(
+        logger, [](int32_t) -> const libkineto::ITraceActivity* { return nullptr; }, 0, 0);
+  }
+
+  void processTrace(libkineto::ActivityLogger& logger,
+                    libkineto::getLinkedActivityCallback linked_activity, int64_t window_start_ns,
+                    int64_t window_end_ns) override {
+    CollectedActivities collected = ActivityRecorder::instance().collect();
+    g_capture_skipped.fetch_add(collected.capture_skipped, std::memory_order_relaxed);
+    g_failed.fetch_add(collected.failed, std::memory_order_relaxed);
+    if (collected.capture_skipped > 0) {
+      errors_.push_back("brick: " + std::to_string(collected.capture_skipped) +
+                        " launches on streams being captured into a CUDA graph were not timed");
+    }
+    int64_t first = window_start_ns;
+    int64_t last = window_end_ns;
+    uint32_t flow_id = 0;
+    for (const DeviceActivity& activity : collected.activities) {
+      const libkineto::ITraceActivity* cpu_op =
+          activity.correlation != 0 ? linked_activity(static_cast<int32_t>(activity.correlation))
+                                    : nullptr;
+      if (cpu_op == nullptr) g_activities_unlinked.fetch_add(1, std::memory_order_relaxed);
+      ++flow_id;
+      const bool is_copy = activity.kind == runtime::LaunchKind::Memcpy;
+
+      auto& launch =
+          emplace(is_copy ? "brickMemcpy" : "brickLaunchKernel", ActivityType::PRIVATEUSE1_RUNTIME);
+      launch.startTime = activity.launch_begin_ns;
+      launch.endTime = std::max(activity.launch_end_ns, activity.launch_begin_ns);
+      launch.device = libkineto::processId();
+      launch.resource = static_cast<int32_t>(activity.thread_id);
+      launch.threadId = static_cast<int32_t>(activity.thread_id);
+      link(launch, activity, cpu_op, flow_id, /*flow_start=*/true);
+      logger.handleActivity(launch);
+
+      // Named apart from the CPU op ("brick::aten::mm" beside "aten::mm"): key_averages() groups
+      // rows by name, and a device row under the op's own name would read as a second op.
+      auto& work = emplace(std::string("brick::") + activity.name,
+                           is_copy ? ActivityType::GPU_MEMCPY : ActivityType::CONCURRENT_KERNEL);
+      work.startTime = activity.start_ns;
+      work.endTime = activity.end_ns;
+      work.device = activity.device;
+      work.resource = static_cast<int32_t>(activity.stream);
+      work.threadId = static_cast<int32_t>(activity.stream);
+      work.addMetadata("device", activity.device);
+      work.addMetadata("stream", activity.stream);
+      work.addMetadata("correlation", activity.correlation);
+      link(work, activity, cpu_op, flow_id, /*flow_start=*/false);
+      logger.handleActivity(work);
+
+      streams_.emplace(activity.device, activity.stream);
+      first = first == 0 ? activity.launch_begin_ns : std::min(first, activity.launch_begin_ns);
+      last = std::max(last, activity.end_ns);
+      g_activities_emitted.fetch_add(1, std::memory_order_relaxed);
+    }
+    buffer_.span = libkineto::TraceSpan(first, last, "brick");
+    g_sessions_processed.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  std::unique_ptr<libkineto::DeviceInfo> getDeviceInfo() override {
+    // Kineto takes one device per session: the first brick device that ran work (its process
+    // row is named); the rows of other devices carry their named stream tracks.
+    const int device = streams_.empty() ? 0 : streams_.begin()->first;
+    return std::make_unique<libkineto::DeviceInfo>(libkineto::DeviceInfo{
+        device, libkineto::kExceedMaxPid + device, "brick",
+        "brick:" + std::to_string(device) + " (" + runtime::get().name() + " runtime)"});
+  }
+
+  std::vector<libkineto::ResourceInfo> getResourceInfos() override {
+    std::vector<libkineto::ResourceInfo> resources;
+    for (const auto& [device, stream] : streams_) {
+      resources.push_back(libkineto::ResourceInfo{
+          static_cast<int32_t>(stream), stream, device,
+          "brick:" + std::to_string(device) + " stream " + std::to_string(stream)});
+    }
+    return resources;
+  }
+
+  std::unique_ptr<libkineto::CpuTraceBuffer> getTraceBuffer() override {
+    auto out = std::make_unique<libkineto::CpuTraceBuffer>();
+    out->span = buffer_.span;
+    out->gpuOpCount = -1;
+    out->activities = std::move(buffer_.activities);
+    return out;
+  }
+
+  void pushCorrelationId(uint64_t id) override { ActivityRecorder::push_correlation(id); }
+  void popCorrelationId() override { ActivityRecorder::pop_correlation(); }
+
+ private:
+  libkineto::GenericTraceActivity& emplace(const std::string& name, ActivityType type) {
+    buffer_.emplace_activity(buffer_.span, type, name);
+    return libkineto::CpuTraceBuffer::toRef(buffer_.activities.back());
+  }
+
+  static void link(libkineto::GenericTraceActivity& out, const DeviceActivity& activity,
+                   const libkineto::ITraceActivity* cpu_op, uint32_t flow_id, bool flow_start) {
+    out.id = static_cast<int32_t>(activity.correlation);
+    out.linked = cpu_op;
+    out.flow.id = flow_id;
+    out.flow.type = libkineto::kLinkAsyncCpuGpu;
+    out.flow.start = flow_start ? 1 : 0;
+  }
+
+  libkineto::CpuTraceBuffer buffer_;
+  std::set<std::pair<int, int64_t>> streams_;
+  std::vector<std::string> errors_;
+};
+
+class BrickActivityProfiler final : public libkineto::IActivityProfiler {
+ public:
+  const std::string& name() const override { return name_; }
+  const std::set<ActivityType>& availableActivities() const override { return types_; }
+
+  std::unique_ptr<libkineto::IActivityProfilerSession> configure(
+      const std::set<ActivityType>& activity_types, const libkineto::Config& /*config*/) override {
+    // Kineto configures child profilers for every trace, CPU-only ones too: brick records only
+    // when device activity was asked for.
+    if (activity_types.count(ActivityType::CONCURRENT_KERNEL) == 0) return nullptr;
+    return std::make_unique<BrickActivitySession>();
+  }
+
+  std::unique_ptr<libkineto::IActivityProfilerSession> configure(
+      int64_t /*ts_ms*/, int64_t /*duration_ms*/, const std::set<ActivityType>& activity_types,
+      const libkineto::Config& config) override {
+    return configure(activity_types, config);
+  }
+
+ private:
+  std::string name_{"brick"};
+  std::set<ActivityType> types_{ActivityType::CONCURRENT_KERNEL, ActivityType::GPU_MEMCPY,
+                                ActivityType::PRIVATEUSE1_RUNTIME};
+};
+
+}  // namespace
+
+REGISTER_PRIVATEUSE1_PROFILER(BrickActivityProfiler);
+
+bool kineto_plugin_available() noexcept { return true; }
+
+KinetoPluginStats kineto_plugin_stats() noexcept {
+  return {g_sessions_processed.load(std::memory_order_relaxed),
+          g_activities_emitted.load(std::memory_order_relaxed),
+          g_activities_unlinked.load(std::memory_order_relaxed),
+          g_capture_skipped.load(std::memory_order_relaxed),
+          g_failed.load(std::memory_order_relaxed)};
+}
+
+}  // namespace brick::profiler
+
+#else  // !BRICK_HAS_KINETO_PLUGIN
+
+namespace brick::profiler {
+
+bool kineto_plugin_available() noexcept { return false; }
+KinetoPluginStats kineto_plugin_stats() noexcept { return {}; }
+
+}  // namespace brick::profiler
+
+#endif

@@ -1,0 +1,59 @@
+// The work brick queues on its devices, for activity profilers (torch.profiler's brick device
+// track): the backend announces every kernel and copy it launches through these hooks, and a
+// profiler installs an observer while it records. Plain C++, like the rest of the runtime layer,
+// so the backend (which launches) and the profiler (which observes) meet here without depending
+// on each other.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include "runtime/runtime.h"
+
+namespace brick::runtime {
+
+enum class LaunchKind : uint8_t { Kernel, Memcpy };
+
+// One launch, from the launching thread's point of view. The backend fills `name`, `kind` and
+// (before queue()) `device`; the rest belongs to the observer, between its calls.
+struct Launch {
+  const char* name = nullptr;  // the op, e.g. "aten::mm"; must outlive the process's profiles
+  LaunchKind kind = LaunchKind::Kernel;
+  DeviceIndex device = -1;
+  // Observer state.
+  bool recorded = false;
+  uint64_t correlation = 0;
+  int64_t begin_ns = 0;
+  int64_t queued_ns = 0;
+  StreamId stream = 0;
+  Event* start_event = nullptr;
+};
+
+// Called on the launching thread: begin() before brick prepares the arguments, queue() right
+// before the backing device's kernel is queued, end() once it is (on the host runtime: has run),
+// also when the kernel threw. None may throw.
+class LaunchObserver {
+ public:
+  virtual void begin(Launch& launch) noexcept = 0;
+  virtual void queue(Launch& launch) noexcept = 0;
+  virtual void end(Launch& launch) noexcept = 0;
+
+ protected:
+  ~LaunchObserver() = default;
+};
+
+namespace detail {
+inline std::atomic<LaunchObserver*> g_launch_observer{nullptr};
+}  // namespace detail
+
+// The installed observer, or nullptr (the common case: one relaxed load per launch). An observer
+// must stay alive for the process once installed: a launch that read it may still be calling it.
+inline LaunchObserver* launch_observer() noexcept {
+  return detail::g_launch_observer.load(std::memory_order_acquire);
+}
+
+inline void set_launch_observer(LaunchObserver* observer) noexcept {
+  detail::g_launch_observer.store(observer, std::memory_order_release);
+}
+
+}  // namespace brick::runtime

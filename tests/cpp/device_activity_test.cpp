@@ -1,0 +1,163 @@
+// GoogleTest suite for the device-activity recorder (what torch.profiler's brick plugin reports),
+// without torch: launches announced through the runtime's launch observer, on the host runtime.
+#include "profiler/device_activity.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <map>
+#include <thread>
+#include <vector>
+
+#include "runtime/launch_observer.h"
+
+namespace {
+
+using brick::profiler::ActivityRecorder;
+using brick::profiler::CollectedActivities;
+using brick::profiler::DeviceActivity;
+using brick::runtime::Launch;
+using brick::runtime::LaunchKind;
+
+// What the backend does around a kernel: begin, queue on `device`, run, end.
+void launch(const char* name, int device, std::chrono::microseconds work,
+            LaunchKind kind = LaunchKind::Kernel) {
+  brick::runtime::LaunchObserver* observer = brick::runtime::launch_observer();
+  Launch launch;
+  if (observer != nullptr) {
+    launch.name = name;
+    launch.kind = kind;
+    observer->begin(launch);
+  }
+  if (observer != nullptr) {
+    launch.device = static_cast<brick::runtime::DeviceIndex>(device);
+    observer->queue(launch);
+  }
+  const auto until = std::chrono::steady_clock::now() + work;
+  while (std::chrono::steady_clock::now() < until) {
+  }
+  if (observer != nullptr) observer->end(launch);
+}
+
+class DeviceActivityTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    ActivityRecorder::instance().stop();
+    (void)ActivityRecorder::instance().collect();
+  }
+};
+
+TEST_F(DeviceActivityTest, NothingIsObservedUnlessRecording) {
+  EXPECT_EQ(brick::runtime::launch_observer(), nullptr);
+  launch("aten::mm", 0, std::chrono::microseconds(10));
+  ActivityRecorder::instance().start();
+  EXPECT_EQ(brick::runtime::launch_observer(), &ActivityRecorder::instance());
+  ActivityRecorder::instance().stop();
+  EXPECT_EQ(brick::runtime::launch_observer(), nullptr);
+  EXPECT_TRUE(ActivityRecorder::instance().collect().activities.empty());
+}
+
+TEST_F(DeviceActivityTest, DeviceTimeIsTheWorkAndLiesInsideTheLaunchWindowOnTheHostClock) {
+  ActivityRecorder& recorder = ActivityRecorder::instance();
+  recorder.start();
+  const int64_t before = brick::profiler::unix_time_ns();
+  ActivityRecorder::push_correlation(41);
+  launch("aten::mm", 0, std::chrono::microseconds(2000));
+  ActivityRecorder::pop_correlation();
+  const int64_t after = brick::profiler::unix_time_ns();
+  recorder.stop();
+  const CollectedActivities collected = recorder.collect();
+  ASSERT_EQ(collected.activities.size(), 1u);
+  const DeviceActivity& a = collected.activities[0];
+  EXPECT_STREQ(a.name, "aten::mm");
+  EXPECT_EQ(a.correlation, 41u);
+  EXPECT_EQ(a.device, 0);
+  EXPECT_EQ(a.kind, LaunchKind::Kernel);
+  // The 2 ms of work, converted from the runtime's steady clock to Unix time: inside the
+  // window the caller saw, within the clock conversion's error.
+  EXPECT_GE(a.end_ns - a.start_ns, 2'000'000);
+  EXPECT_LT(a.end_ns - a.start_ns, 2'000'000 + 1'000'000);
+  constexpr int64_t kSlackNs = 20'000;
+  EXPECT_GE(a.launch_begin_ns, before);
+  EXPECT_LE(a.launch_begin_ns, a.launch_end_ns);
+  EXPECT_GE(a.start_ns + kSlackNs, a.launch_end_ns);
+  EXPECT_LE(a.end_ns, after + kSlackNs);
+  EXPECT_EQ(collected.failed, 0u);
+}
+
+TEST_F(DeviceActivityTest, CorrelationIsTheInnermostOpOfTheLaunchingThread) {
+  ActivityRecorder& recorder = ActivityRecorder::instance();
+  recorder.start();
+  launch("aten::empty_before_any_op", 0, std::chrono::microseconds(1));
+  ActivityRecorder::push_correlation(1);
+  ActivityRecorder::push_correlation(2);
+  launch("aten::addmm", 0, std::chrono::microseconds(1));
+  ActivityRecorder::pop_correlation();
+  launch("aten::copy_", 0, std::chrono::microseconds(1), LaunchKind::Memcpy);
+  ActivityRecorder::pop_correlation();
+  ActivityRecorder::pop_correlation();  // one too many: harmless
+  recorder.stop();
+  const auto activities = recorder.collect().activities;
+  ASSERT_EQ(activities.size(), 3u);
+  EXPECT_EQ(activities[0].correlation, 0u);
+  EXPECT_EQ(activities[1].correlation, 2u);
+  EXPECT_EQ(activities[2].correlation, 1u);
+  EXPECT_EQ(activities[2].kind, LaunchKind::Memcpy);
+}
+
+TEST_F(DeviceActivityTest, EachThreadsLaunchesCarryItsThreadIdAndCorrelations) {
+  ActivityRecorder& recorder = ActivityRecorder::instance();
+  recorder.start();
+  constexpr int kThreads = 4;
+  constexpr int kLaunches = 500;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([t] {
+      for (int i = 0; i < kLaunches; ++i) {
+        ActivityRecorder::push_correlation(static_cast<uint64_t>(1000 * (t + 1) + i));
+        launch("aten::add", t % 2, std::chrono::microseconds(0));
+        ActivityRecorder::pop_correlation();
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  recorder.stop();
+  const auto activities = recorder.collect().activities;
+  ASSERT_EQ(activities.size(), static_cast<size_t>(kThreads * kLaunches));
+  std::map<int64_t, std::vector<const DeviceActivity*>> by_thread;
+  for (const auto& a : activities) by_thread[a.thread_id].push_back(&a);
+  ASSERT_EQ(by_thread.size(), static_cast<size_t>(kThreads));
+  for (const auto& [thread, list] : by_thread) {
+    ASSERT_EQ(list.size(), static_cast<size_t>(kLaunches));
+    const uint64_t base = list[0]->correlation;
+    for (int i = 0; i < kLaunches; ++i) {
+      EXPECT_EQ(list[i]->correlation, base + i) << "in launch order, on its own thread";
+      EXPECT_EQ(list[i]->device, static_cast<int>(base / 1000 - 1) % 2);
+    }
+  }
+}
+
+TEST_F(DeviceActivityTest, ARecordingStartsEmptyAndEventsAreReused) {
+  ActivityRecorder& recorder = ActivityRecorder::instance();
+  recorder.start();
+  for (int i = 0; i < 100; ++i) launch("aten::mul", 0, std::chrono::microseconds(0));
+  recorder.stop();
+  recorder.start();  // the first recording was never collected: dropped
+  launch("aten::mul", 0, std::chrono::microseconds(0));
+  recorder.stop();
+  EXPECT_EQ(recorder.collect().activities.size(), 1u);
+}
+
+TEST_F(DeviceActivityTest, TheClockOffsetMapsSteadyTimeOntoUnixTime) {
+  const int64_t offset = brick::profiler::steady_to_unix_offset_ns();
+  const int64_t steady = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                             std::chrono::steady_clock::now().time_since_epoch())
+                             .count();
+  const int64_t unix_now = brick::profiler::unix_time_ns();
+  EXPECT_LT(std::llabs(steady + offset - unix_now), 1'000'000) << "within 1 ms";
+  EXPECT_LT(std::llabs(brick::profiler::steady_to_unix_offset_ns() - offset), 100'000)
+      << "stable between two measurements";
+}
+
+}  // namespace
