@@ -15,6 +15,9 @@
 #include <torch/library.h>
 #include <torch/version.h>
 
+#define BRICK_TORCH_BEFORE_2_14 \
+  (TORCH_VERSION_MAJOR < 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 14))
+
 namespace at::autocast {
 namespace {
 
@@ -68,7 +71,9 @@ TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
   KERNEL_PRIVATEUSEONE(grid_sampler_3d, fp32)
   KERNEL_PRIVATEUSEONE(trace, fp32)
   KERNEL_PRIVATEUSEONE(view_as_complex, fp32)
+#if BRICK_TORCH_BEFORE_2_14  // removed in PyTorch 2.14
   KERNEL_PRIVATEUSEONE(cholesky, fp32)
+#endif
   KERNEL_PRIVATEUSEONE(cholesky_inverse, fp32)
   KERNEL_PRIVATEUSEONE(cholesky_solve, fp32)
   KERNEL_PRIVATEUSEONE(inverse, fp32)
@@ -136,7 +141,9 @@ TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
   KERNEL_PRIVATEUSEONE(fake_quantize_per_tensor_affine, fp32)
   KERNEL_PRIVATEUSEONE(geqrf, fp32)
   KERNEL_PRIVATEUSEONE(_lu_with_info, fp32)
+#if BRICK_TORCH_BEFORE_2_14  // removed in PyTorch 2.14
   KERNEL_PRIVATEUSEONE(qr, fp32)
+#endif
   KERNEL_PRIVATEUSEONE(svd, fp32)
   KERNEL_PRIVATEUSEONE(triangular_solve, fp32)
   KERNEL_PRIVATEUSEONE(fractional_max_pool2d, fp32)
@@ -150,6 +157,9 @@ TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
   KERNEL_PRIVATEUSEONE(linalg_eigh, fp32)
   KERNEL_PRIVATEUSEONE(linalg_lstsq, fp32)
   KERNEL_PRIVATEUSEONE(linalg_inv_ex, fp32)
+#if !BRICK_TORCH_BEFORE_2_14
+  KERNEL_PRIVATEUSEONE(linalg_matrix_sqrth, fp32)
+#endif
 
   // promote
   KERNEL_PRIVATEUSEONE(stack, promote)

@@ -596,18 +596,24 @@ class _Squares(torch.utils.data.Dataset):
 
 @pytest.mark.parametrize("workers", [0, 2], ids=["main_process", "two_workers"])
 def test_dataloader_pin_memory_feeds_brick(workers):
-    extra = dict(num_workers=workers, timeout=60) if workers else {}
-    loader = torch.utils.data.DataLoader(_Squares(), batch_size=4, pin_memory=True, **extra)
-    seen = []
-    for features, targets in loader:
-        assert features.is_pinned() and targets.is_pinned()
-        fb = features.to("brick", non_blocking=True)
-        tb = targets.to("brick", non_blocking=True)
-        torch.brick.synchronize()
-        assert fb.device.type == "brick"
-        seen.append((fb.sum(1) / 3).long().cpu())
-        assert torch.equal(tb.cpu(), seen[-1] ** 2)
-    assert torch.equal(torch.cat(seen), torch.arange(16))
+    # PyTorch's pin-memory thread calls torch.set_num_threads(1), which also becomes the count
+    # of threads started later (brick's autograd thread among them): restored for later tests.
+    threads = torch.get_num_threads()
+    try:
+        extra = dict(num_workers=workers, timeout=60) if workers else {}
+        loader = torch.utils.data.DataLoader(_Squares(), batch_size=4, pin_memory=True, **extra)
+        seen = []
+        for features, targets in loader:
+            assert features.is_pinned() and targets.is_pinned()
+            fb = features.to("brick", non_blocking=True)
+            tb = targets.to("brick", non_blocking=True)
+            torch.brick.synchronize()
+            assert fb.device.type == "brick"
+            seen.append((fb.sum(1) / 3).long().cpu())
+            assert torch.equal(tb.cpu(), seen[-1] ** 2)
+        assert torch.equal(torch.cat(seen), torch.arange(16))
+    finally:
+        torch.set_num_threads(threads)
 
 
 # ==== test_storage.py ========================================================================
