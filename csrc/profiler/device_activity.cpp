@@ -1,6 +1,7 @@
-// The device-activity recorder. Per launch, on the launching thread: two clock reads and two
-// pooled runtime events (no allocation once the pools are warm), and one uncontended lock of
-// the thread's own buffer to append the record; collect() is the only other taker of that lock.
+// The device-activity recorder. Per launch, on the launching thread: three clock reads, on an
+// asynchronous runtime two pooled runtime events as well (no allocation once the pools are
+// warm), and one uncontended lock of the thread's own buffer to append the record; collect() is
+// the only other taker of that lock.
 #include "profiler/device_activity.h"
 
 #include <sys/syscall.h>
@@ -171,6 +172,14 @@ void ActivityRecorder::queue(runtime::Launch& launch) noexcept {
       registry().capture_skipped.fetch_add(1, std::memory_order_relaxed);
       return;
     }
+    if (!rt.asynchronous()) {
+      // The work runs on this thread before the launch returns: the clock around it is the
+      // device time, with no event to record or resolve.
+      launch.start_event = nullptr;
+      launch.queued_ns = unix_time_ns();
+      launch.recorded = true;
+      return;
+    }
     launch.start_event = tls_state.acquire_event(launch.device);
     launch.queued_ns = unix_time_ns();
     rt.record_event(launch.start_event, launch.device, launch.stream);
@@ -183,15 +192,20 @@ void ActivityRecorder::queue(runtime::Launch& launch) noexcept {
 void ActivityRecorder::end(runtime::Launch& launch) noexcept {
   if (!launch.recorded) return;
   try {
-    runtime::Runtime& rt = runtime::get();
-    runtime::Event* end_event = tls_state.acquire_event(launch.device);
-    rt.record_event(end_event, launch.device, launch.stream);
+    DeviceActivity activity{launch.name,     launch.kind,         launch.device,
+                            launch.stream,   tls_state.thread_id, launch.correlation,
+                            launch.begin_ns, launch.queued_ns,    launch.queued_ns,
+                            launch.queued_ns};
+    runtime::Event* end_event = nullptr;
+    if (launch.start_event == nullptr) {
+      activity.end_ns = unix_time_ns();
+    } else {
+      end_event = tls_state.acquire_event(launch.device);
+      runtime::get().record_event(end_event, launch.device, launch.stream);
+    }
     ThreadBuffer& buffer = tls_state.ensure_buffer();
     std::lock_guard<std::mutex> lock(buffer.mutex);
-    buffer.records.push_back(PendingActivity{
-        DeviceActivity{launch.name, launch.kind, launch.device, launch.stream, tls_state.thread_id,
-                       launch.correlation, launch.begin_ns, launch.queued_ns, 0, 0},
-        launch.start_event, end_event});
+    buffer.records.push_back(PendingActivity{activity, launch.start_event, end_event});
   } catch (...) {
     registry().failed.fetch_add(1, std::memory_order_relaxed);
   }
@@ -232,6 +246,10 @@ CollectedActivities ActivityRecorder::collect() {
   std::vector<std::pair<int, runtime::Event*>> released;
   released.reserve(pending.size() * 2);
   for (PendingActivity& record : pending) {
+    if (record.start_event == nullptr) {  // timed on the host clock when it ran
+      out.activities.push_back(record.activity);
+      continue;
+    }
     int64_t start = -1;
     int64_t end = -1;
     try {

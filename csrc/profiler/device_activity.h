@@ -6,7 +6,8 @@
 // Clocks: every time handed out is Unix-epoch nanoseconds (std::chrono::system_clock, which is
 // what c10::getTime() and PyTorch's profiler timestamps read on Linux). Device times come from
 // runtime events, stamped in steady_clock nanoseconds, converted with an offset measured when
-// the activities are collected.
+// the activities are collected. On a synchronous runtime (the host's: work runs on the
+// launching thread) no event is needed: the clock read around the work is its device time.
 #pragma once
 
 #include <cstdint>

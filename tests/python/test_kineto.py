@@ -336,3 +336,28 @@ def test_pytorch_without_the_registry_warns_once_naming_the_way_that_works():
         _kineto._remove_warning()
         if not bp.kineto_available():
             _kineto.warn_where_unavailable()
+
+
+@needs_plugin
+def test_asynchronous_device_times_come_from_events_resolved_after_the_work():
+    # The host runtime with deferred completion behaves as an asynchronous device: launches are
+    # timed by runtime events, resolved when the trace is processed.
+    import subprocess
+    import sys
+
+    script = (
+        "import torch, torch_brickdev, torch_brickdev.profiler as bp\n"
+        "from torch.profiler import profile, ProfilerActivity as A\n"
+        "a = torch.randn(256, 256, device='brick')\n"
+        "with profile(activities=[A.CPU, A.PrivateUse1]) as prof:\n"
+        "    for _ in range(4): torch.mm(a, a)\n"
+        "k = [e for e in prof.events() if e.name == 'brick::aten::mm']\n"
+        "ops = [e for e in prof.events() if e.name == 'aten::mm']\n"
+        "assert len(k) == 4 and all(e.device_time_total > 0 for e in k), k\n"
+        "assert all(op.device_time_total > 0 for op in ops)\n"
+        "s = bp.kineto_stats(); assert s['failed'] == 0 and s['activities_emitted'] == 4, s\n"
+        "print('ok')\n")
+    env = dict(os.environ, BRICK_HOST_COMPLETION="deferred")
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                            text=True, timeout=180)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-2000:]
