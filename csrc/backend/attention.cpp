@@ -33,7 +33,17 @@ at::Tensor backing_view(const at::Tensor& tensor) {
 
 // For the kernel choice, which also depends on which inputs need gradients (the fused kernels
 // have no gradient for a mask, for one).
+// Tensors without memory of their own: fake and functional tensors while torch.compile traces,
+// symbolic sizes. The choice reads only metadata, so the backing kernel gets them as they are.
+bool is_metadata_only(const at::Tensor& tensor) {
+  const c10::TensorImpl* impl = tensor.unsafeGetTensorImpl();
+  const c10::DispatchKeySet keys = tensor.key_set();
+  return impl->has_symbolic_sizes_strides() || !impl->has_storage() ||
+         keys.has(c10::DispatchKey::Python) || keys.has(c10::DispatchKey::Functionalize);
+}
+
 at::Tensor backing_view_for_choice(const at::Tensor& tensor) {
+  if (tensor.defined() && is_metadata_only(tensor)) return tensor;
   at::Tensor view = backing_view(tensor);
   if (view.defined() && tensor.requires_grad() && !view.requires_grad()) {
     view.requires_grad_(true);

@@ -778,6 +778,8 @@ EXEMPT = {
     "torch_brickdev.profiler.health": NO_ARGUMENTS,
     "torch_brickdev.profiler.range_pop": NO_ARGUMENTS,
     "torch_brickdev.profiler.clear_timeline": NO_ARGUMENTS,
+    "torch_brickdev.profiler.kineto_available": NO_ARGUMENTS,
+    "torch_brickdev.profiler.kineto_stats": NO_ARGUMENTS,
     "torch_brickdev.profiler.BrickStats": "a frozen record that stats() builds from the native "
                                           "registry; not an input",
     "torch_brickdev.tools.demo.DecodeResult": "a record that decode() returns; not an input",

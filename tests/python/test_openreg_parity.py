@@ -101,8 +101,6 @@ import torch_brickdev
 
 NOT_APPLICABLE = {
     # --- not yet ------------------------------------------------------------------------------
-    "test_compile.py TestAutocast (autocast inside torch.compile)":
-        "not applicable yet: needs autocast('brick'), issue 13",
     # --- openreg-specific ------------------------------------------------------------------------
     "test_ops.py TestAutogradFunction / TestCustomAutogradFunctions, TestSTUBExtended.custom_abs":
         "openreg-specific custom ops (torch.ops.openreg.custom_abs, custom_autograd_fn_*); brick "
@@ -131,11 +129,10 @@ NOT_APPLICABLE = {
     "test_device.py test_device_poison_fork (init in a forked child must raise)":
         "opposite by design on the host runtime: it survives fork and the child can compute "
         "(forked_child_computes_on_brick); only CUDA backing refuses a forked child",
-    "test_compile.py TestBackendRegistration/TestGraphCapture backend='openreg', "
-    "TestDeviceInterface":
-        "openreg registers its own Dynamo backend and device interface; brick registers neither "
-        "(nor Inductor codegen: torch.compile's default backend on brick tensors raises "
-        "InductorError KeyError: 'brick'), so the generic eager/aot_eager backends are checked",
+    "test_compile.py TestBackendRegistration/TestGraphCapture backend='openreg'":
+        "openreg registers a Dynamo backend of its own; brick registers Inductor codegen and a "
+        "device interface instead, tested in test_compile.py (here the generic eager/aot_eager "
+        "backends are checked)",
     "test_ipc.py (all): sharing device tensors between processes":
         "openreg implements device IPC over its fake shared-memory allocator; brick does not "
         "implement storage sharing (a brick tensor put on a multiprocessing queue fails in the "

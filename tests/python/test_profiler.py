@@ -906,6 +906,31 @@ def test_compare_with_key_averages():
     assert row.split()[1] == "1" and row.split()[3] == "1"  # legacy calls, brick calls
 
 
+def test_path_table_is_a_tree_whatever_order_paths_were_first_seen(x):
+    # The registry keeps call-path nodes across profiles: a child first seen later must still
+    # be listed under its parent, not where its node was created.
+    with bp.profile(sync_mode="deferred"):
+        with record_function("TreeOuter"):
+            torch.add(x, x)
+        with record_function("TreeSibling"):
+            pass
+    with bp.profile(sync_mode="deferred") as p:
+        with record_function("TreeOuter"):
+            torch.relu(x)  # its node is created after TreeSibling's
+            torch.add(x, x)
+        with record_function("TreeSibling"):
+            pass
+    lines = p.report.table(by="path").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("TreeOuter "))
+    subtree = []
+    for line in lines[start + 1:]:
+        if not line.startswith("  "):
+            break
+        subtree.append(line)
+    depth1 = {line.split()[0] for line in subtree if not line.startswith("    ")}
+    assert depth1 == {"aten::relu", "aten::add"}, subtree
+
+
 # =============================================================================================
 # 10. Report text
 # =============================================================================================

@@ -44,8 +44,7 @@ from ._registry import (
     stats,
     sync_mode,
 )
-from ._kineto import available as kineto_available
-from ._kineto import stats as kineto_stats
+from ._kineto import kineto_available, kineto_stats
 from ._kineto import warn_where_unavailable as _warn_where_unavailable
 from .report import Report, ReportError, WrittenFigures, compare_with_key_averages, load_report
 from .trace import export_chrome_trace

@@ -28,12 +28,12 @@ def is_brick_activity(name: str) -> bool:
     return name.startswith(DEVICE_ACTIVITY_PREFIX) or name in LAUNCH_ACTIVITY_NAMES
 
 
-def available() -> bool:
+def kineto_available() -> bool:
     """Whether torch.profiler sees brick's device activity in this PyTorch."""
     return bool(_C._profiler.kineto_plugin_available())
 
 
-def stats() -> dict:
+def kineto_stats() -> dict:
     """Counters of brick's child profiler since the process started: sessions processed,
     activities emitted, activities with no CPU op to link to, launches skipped because their
     stream was being captured into a CUDA graph, launches whose device times could not be read."""
@@ -49,7 +49,7 @@ _MISSING_MESSAGE = (
 )
 
 
-def warn_where_unavailable(is_available=available) -> bool:
+def warn_where_unavailable(is_available=kineto_available) -> bool:
     """On a PyTorch without the registry, makes ``torch.profiler.profile`` warn once (when asked
     for PrivateUse1 activity) instead of silently showing no device time. Returns whether it
     installed the warning. ``is_available`` is for tests."""

@@ -238,7 +238,8 @@ class Report:
         if by not in ("name", "path"):
             raise ValueError(f"brick report: by must be 'name' or 'path', got {by!r}")
         _check_row_limit(row_limit, "Report.table")
-        rows = sorted(self.bricks, key=keys[sort_by]) if by == "name" else list(self.paths)
+        rows = (sorted(self.bricks, key=keys[sort_by]) if by == "name"
+                else _tree_order(self.paths, keys[sort_by]))
         if row_limit is not None:
             rows = rows[:row_limit]
         label = "Name" if by == "name" else "Path"
@@ -273,6 +274,22 @@ class Report:
 
     def __str__(self) -> str:
         return self.table()
+
+
+def _tree_order(paths, sibling_key) -> list:
+    """Call paths as a tree: each path right after its parent, siblings ordered by
+    ``sibling_key`` (a path whose parent is not listed is a root)."""
+    listed = {b.path for b in paths}
+    children = {}
+    for b in paths:
+        parent = b.path.rsplit("/", 1)[0] if "/" in b.path else None
+        children.setdefault(parent if parent in listed else None, []).append(b)
+    ordered, stack = [], sorted(children.get(None, []), key=sibling_key)[::-1]
+    while stack:
+        b = stack.pop()
+        ordered.append(b)
+        stack.extend(sorted(children.get(b.path, []), key=sibling_key)[::-1])
+    return ordered
 
 
 def _label(b: BrickStats, by: str) -> str:
