@@ -37,6 +37,7 @@ the custom pass puts it in the cache key, and the generated module refuses to ru
 backing.
 """
 
+import contextlib
 import hashlib
 import inspect
 import sys
@@ -127,6 +128,7 @@ def check_host_backing() -> None:
 def _register() -> None:
     """Defines and registers brick's Inductor backend and dynamo interface (heavy imports)."""
     from torch._dynamo.device_interface import DeviceInterface, register_interface_for_device
+    from torch._inductor import config as inductor_config
     from torch._inductor import ir
     from torch._inductor.codegen.common import (
         DeviceOpOverrides,
@@ -160,6 +162,15 @@ def _register() -> None:
 
     cpu = torch.device("cpu")
 
+    @contextlib.contextmanager
+    def as_cpu_kernels():
+        # The CPU as the current device (see BrickScheduling), and every kernel a named
+        # RecordFunction ("graph_<id>_cpp_fused_..."), so profilers of brick see compiled
+        # kernels as ops with their own time, not one opaque graph call.
+        with V.graph.set_current_device(cpu), inductor_config.patch(
+                {"cpp.enable_kernel_profile": True}):
+            yield
+
     class BrickScheduling(CppScheduling):
         """Inductor's C++/OpenMP kernels, run on brick memory (host memory on the host
         runtime). On CUDA backing a graph that needs them is declined (see the module).
@@ -175,19 +186,19 @@ def _register() -> None:
             super().__init__(scheduler)
 
         def codegen_node(self, *args, **kwargs):
-            with V.graph.set_current_device(cpu):
+            with as_cpu_kernels():
                 return super().codegen_node(*args, **kwargs)
 
         def codegen_template(self, *args, **kwargs):
-            with V.graph.set_current_device(cpu):
+            with as_cpu_kernels():
                 return super().codegen_template(*args, **kwargs)
 
         def codegen_sync(self, *args, **kwargs):
-            with V.graph.set_current_device(cpu):
+            with as_cpu_kernels():
                 return super().codegen_sync(*args, **kwargs)
 
         def flush(self, *args, **kwargs):
-            with V.graph.set_current_device(cpu):
+            with as_cpu_kernels():
                 return super().flush(*args, **kwargs)
 
     class _BrickWrapper:
@@ -216,6 +227,12 @@ def _register() -> None:
             super().write_header()
             self.header.writeline("import torch_brickdev._compile")
             self.header.writeline("torch_brickdev._compile.check_host_backing()")
+
+        def _generate(self, is_inference):
+            # Each call of the compiled graph is a named range ("graph_<id>_inductor_wrapper_
+            # call") around its kernels, for brick's profilers.
+            with inductor_config.patch({"profiler_mark_wrapper_call": True}):
+                return super()._generate(is_inference)
 
     class BrickCppWrapper(CppWrapperCpu):  # (Inductor also reads class attributes)
         """``cpp_wrapper=True`` is not supported on brick: refused with the reason."""
