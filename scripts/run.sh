@@ -62,6 +62,13 @@ setup_python() {
     "$PYTHON" -m pip install -q "transformers==5.24.0" ||
       echo "could not install transformers; its tests will skip" >&2
   fi
+  # accelerate runs transformers' Trainer. It declares torch: installed without its
+  # dependencies (psutil, pyyaml, safetensors, huggingface_hub come with the packages above).
+  if ! TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PYTHON" -c "import accelerate" 2>/dev/null; then
+    log "installing accelerate"
+    "$PYTHON" -m pip install -q psutil pyyaml && "$PYTHON" -m pip install -q --no-deps "accelerate==1.15.0" ||
+      echo "could not install accelerate; the Trainer tests will skip" >&2
+  fi
   # HolisticTraceAnalysis loads brick's traces in the tests. Its declared dependencies pull in
   # jupyterlab; it imports only these, so it is installed without them.
   if ! TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PYTHON" -c "import hta.trace_analysis" 2>/dev/null; then
@@ -169,6 +176,8 @@ case "$job" in
     "$PYTHON" benchmarks/stress_concurrency.py
     log "benchmarks: memory over 1M profiled ops (RSS and device events bounded)"
     "$PYTHON" benchmarks/stress_memory.py
+    log "benchmarks: torch.compile on brick vs on the CPU"
+    "$PYTHON" benchmarks/bench_compile.py
     log "benchmarks: brick on CUDA vs plain cuda (skips without a CUDA-backed brick)"
     "$PYTHON" benchmarks/bench_cuda.py
     if [ -x "$BRICK_BUILD_DIR/registry_bench" ]; then
