@@ -6,6 +6,7 @@
 #include <c10/core/Device.h>
 #include <c10/core/Storage.h>
 
+#include <optional>
 #include <utility>
 
 #include "runtime/runtime.h"
@@ -85,6 +86,8 @@ c10::DataPtr to_brick_data_ptr(c10::DataPtr data_ptr, size_t nbytes, c10::Device
 c10::Storage make_backing_storage(const c10::Storage& brick_storage);
 at::Tensor make_backing_tensor(const at::Tensor& brick_tensor, c10::Storage backing_storage);
 at::Tensor make_backing_alias(const at::Tensor& brick_tensor);
+// The alias of an optional argument; undefined for none (or an undefined tensor).
+at::Tensor make_backing_alias(const std::optional<at::Tensor>& brick_tensor);
 
 // A brick tensor on `brick_storage` with the dtype and geometry of the backing tensor `like`.
 at::Tensor make_brick_tensor(c10::Storage brick_storage, const at::Tensor& like);

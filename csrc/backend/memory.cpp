@@ -298,6 +298,11 @@ at::Tensor make_backing_alias(const at::Tensor& brick_tensor) {
   return make_backing_tensor(brick_tensor, make_backing_storage(brick_tensor.storage()));
 }
 
+at::Tensor make_backing_alias(const std::optional<at::Tensor>& brick_tensor) {
+  return brick_tensor.has_value() && brick_tensor->defined() ? make_backing_alias(*brick_tensor)
+                                                             : at::Tensor();
+}
+
 at::Tensor make_brick_tensor(c10::Storage brick_storage, const at::Tensor& like) {
   auto impl = c10::make_intrusive<c10::TensorImpl>(
       std::move(brick_storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), like.dtype());

@@ -200,10 +200,6 @@ void record_stream(at::Tensor& self, c10::Stream stream) {
   record_stream_use(self.storage().data_ptr(), self.device().index(), stream.id());
 }
 
-at::Tensor backing_or_undefined(const std::optional<at::Tensor>& tensor) {
-  return tensor.has_value() && tensor->defined() ? make_backing_alias(*tensor) : at::Tensor();
-}
-
 // PyTorch routes convolutions of devices other than CPU/CUDA to these two ops.
 at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& weight,
                                     const std::optional<at::Tensor>& bias, c10::IntArrayRef stride,
@@ -216,8 +212,8 @@ at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& w
   BackingScope scope(input.device().index());
   launch.queue(input.device().index());
   at::Tensor out = at::convolution(make_backing_alias(input), make_backing_alias(weight),
-                                   backing_or_undefined(bias), stride, padding, dilation,
-                                   transposed, output_padding, groups);
+                                   make_backing_alias(bias), stride, padding, dilation, transposed,
+                                   output_padding, groups);
   return adopt_result(std::move(out), input.device().index());
 }
 

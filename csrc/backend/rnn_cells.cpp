@@ -21,10 +21,6 @@ namespace brick::backend {
 
 namespace {
 
-at::Tensor backing_alias_or_undefined(const std::optional<at::Tensor>& tensor) {
-  return tensor.has_value() && tensor->defined() ? make_backing_alias(*tensor) : at::Tensor();
-}
-
 void check_cell_arguments(const char* op, int64_t gate_count, const at::Tensor& input_gates,
                           const at::Tensor& hidden_gates, const at::Tensor& state,
                           const std::optional<at::Tensor>& input_bias,
@@ -66,9 +62,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_lstm_cell(
   LaunchScope launch("aten::_thnn_fused_lstm_cell", runtime::LaunchKind::Kernel);
   BackingScope scope(device);
   launch.queue(device);
-  at::Tensor workspace =
-      gate_sum(make_backing_alias(input_gates), make_backing_alias(hidden_gates),
-               backing_alias_or_undefined(input_bias), backing_alias_or_undefined(hidden_bias));
+  at::Tensor workspace = gate_sum(make_backing_alias(input_gates), make_backing_alias(hidden_gates),
+                                  make_backing_alias(input_bias), make_backing_alias(hidden_bias));
   auto gates = workspace.chunk(4, 1);
   gates[0].sigmoid_();
   gates[1].sigmoid_();
@@ -95,8 +90,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_lstm_cell_backward(
   const at::Tensor& cellgate = gates[2];
   const at::Tensor& outgate = gates[3];
   const at::Tensor tanh_cy = make_backing_alias(cy).tanh();
-  const at::Tensor ghy = backing_alias_or_undefined(grad_hy);
-  const at::Tensor gcy = backing_alias_or_undefined(grad_cy);
+  const at::Tensor ghy = make_backing_alias(grad_hy);
+  const at::Tensor gcy = make_backing_alias(grad_cy);
 
   // d(loss)/d(cy): through hy = o * tanh(cy), plus the incoming gradient of cy.
   at::Tensor grad_c =
@@ -128,8 +123,8 @@ std::tuple<at::Tensor, at::Tensor> fused_gru_cell(const at::Tensor& input_gates,
   LaunchScope launch("aten::_thnn_fused_gru_cell", runtime::LaunchKind::Kernel);
   BackingScope scope(device);
   launch.queue(device);
-  const at::Tensor input_bias_alias = backing_alias_or_undefined(input_bias);
-  const at::Tensor hidden_bias_alias = backing_alias_or_undefined(hidden_bias);
+  const at::Tensor input_bias_alias = make_backing_alias(input_bias);
+  const at::Tensor hidden_bias_alias = make_backing_alias(hidden_bias);
   at::Tensor input_side = make_backing_alias(input_gates);
   at::Tensor hidden_side = make_backing_alias(hidden_gates);
   if (input_bias_alias.defined()) input_side = input_side + input_bias_alias;

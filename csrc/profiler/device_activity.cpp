@@ -8,8 +8,6 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <chrono>
-#include <climits>
 #include <memory>
 #include <mutex>
 
@@ -47,12 +45,6 @@ Registry& registry() {
 }
 
 int64_t linux_thread_id() noexcept { return static_cast<int64_t>(::syscall(SYS_gettid)); }
-
-int64_t steady_now_ns() noexcept {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 // The calling thread's buffer, event pool and correlation stack.
 struct ThreadState {
@@ -101,27 +93,6 @@ struct ThreadState {
 thread_local ThreadState tls_state;
 
 }  // namespace
-
-int64_t unix_time_ns() noexcept {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-int64_t steady_to_unix_offset_ns() noexcept {
-  int64_t best_width = INT64_MAX;
-  int64_t offset = 0;
-  for (int i = 0; i < 16; ++i) {
-    const int64_t before = steady_now_ns();
-    const int64_t unix_ns = unix_time_ns();
-    const int64_t after = steady_now_ns();
-    if (after - before < best_width) {
-      best_width = after - before;
-      offset = unix_ns - (before + (after - before) / 2);
-    }
-  }
-  return offset;
-}
 
 ActivityRecorder& ActivityRecorder::instance() {
   static ActivityRecorder* recorder = new ActivityRecorder();  // installed as an observer: forever

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "profiler/host_clock.h"
 #include "runtime/launch_observer.h"
 #include "runtime/runtime.h"
 
@@ -36,11 +37,6 @@ struct CollectedActivities {
   uint64_t capture_skipped = 0;            // launches on a stream being captured into a CUDA graph
   uint64_t failed = 0;                     // launches whose events could not be recorded or read
 };
-
-// Unix-epoch nanoseconds now.
-int64_t unix_time_ns() noexcept;
-// (Unix-epoch time - steady_clock time) in ns: the tightest of a few bracketed samples.
-int64_t steady_to_unix_offset_ns() noexcept;
 
 class ActivityRecorder final : public runtime::LaunchObserver {
  public:

@@ -6,12 +6,12 @@
 #include <c10/util/ApproximateClock.h>
 #include <c10/util/Exception.h>
 
-#include <chrono>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "profiler/fork.h"
+#include "profiler/host_clock.h"
 #include "profiler/profiler.h"
 
 namespace brick::profiler {
@@ -23,28 +23,6 @@ constexpr size_t kMaxRecords = 8u << 20;  // 8M records (~320 MB): beyond, recor
 // A thread's open ranges (range_push without its range_pop yet).
 thread_local std::vector<std::pair<std::string, int64_t>> tls_ranges;
 
-int64_t steady_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-// The tightest of a few bracketed samples of (c10::getTime() - steady_clock).
-int64_t steady_to_cpu_offset_ns() {
-  int64_t best_width = INT64_MAX;
-  int64_t offset = 0;
-  for (int i = 0; i < 16; ++i) {
-    const int64_t before = steady_ns();
-    const int64_t cpu = c10::getTime();
-    const int64_t after = steady_ns();
-    if (after - before < best_width) {
-      best_width = after - before;
-      offset = cpu - (before + (after - before) / 2);
-    }
-  }
-  return offset;
-}
-
 }  // namespace
 
 TimelineLog& process_timeline() {
@@ -54,7 +32,7 @@ TimelineLog& process_timeline() {
 
 TimelineSnapshot timeline() {
   TimelineSnapshot out = process_timeline().snapshot();
-  out.steady_to_cpu_offset_ns = steady_to_cpu_offset_ns();
+  out.steady_to_cpu_offset_ns = steady_to_unix_offset_ns();  // c10::getTime() is Unix time
   return out;
 }
 

@@ -52,6 +52,29 @@ def spin_op():
     return torch.ops.brick_test.spin
 
 
+_CPU_LIB = None
+
+
+def spin_cpu_op():
+    """``brick_test_cpu::spin(x, us)``: the same busy-wait as a *CPU* kernel. On brick it runs
+    through brick's launch path (the fallback), as any op without a brick kernel does, so
+    torch.profiler's brick device activity sees it."""
+    global _CPU_LIB
+    if _CPU_LIB is None:
+        lib = torch.library.Library("brick_test_cpu", "DEF")
+        lib.define("spin(Tensor x, int us) -> Tensor")
+
+        def spin(x, us):
+            end = time.perf_counter_ns() + us * 1000
+            while time.perf_counter_ns() < end:
+                pass
+            return x.clone()
+
+        lib.impl("spin", spin, "CPU")
+        _CPU_LIB = lib
+    return torch.ops.brick_test_cpu.spin
+
+
 # ---- a small model ----------------------------------------------------------------------------
 
 

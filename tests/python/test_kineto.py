@@ -15,6 +15,7 @@ from torch.profiler import ProfilerActivity, profile, record_function, schedule
 import torch_brickdev
 import torch_brickdev.profiler as bp
 from torch_brickdev.profiler import _kineto
+from profiler_helpers import spin_cpu_op
 
 needs_plugin = pytest.mark.skipif(
     not bp.kineto_available(),
@@ -22,30 +23,6 @@ needs_plugin = pytest.mark.skipif(
 ACTIVITIES = [ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]
 ON_HOST = torch_brickdev.backing_device_type() == "cpu"
 BRICK_TYPE = torch.autograd.DeviceType.PrivateUse1
-
-_SPIN_LIB = None
-
-
-def spin_cpu_op():
-    """``brick_test_kineto::spin(x, us)``: a CPU kernel that busy-waits ``us`` µs and returns
-    ``x.clone()``. On brick it runs through brick's launch path (the fallback), as any op."""
-    global _SPIN_LIB
-    if _SPIN_LIB is None:
-        import time
-
-        lib = torch.library.Library("brick_test_kineto", "DEF")
-        lib.define("spin(Tensor x, int us) -> Tensor")
-
-        def spin(x, us):
-            end = time.perf_counter_ns() + us * 1000
-            while time.perf_counter_ns() < end:
-                pass
-            return x.clone()
-
-        lib.impl("spin", spin, "CPU")
-        _SPIN_LIB = lib
-    return torch.ops.brick_test_kineto.spin
-
 
 def run_profiled(fn, **kwargs):
     with profile(activities=ACTIVITIES, **kwargs) as prof:
@@ -100,18 +77,18 @@ def test_an_op_of_known_duration_shows_that_device_time():
     spin(t, 10)  # warm up
     us, calls = 2000, 10
     prof = run_profiled(lambda: [spin(t, us) for _ in range(calls)])
-    row = next(r for r in prof.key_averages() if r.key == "brick_test_kineto::spin")
+    row = next(r for r in prof.key_averages() if r.key == "brick_test_cpu::spin")
     assert row.count == calls
     assert row.self_device_time_total >= calls * us
     device = sorted(k.device_time_total for k in kernels(prof)
-                    if k.name == "brick::brick_test_kineto::spin")
+                    if k.name == "brick::brick_test_cpu::spin")
     assert len(device) == calls
     # Never below the spin, never beyond the op's own call on the host; the fastest quarter of
     # the calls within 15 % + 50 µs of it. (On a busy 2-core machine a busy-wait is preempted
     # in every other call, for CPU tensors alike: a wider figure there is the machine's.)
     assert device[0] >= us, device
     assert device[calls // 4] <= us * 1.15 + 50, device
-    for op in (e for e in prof.events() if e.name == "brick_test_kineto::spin"):
+    for op in (e for e in prof.events() if e.name == "brick_test_cpu::spin"):
         assert len(op.kernels) == 1
         assert op.kernels[0].duration <= op.cpu_time_total + 2
 

@@ -1,3 +1,5 @@
+import functools
+
 import torch
 
 from .. import _C
@@ -120,6 +122,7 @@ class BrickDeviceProperties:
         )
 
 
+@functools.lru_cache(maxsize=None)
 def _host_cpu_name() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
