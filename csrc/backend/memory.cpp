@@ -8,6 +8,7 @@
 
 #include <fstream>
 #include <string>
+#include <string_view>
 
 // torch.accelerator's memory API (2.9+) asks the device's allocator for these figures.
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
@@ -198,12 +199,11 @@ std::pair<size_t, size_t> brick_memory_info(c10::DeviceIndex device) {
   const size_t total = static_cast<size_t>(sysconf(_SC_PHYS_PAGES)) * page;
   size_t available = static_cast<size_t>(sysconf(_SC_AVPHYS_PAGES)) * page;
   std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  size_t kib = 0;
-  std::string unit;
-  while (meminfo >> key >> kib >> unit) {
-    if (key == "MemAvailable:") {
-      available = kib * 1024;
+  std::string line;
+  constexpr std::string_view kKey = "MemAvailable:";
+  while (std::getline(meminfo, line)) {
+    if (line.compare(0, kKey.size(), kKey) == 0) {
+      available = static_cast<size_t>(std::stoull(line.substr(kKey.size()))) * 1024;  // kB
       break;
     }
   }
