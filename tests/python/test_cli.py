@@ -56,6 +56,8 @@ def test_bad_flags_are_rejected_before_work():
     assert out.returncode == 2 and "positive integer" in out.stderr
     out = run("demo", "--layers", "0")
     assert out.returncode == 2 and "positive integer" in out.stderr
+    out = run("demo", "--compile", "--layers", "0")  # the flag parses; the config is checked
+    assert out.returncode == 2 and "positive integer" in out.stderr
     out = run("demo", "--device", "brick:7")
     assert out.returncode == 2 and "brick device" in out.stderr
     out = run("demo", "--hidden", "256", "--heads", "6", "--no-progress")

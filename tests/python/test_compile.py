@@ -441,3 +441,38 @@ def test_compiled_kernels_are_named_bricks_with_device_time():
     rows = {r.key: r for r in prof.key_averages()}
     kernel_rows = [r for key, r in rows.items() if "cpp_fused" in key]
     assert kernel_rows and all(r.device_time_total > 0 for r in kernel_rows)
+
+
+@host_only
+@pytest.mark.timeout(400)  # compiles 13 brick bodies, each for the prefill and for decode steps
+def test_compiled_decode_demo_keeps_its_bricks_and_passes_the_contract(tmp_path):
+    from contract_fixtures import MACHINE_TIMED, assert_contract_holds
+    from torch_brickdev.tools import demo
+    from torch_brickdev.tools.contract import run_checks
+
+    # LmHead and the MLP large enough to outweigh a compiled call's fixed cost (guards and
+    # wrappers, tens of us), as in test_contract_on_demo.
+    config = demo.DecodeConfig(layers=2, hidden=128, heads=4, kv_heads=2, vocab=32000,
+                               prompt_tokens=4, tokens=6, intermediate=8192)
+    result = demo.run_demo(config, runs=2, out_dir=tmp_path, progress=False, compile=True)
+    report = result["report"]
+    assert report.metadata["decode"]["compiled"] is True and result["compiled"] is True
+    # Every decode brick holds its compiled graph's call and that graph's generated kernels.
+    paths = [p.path for p in report.paths]
+    for brick in ("RmsNorm", "RopeEmbedding", "AttentionSoftmax", "Activation"):
+        assert any(p.startswith(f"{brick}/") and "_inductor_wrapper_call/" in p
+                   and "cpp_fused" in p for p in paths), (brick, paths)
+    assert any(p.startswith("LmHead/") and p.endswith("aten::mm") for p in paths), paths
+    # The warm-up compiled everything: no profiled decode traced (tracing runs prims ops).
+    assert not any(b.name.startswith("prims::") for b in report.bricks), \
+        [b.name for b in report.bricks]
+    assert_contract_holds(report, run_checks(report))
+    # Compiled code computes what eager code does: the same greedy tokens, on brick and the CPU.
+    eager = demo.decode(demo.build_model(config, "brick:0"), config, "brick:0")
+    assert result["tokens"] == result["legacy_tokens"] == eager.tokens
+    cpu = demo.decode(demo.build_model(config, "cpu"), config, "cpu")
+    assert eager.tokens == cpu.tokens
+    assert "each brick's body compiled" in demo.format_summary(result)
+    # The legacy trace shows the kernels with device time too.
+    key_averages = result["key_averages_table"]
+    assert "inductor_wrapper_call" in key_averages or "cpp_fused" in key_averages

@@ -112,7 +112,8 @@ def decode_demo(args) -> int:
         return 2
     torch.set_num_threads(args.threads if args.threads is not None else decode.default_threads())
     result = decode.run_demo(config, device=args.device, sync_mode=args.sync_mode, runs=args.runs,
-                             out_dir=args.output, legacy=args.legacy, progress=not args.no_progress)
+                             out_dir=args.output, legacy=args.legacy, progress=not args.no_progress,
+                             compile=args.compile)
     print(decode.format_summary(result))
     from torch_brickdev.tools import contract
 
@@ -184,6 +185,9 @@ def main(argv=None) -> int:
     p.add_argument("--legacy", action="store_true",
                    help="also compare key_averages() of the legacy profiler with the registry")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--compile", action="store_true",
+                   help="compile each brick's body with torch.compile (Inductor); the warm-up "
+                   "decode compiles")
     p.add_argument("--threads", type=positive_int, default=None,
                    help="CPU threads for the backing kernels (default: half the CPUs, at least 1, "
                    "so that another process on the machine does not stall every op)")

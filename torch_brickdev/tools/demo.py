@@ -142,24 +142,93 @@ def _check_device(device, where: str) -> torch.device:
 
 # ---- model -----------------------------------------------------------------------------------
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    with record_function("RmsNorm"):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
-
-
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-class QwenStyleDecoder(torch.nn.Module):
-    """A decoder-only transformer; inference only (weights do not require grad)."""
+# Each brick's body is a function of tensors and ints alone, so that ``compile=True`` can hand
+# each one to torch.compile while its record_function range stays in eager code around it:
+# dynamo drops record_function ranges inside the graphs it captures, and a whole compiled
+# forward would be one range with no bricks in it.
 
-    def __init__(self, config: DecodeConfig, device: Union[str, torch.device] = "cpu"):
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def _qkv_projection(x, weight, bias, heads: int, kv_heads: int, head_dim: int):
+    t, d = x.shape[1], head_dim
+    qkv = F.linear(x, weight, bias)
+    q, k, v = qkv.split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
+    return (q.view(1, t, heads, d).transpose(1, 2), k.view(1, t, kv_heads, d).transpose(1, 2),
+            v.view(1, t, kv_heads, d).transpose(1, 2))
+
+
+def _rope_embedding(q, k, rope_cos, rope_sin, pos: int):
+    t = q.shape[2]
+    cos, sin = rope_cos[pos:pos + t], rope_sin[pos:pos + t]
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _attention_score(q, k, v, k_cache, v_cache, pos: int):
+    t, d = q.shape[2], q.shape[3]
+    k_cache[:, :, pos:pos + t] = k  # written at the current position(s)
+    v_cache[:, :, pos:pos + t] = v
+    group = q.shape[1] // k_cache.shape[1]
+    keys = k_cache[:, :, :pos + t].repeat_interleave(group, dim=1)
+    scores = torch.matmul(q, keys.transpose(-1, -2)) * (d ** -0.5)
+    if t > 1:  # prefill: causal mask over the prompt
+        mask = torch.ones(t, pos + t, dtype=torch.bool, device=q.device).tril(pos)
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return scores
+
+
+def _attention_softmax(scores):
+    return torch.softmax(scores, dim=-1)
+
+
+def _attention_output(probs, v_cache, pos: int):
+    t, heads, d = probs.shape[2], probs.shape[1], v_cache.shape[3]
+    values = v_cache[:, :, :pos + t].repeat_interleave(heads // v_cache.shape[1], dim=1)
+    return torch.matmul(probs, values).transpose(1, 2).reshape(1, t, heads * d)
+
+
+def _residual_projection(residual, x, weight):
+    return residual + F.linear(x, weight)
+
+
+def _linear(x, weight):
+    return F.linear(x, weight)
+
+
+def _activation(gate, up):
+    return F.silu(gate) * up
+
+
+_BLOCK_BODIES = {
+    "RmsNorm": _rms_norm, "QkvProjection": _qkv_projection, "RopeEmbedding": _rope_embedding,
+    "AttentionScore": _attention_score, "AttentionSoftmax": _attention_softmax,
+    "AttentionOutput": _attention_output, "OutputProjection": _residual_projection,
+    "GateProjection": _linear, "UpProjection": _linear, "Activation": _activation,
+    "DownProjection": _residual_projection, "Embedding": F.embedding, "LmHead": _linear,
+}
+
+
+class QwenStyleDecoder(torch.nn.Module):
+    """A decoder-only transformer; inference only (weights do not require grad).
+
+    ``compile=True`` runs each brick's body through ``torch.compile`` (Inductor, dynamic
+    shapes): the bricks stay, each holding the compiled graph call and its generated kernels.
+    Inductor then fuses within a brick but not across bricks."""
+
+    def __init__(self, config: DecodeConfig, device: Union[str, torch.device] = "cpu",
+                 compile: bool = False):
         super().__init__()
         c = _check_config(config, "QwenStyleDecoder()")
         device = _check_device(device, "QwenStyleDecoder()")
+        check_bool(compile, "compile", "decode demo: QwenStyleDecoder()")
         self.config = c
+        self.compiled = compile
         gen = torch.Generator(device="cpu").manual_seed(c.seed)
         h, d, ffn = c.hidden, c.head_dim, c.intermediate_size
         qkv_out = (c.heads + 2 * c.kv_heads) * d
@@ -196,37 +265,25 @@ class QwenStyleDecoder(torch.nn.Module):
         self.register_buffer("rope_sin", angles.sin().to(device), persistent=False)
         self.k_cache = [torch.zeros(1, c.kv_heads, self.max_len, d, device=device) for _ in range(c.layers)]
         self.v_cache = [torch.zeros(1, c.kv_heads, self.max_len, d, device=device) for _ in range(c.layers)]
+        # One compiled function per body, shared by the bricks and layers that run it: weights
+        # and caches are arguments, so a layer change is no recompile.
+        self._bodies = {name: torch.compile(body, dynamic=True) if compile else body
+                        for name, body in _BLOCK_BODIES.items()}
+
+    def _brick(self, name: str, *args):
+        with record_function(name):
+            return self._bodies[name](*args)
 
     def _attention(self, layer, i: int, residual: torch.Tensor, pos: int) -> torch.Tensor:
         c = self.config
-        x = _rms_norm(residual, layer.input_norm, c.eps)
-        t, d = x.shape[1], c.head_dim
-        with record_function("QkvProjection"):
-            qkv = F.linear(x, layer.qkv_weight, layer.qkv_bias)
-            q, k, v = qkv.split([c.heads * d, c.kv_heads * d, c.kv_heads * d], dim=-1)
-            q = q.view(1, t, c.heads, d).transpose(1, 2)
-            k = k.view(1, t, c.kv_heads, d).transpose(1, 2)
-            v = v.view(1, t, c.kv_heads, d).transpose(1, 2)
-        with record_function("RopeEmbedding"):
-            cos, sin = self.rope_cos[pos:pos + t], self.rope_sin[pos:pos + t]
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
-        with record_function("AttentionScore"):
-            self.k_cache[i][:, :, pos:pos + t] = k  # written at the current position(s)
-            self.v_cache[i][:, :, pos:pos + t] = v
-            group = c.heads // c.kv_heads
-            keys = self.k_cache[i][:, :, :pos + t].repeat_interleave(group, dim=1)
-            scores = torch.matmul(q, keys.transpose(-1, -2)) * (d ** -0.5)
-            if t > 1:  # prefill: causal mask over the prompt
-                mask = torch.ones(t, pos + t, dtype=torch.bool, device=x.device).tril(pos)
-                scores = scores.masked_fill(~mask, float("-inf"))
-        with record_function("AttentionSoftmax"):
-            probs = torch.softmax(scores, dim=-1)
-        with record_function("AttentionOutput"):
-            values = self.v_cache[i][:, :, :pos + t].repeat_interleave(group, dim=1)
-            out = torch.matmul(probs, values).transpose(1, 2).reshape(1, t, c.heads * d)
-        with record_function("OutputProjection"):
-            return residual + F.linear(out, layer.o_weight)
+        x = self._brick("RmsNorm", residual, layer.input_norm, c.eps)
+        q, k, v = self._brick("QkvProjection", x, layer.qkv_weight, layer.qkv_bias, c.heads,
+                              c.kv_heads, c.head_dim)
+        q, k = self._brick("RopeEmbedding", q, k, self.rope_cos, self.rope_sin, pos)
+        scores = self._brick("AttentionScore", q, k, v, self.k_cache[i], self.v_cache[i], pos)
+        probs = self._brick("AttentionSoftmax", scores)
+        out = self._brick("AttentionOutput", probs, self.v_cache[i], pos)
+        return self._brick("OutputProjection", residual, out, layer.o_weight)
 
     def _check_inputs(self, ids, pos) -> None:
         # Cheap next to a forward pass; without it a position past the rotary tables fails deep
@@ -244,35 +301,29 @@ class QwenStyleDecoder(torch.nn.Module):
                 f"pos={pos}, T={ids.shape[1]}")
 
     def _mlp(self, layer, residual: torch.Tensor) -> torch.Tensor:
-        x = _rms_norm(residual, layer.post_norm, self.config.eps)
-        with record_function("GateProjection"):
-            gate = F.linear(x, layer.gate_weight)
-        with record_function("UpProjection"):
-            up = F.linear(x, layer.up_weight)
-        with record_function("Activation"):
-            act = F.silu(gate) * up
-        with record_function("DownProjection"):
-            return residual + F.linear(act, layer.down_weight)
+        x = self._brick("RmsNorm", residual, layer.post_norm, self.config.eps)
+        gate = self._brick("GateProjection", x, layer.gate_weight)
+        up = self._brick("UpProjection", x, layer.up_weight)
+        act = self._brick("Activation", gate, up)
+        return self._brick("DownProjection", residual, act, layer.down_weight)
 
     def forward(self, ids: torch.Tensor, pos: int, logits: bool = True) -> Optional[torch.Tensor]:
         """``ids`` [1, T] at positions pos..pos+T-1 -> logits [1, vocab] of the last position
         (None with ``logits=False``, as the prefill needs none)."""
         self._check_inputs(ids, pos)
-        c = self.config
-        with record_function("Embedding"):
-            x = F.embedding(ids, self.embed)
+        x = self._brick("Embedding", ids, self.embed)
         for i, layer in enumerate(self.layers):
             x = self._mlp(layer, self._attention(layer, i, x, pos))
         if not logits:
             return None
-        x = _rms_norm(x[:, -1], self.final_norm, c.eps)
-        with record_function("LmHead"):
-            return F.linear(x, self.lm_head)
+        x = self._brick("RmsNorm", x[:, -1], self.final_norm, self.config.eps)
+        return self._brick("LmHead", x, self.lm_head)
 
 
-def build_model(config: DecodeConfig, device: Union[str, torch.device] = "brick:0") -> QwenStyleDecoder:
-    """``QwenStyleDecoder(config, device)`` in eval mode."""
-    return QwenStyleDecoder(config, device).eval()
+def build_model(config: DecodeConfig, device: Union[str, torch.device] = "brick:0",
+                compile: bool = False) -> QwenStyleDecoder:
+    """``QwenStyleDecoder(config, device, compile)`` in eval mode."""
+    return QwenStyleDecoder(config, device, compile).eval()
 
 
 # ---- decoding --------------------------------------------------------------------------------
@@ -407,11 +458,14 @@ class _ProgressBar:
 
 def run_demo(config: Optional[DecodeConfig] = None, device: Union[str, torch.device] = "brick:0",
              sync_mode: str = "event", runs: int = 5, out_dir: Union[str, os.PathLike] = ".",
-             legacy: bool = False, progress: bool = True, legacy_rows: int = 15) -> dict:
+             legacy: bool = False, progress: bool = True, legacy_rows: int = 15,
+             compile: bool = False) -> dict:
     """Builds the model on ``device``, warms up, profiles ``runs`` decodes with the brick
     registry (the last run's report is kept and written to ``out_dir/report.json``), then runs
     one decode under the legacy autograd profiler for ``out_dir/trace.json`` and its
-    ``key_averages()`` table. ``legacy=True`` adds the registry-vs-key_averages comparison."""
+    ``key_averages()`` table. ``legacy=True`` adds the registry-vs-key_averages comparison.
+    ``compile=True`` compiles each brick's body with torch.compile (see
+    :class:`QwenStyleDecoder`); the warm-up decode compiles, so no profiled run does."""
     # Every argument is checked before any work (no model built, no folder created).
     where = "run_demo()"
     config = _check_config(DecodeConfig() if config is None else config, where)
@@ -429,14 +483,15 @@ def run_demo(config: Optional[DecodeConfig] = None, device: Union[str, torch.dev
     out_dir = check_path(out_dir, "out_dir", f"decode demo: {where}")
     check_bool(legacy, "legacy", f"decode demo: {where}")
     check_bool(progress, "progress", f"decode demo: {where}")
+    check_bool(compile, "compile", f"decode demo: {where}")
     # As key_averages().table(row_limit=...): a positive count, or <= 0 for every row.
     check_int(legacy_rows, "legacy_rows", f"decode demo: {where}")
     os.makedirs(out_dir, exist_ok=True)
 
     bar = _ProgressBar(progress, phases=runs + 2)
-    model = build_model(config, device)
     try:
-        bar.start("warm-up")
+        model = build_model(config, device, compile)
+        bar.start("warm-up (compiles)" if compile else "warm-up")
         _decode(model, config, device, progress=bar)
         run_means, run_medians, prof, result = [], [], None, None
         for r in range(runs):
@@ -465,7 +520,8 @@ def run_demo(config: Optional[DecodeConfig] = None, device: Union[str, torch.dev
         "model": "qwen-style", "layers": config.layers, "hidden": config.hidden,
         "heads": config.heads, "kv_heads": config.kv_heads, "vocab": config.vocab,
         "intermediate": config.intermediate_size, "prompt_tokens": config.prompt_tokens,
-        "tokens": config.tokens, "runs": runs, "device": str(device), **figures,
+        "tokens": config.tokens, "runs": runs, "device": str(device), "compiled": compile,
+        **figures,
         "final_token": FINAL_TOKEN_NOTE,
     })
     report_path = report.write_json(os.path.join(out_dir, "report.json"))
@@ -475,7 +531,7 @@ def run_demo(config: Optional[DecodeConfig] = None, device: Union[str, torch.dev
                                                     row_limit=legacy_rows)
     return {
         "config": config, "device": str(device), "sync_mode": mode.value, "runs": runs,
-        "report": report, "report_path": report_path, "trace_path": trace_path,
+        "compiled": compile, "report": report, "report_path": report_path, "trace_path": trace_path,
         "brick_table": report.table(),
         "key_averages_table": key_averages,
         "comparison_table": bp.compare_with_key_averages(legacy_prof, report) if legacy else None,
@@ -507,6 +563,7 @@ def format_summary(result: dict) -> str:
         f"{c.heads} heads / {c.kv_heads} KV heads, vocab {c.vocab}, intermediate {c.intermediate_size}; "
         f"prompt {c.prompt_tokens} tokens (prefill not profiled), {c.tokens} decode steps x "
         f"{result['runs']} profiled runs, sync mode {result['sync_mode']}"
+        + (", each brick's body compiled (torch.compile, Inductor)" if result.get("compiled") else "")
         + (f", {result['threads']} kernel thread(s)" if "threads" in result else ""),
         "",
         "brick registry (last run):",
