@@ -97,6 +97,12 @@ def backing_stream(stream: Optional["torch.Stream"] = None) -> "torch.cuda.Strea
 
 _register()
 
+# torch.distributed's `brick` backend (c10d), where this PyTorch has torch.distributed.
+if hasattr(_C, "_distributed"):
+    from . import distributed as _distributed_backend  # noqa: E402
+
+    _distributed_backend.register()
+
 # The profiler is part of the package's API, as torch.profiler is of torch's: usable as
 # `torch_brickdev.profiler` right after `import torch_brickdev`.
 from . import profiler  # noqa: E402,F401

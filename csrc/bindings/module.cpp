@@ -11,6 +11,9 @@ namespace py = pybind11;
 
 namespace brick::bindings {
 void bind_profiler(py::module_& parent);
+#ifdef BRICK_WITH_DISTRIBUTED
+void bind_distributed(py::module_& parent);
+#endif
 }
 
 namespace {
@@ -102,4 +105,7 @@ PYBIND11_MODULE(_C, m) {
     BRICK_RUNTIME_CALL(rt().set_current_stream(resolve_device_index(device), stream_id));
   });
   brick::bindings::bind_profiler(m);
+#ifdef BRICK_WITH_DISTRIBUTED
+  brick::bindings::bind_distributed(m);
+#endif
 }

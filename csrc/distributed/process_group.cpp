@@ -1,0 +1,369 @@
+#include "distributed/process_group.h"
+
+#include <ATen/core/ivalue.h>
+#include <c10/util/Exception.h>
+
+#include <optional>
+#include <utility>
+
+#include "backend/backend.h"
+#include "backend/backing.h"
+
+namespace brick::distributed {
+
+namespace {
+
+constexpr std::array<const char*, static_cast<size_t>(Collective::Count)> kNames = {
+    "broadcast",
+    "all_reduce",
+    "all_reduce_coalesced",
+    "reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_coalesced",
+    "all_gather_into_tensor_coalesced",
+    "gather",
+    "scatter",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "reduce_scatter_tensor_coalesced",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "send",
+    "recv"};
+
+// A collective's Work as the caller sees it: the engine's Work over the aliases, answering with
+// the brick tensors the caller passed (result(), the future's value), so DDP's comm hooks and
+// functional collectives get brick tensors back.
+class BrickWork final : public c10d::Work {
+ public:
+  BrickWork(c10::intrusive_ptr<c10d::Work> inner, std::vector<at::Tensor> outputs,
+            std::optional<c10::DeviceIndex> brick_device, int rank)
+      : Work(rank, inner->retrieveOpType()),
+        inner_(std::move(inner)),
+        outputs_(std::move(outputs)),
+        brick_device_(brick_device) {
+    c10::intrusive_ptr<c10::ivalue::Future> inner_future;
+    try {
+      inner_future = inner_->getFuture();
+    } catch (const c10::Error&) {
+      return;  // an engine Work without a future: getFuture() says so when asked
+    }
+    future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors());
+    inner_future->addCallback([future = future_, outputs = outputs_](c10::ivalue::Future& done) {
+      if (done.hasError()) {
+        future->setError(done.exception_ptr());
+      } else {
+        future->markCompleted(c10::IValue(outputs));
+      }
+    });
+  }
+
+  bool isCompleted() override { return inner_->isCompleted(); }
+  bool isSuccess() const override { return inner_->isSuccess(); }
+  std::exception_ptr exception() const override { return inner_->exception(); }
+  int sourceRank() const override { return inner_->sourceRank(); }
+  std::vector<at::Tensor> result() override { return outputs_; }
+  void synchronize() override {
+    std::optional<backend::BackingScope> scope;
+    if (brick_device_) scope.emplace(*brick_device_);
+    inner_->synchronize();
+  }
+  bool wait(std::chrono::milliseconds timeout) override {
+    // On CUDA backing the engine makes the current CUDA stream wait: brick's current stream.
+    std::optional<backend::BackingScope> scope;
+    if (brick_device_) scope.emplace(*brick_device_);
+    return inner_->wait(timeout);
+  }
+  void abort() override { inner_->abort(); }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    return future_ ? future_ : inner_->getFuture();
+  }
+  float getDuration() const override { return inner_->getDuration(); }
+  uint64_t getSequencenumber() const override { return inner_->getSequencenumber(); }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> inner_;
+  std::vector<at::Tensor> outputs_;
+  std::optional<c10::DeviceIndex> brick_device_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+}  // namespace
+
+std::array<CollectiveCounter, static_cast<size_t>(Collective::Count)>& collective_counters() {
+  static auto* counters = [] {
+    auto* made = new std::array<CollectiveCounter, static_cast<size_t>(Collective::Count)>();
+    for (size_t i = 0; i < made->size(); ++i) (*made)[i].name = kNames[i];
+    return made;
+  }();
+  return *counters;
+}
+
+// One collective: checks its tensors (all brick on the rank's device, or all CPU), maps brick
+// tensors to their backing aliases, picks the engine and wraps its Work.
+struct BrickProcessGroup::Call {
+  Call(BrickProcessGroup& group, Collective op) : pg(group), op(op) {}
+
+  std::string where() const {
+    return c10::str("brick c10d: rank ", pg.getRank(), " of ", pg.getSize(), ": ",
+                    kNames[static_cast<size_t>(op)]);
+  }
+
+  at::Tensor map(const at::Tensor& tensor, bool counts_as_input) {
+    TORCH_CHECK_VALUE(tensor.defined(), where(), ": got an undefined tensor");
+    const bool brick = tensor.device().type() == c10::DeviceType::PrivateUse1;
+    TORCH_CHECK_VALUE(brick || tensor.device().is_cpu(), where(), ": got a tensor on ",
+                      tensor.device(), "; the brick backend takes brick and CPU tensors");
+    if (!seen) {
+      on_brick = brick;
+      seen = true;
+    } else {
+      TORCH_CHECK_VALUE(brick == on_brick, where(),
+                        ": mixes brick and CPU tensors; expected all of them on this rank's "
+                        "brick device (brick:",
+                        pg.device_, ") or all on the CPU");
+    }
+    if (counts_as_input) bytes += tensor.nbytes();
+    if (!brick) return tensor;
+    TORCH_CHECK_VALUE(tensor.device().index() == pg.device_, where(), ": a tensor is on ",
+                      tensor.device(), " but this rank's collectives run on brick:", pg.device_,
+                      " (the current brick device when the process group was created: call "
+                      "torch.brick.set_device(local_rank) before init_process_group, or pass "
+                      "device_id)");
+    return backend::make_backing_alias(tensor);
+  }
+
+  std::vector<at::Tensor> map(const std::vector<at::Tensor>& tensors, bool counts_as_input) {
+    std::vector<at::Tensor> aliases;
+    aliases.reserve(tensors.size());
+    for (const auto& t : tensors) aliases.push_back(map(t, counts_as_input));
+    return aliases;
+  }
+
+  std::vector<std::vector<at::Tensor>> map(const std::vector<std::vector<at::Tensor>>& lists,
+                                           bool counts_as_input) {
+    std::vector<std::vector<at::Tensor>> aliases;
+    aliases.reserve(lists.size());
+    for (const auto& list : lists) aliases.push_back(map(list, counts_as_input));
+    return aliases;
+  }
+
+  // Runs the engine's collective with brick's current device (and, on CUDA backing, its current
+  // stream) as the backing device's current ones, and wraps the Work.
+  template <typename Launch>
+  c10::intrusive_ptr<c10d::Work> run(Launch&& launch, std::vector<at::Tensor> results) {
+    c10d::Backend& engine = on_brick ? *pg.brick_engine_ : *pg.cpu_engine_;
+    c10::intrusive_ptr<c10d::Work> work;
+    {
+      std::optional<backend::BackingScope> scope;
+      if (on_brick) scope.emplace(pg.device_);
+      work = launch(engine);
+    }
+    auto& counter = collective_counters()[static_cast<size_t>(op)];
+    counter.calls.fetch_add(1, std::memory_order_relaxed);
+    counter.bytes.fetch_add(bytes, std::memory_order_relaxed);
+    counter.group_size.store(pg.getSize(), std::memory_order_relaxed);
+    if (!on_brick) return work;
+    return c10::make_intrusive<BrickWork>(std::move(work), std::move(results),
+                                          std::optional<c10::DeviceIndex>(pg.device_),
+                                          pg.getRank());
+  }
+
+  BrickProcessGroup& pg;
+  Collective op;
+  bool seen = false;
+  bool on_brick = false;
+  uint64_t bytes = 0;
+};
+
+namespace {
+std::vector<at::Tensor> flatten(const std::vector<std::vector<at::Tensor>>& lists) {
+  std::vector<at::Tensor> out;
+  for (const auto& list : lists) out.insert(out.end(), list.begin(), list.end());
+  return out;
+}
+}  // namespace
+
+BrickProcessGroup::BrickProcessGroup(c10::intrusive_ptr<c10d::Backend> brick_engine,
+                                     c10::intrusive_ptr<c10d::Backend> cpu_engine,
+                                     c10::DeviceIndex device)
+    : Backend(brick_engine->getRank(), brick_engine->getSize()),
+      brick_engine_(std::move(brick_engine)),
+      cpu_engine_(std::move(cpu_engine)),
+      device_(device) {
+  TORCH_CHECK_VALUE(cpu_engine_->getRank() == getRank() && cpu_engine_->getSize() == getSize(),
+                    "brick c10d: the CPU engine is rank ", cpu_engine_->getRank(), " of ",
+                    cpu_engine_->getSize(), ", the brick engine rank ", getRank(), " of ",
+                    getSize(), ": expected the same group");
+}
+
+void BrickProcessGroup::setTimeout(std::chrono::milliseconds timeout) {
+  brick_engine_->setTimeout(timeout);
+  if (cpu_engine_ != brick_engine_) cpu_engine_->setTimeout(timeout);
+}
+
+c10::intrusive_ptr<c10d::Work> BrickProcessGroup::broadcast(std::vector<at::Tensor>& tensors,
+                                                            const c10d::BroadcastOptions& opts) {
+  Call call(*this, Collective::Broadcast);
+  auto aliases = call.map(tensors, true);
+  return call.run([&](c10d::Backend& e) { return e.broadcast(aliases, opts); }, tensors);
+}
+
+c10::intrusive_ptr<c10d::Work> BrickProcessGroup::allreduce(std::vector<at::Tensor>& tensors,
+                                                            const c10d::AllreduceOptions& opts) {
+  Call call(*this, Collective::AllReduce);
+  auto aliases = call.map(tensors, true);
+  return call.run([&](c10d::Backend& e) { return e.allreduce(aliases, opts); }, tensors);
+}
+
+c10::intrusive_ptr<c10d::Work> BrickProcessGroup::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  Call call(*this, Collective::AllReduceCoalesced);
+  auto aliases = call.map(tensors, true);
+  return call.run([&](c10d::Backend& e) { return e.allreduce_coalesced(aliases, opts); }, tensors);
+}
+
+c10::intrusive_ptr<c10d::Work> BrickProcessGroup::reduce(std::vector<at::Tensor>& tensors,
+                                                         const c10d::ReduceOptions& opts) {
+  Call call(*this, Collective::Reduce);
+  auto aliases = call.map(tensors, true);
+  return call.run([&](c10d::Backend& e) { return e.reduce(aliases, opts); }, tensors);
+}
+
+c10::intrusive_ptr<c10d::Work> BrickProcessGroup::allgather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  Call call(*this, Collective::AllGather);
+  auto in = call.map(inputs, true);
+  auto out = call.map(outputs, false);
+  return call.run([&](c10d::Backend& e) { return e.allgather(out, in, opts); }, flatten(outputs));
+}
+
+c10::intrusive_ptr<c10d::Work> BrickProcessGroup::_allgather_base(
+    at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
+  Call call(*this, Collective::AllGatherIntoTensor);
+  auto in = call.map(input, true);
+  auto out = call.map(output, false);
+  return call.run([&](c10d::Backend& e) { return e._allgather_base(out, in, opts); }, {output});
+}
+
+c10::intrusive_ptr<c10d::Work> BrickProcessGroup::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  Call call(*this, Collective::AllGatherCoalesced);
+  auto in = call.map(inputs, true);
+  auto out = call.map(outputs, false);
+  return call.run([&](c10d::Backend& e) { return e.allgather_coalesced(out, in, opts); },
+                  flatten(outputs));
+}
+
+c10::intrusive_ptr<c10d::Work> BrickProcessGroup::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  Call call(*this, Collective::AllGatherIntoTensorCoalesced);
+  auto in = call.map(inputs, true);
+  auto out = call.map(outputs, false);
+  return call.run(
+      [&](c10d::Backend& e) { return e.allgather_into_tensor_coalesced(out, in, opts); }, outputs);
+}
+
+c10::intrusive_ptr<c10d::Work> BrickProcessGroup::gather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::GatherOptions& opts) {
+  Call call(*this, Collective::Gather);
+  auto in = call.map(inputs, true);
+  auto out = call.map(outputs, false);
+  return call.run([&](c10d::Backend& e) { return e.gather(out, in, opts); }, flatten(outputs));
+}
+
+c10::intrusive_ptr<c10d::Work> BrickProcessGroup::scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ScatterOptions& opts) {
+  Call call(*this, Collective::Scatter);
+  auto in = call.map(inputs, true);
+  auto out = call.map(outputs, false);
+  return call.run([&](c10d::Backend& e) { return e.scatter(out, in, opts); }, outputs);
+}
+
+c10::intrusive_ptr<c10d::Work> BrickProcessGroup::reduce_scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  Call call(*this, Collective::ReduceScatter);
+  auto in = call.map(inputs, true);
+  auto out = call.map(outputs, false);
+  return call.run([&](c10d::Backend& e) { return e.reduce_scatter(out, in, opts); }, outputs);
+}
+
+c10::intrusive_ptr<c10d::Work> BrickProcessGroup::_reduce_scatter_base(
+    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  Call call(*this, Collective::ReduceScatterTensor);
+  auto in = call.map(input, true);
+  auto out = call.map(output, false);
+  return call.run([&](c10d::Backend& e) { return e._reduce_scatter_base(out, in, opts); },
+                  {output});
+}
+
+c10::intrusive_ptr<c10d::Work> BrickProcessGroup::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  Call call(*this, Collective::ReduceScatterTensorCoalesced);
+  auto in = call.map(inputs, true);
+  auto out = call.map(outputs, false);
+  return call.run(
+      [&](c10d::Backend& e) { return e.reduce_scatter_tensor_coalesced(out, in, opts); }, outputs);
+}
+
+c10::intrusive_ptr<c10d::Work> BrickProcessGroup::alltoall_base(
+    at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_split_sizes,
+    std::vector<int64_t>& input_split_sizes, const c10d::AllToAllOptions& opts) {
+  Call call(*this, Collective::AllToAllSingle);
+  auto in = call.map(input, true);
+  auto out = call.map(output, false);
+  return call.run(
+      [&](c10d::Backend& e) {
+        return e.alltoall_base(out, in, output_split_sizes, input_split_sizes, opts);
+      },
+      {output});
+}
+
+c10::intrusive_ptr<c10d::Work> BrickProcessGroup::alltoall(std::vector<at::Tensor>& outputs,
+                                                           std::vector<at::Tensor>& inputs,
+                                                           const c10d::AllToAllOptions& opts) {
+  Call call(*this, Collective::AllToAll);
+  auto in = call.map(inputs, true);
+  auto out = call.map(outputs, false);
+  return call.run([&](c10d::Backend& e) { return e.alltoall(out, in, opts); }, outputs);
+}
+
+c10::intrusive_ptr<c10d::Work> BrickProcessGroup::barrier(const c10d::BarrierOptions& opts) {
+  Call call(*this, Collective::Barrier);
+  // No tensors: the engine of brick tensors synchronizes the ranks (on CUDA backing NCCL's
+  // barrier, which also orders the device).
+  call.on_brick = true;
+  return call.run([&](c10d::Backend& e) { return e.barrier(opts); }, {});
+}
+
+c10::intrusive_ptr<c10d::Work> BrickProcessGroup::send(std::vector<at::Tensor>& tensors,
+                                                       int dst_rank, int tag) {
+  Call call(*this, Collective::Send);
+  auto aliases = call.map(tensors, true);
+  return call.run([&](c10d::Backend& e) { return e.send(aliases, dst_rank, tag); }, tensors);
+}
+
+c10::intrusive_ptr<c10d::Work> BrickProcessGroup::recv(std::vector<at::Tensor>& tensors,
+                                                       int src_rank, int tag) {
+  Call call(*this, Collective::Recv);
+  auto aliases = call.map(tensors, false);
+  return call.run([&](c10d::Backend& e) { return e.recv(aliases, src_rank, tag); }, tensors);
+}
+
+c10::intrusive_ptr<c10d::Work> BrickProcessGroup::recvAnysource(std::vector<at::Tensor>& tensors,
+                                                                int tag) {
+  Call call(*this, Collective::Recv);
+  auto aliases = call.map(tensors, false);
+  return call.run([&](c10d::Backend& e) { return e.recvAnysource(aliases, tag); }, tensors);
+}
+
+}  // namespace brick::distributed
