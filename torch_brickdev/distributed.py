@@ -6,9 +6,9 @@ get a gloo engine of their own). So ``dist.init_process_group()`` (no backend: b
 accelerator), ``init_process_group("brick")`` (brick and CPU tensors) and
 ``init_process_group("cpu:gloo,brick:brick")`` work, and DDP and FSDP2 run on brick.
 
-Each rank's collectives run on one brick device: the current one when the group is created
-(``torch.brick.set_device(local_rank)`` first, as with NCCL, or ``device_id=``). A brick tensor on
-another device is refused with the rank and the collective named.
+Each rank's collectives run on one brick device, fixed by its first collective on brick tensors
+(as NCCL binds a communicator to the device of its first use): a brick tensor on another device
+later is refused with the rank and the collective named.
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ from . import _C
 
 BACKEND = "brick"
 
-__all__ = ["BACKEND", "collective_counters", "is_registered", "register"]
+__all__ = ["BACKEND", "collective_counters", "group_info", "is_registered", "register"]
+
+_drain_registered = False
 
 
 def _engine(kind: str, store, rank: int, world_size: int, timeout: datetime.timedelta):
@@ -39,13 +41,41 @@ def _create_backend(store, rank: int, world_size: int, timeout: datetime.timedel
     """c10d's creator for ``brick``: one engine per kind of tensor, wrapped."""
     import torch_brickdev
 
-    device = torch.brick.current_device()
+    global _drain_registered
+    if not _drain_registered:  # DDP's backward tail is what makes the race likely
+        import atexit
+
+        atexit.register(_drain_autograd_device_threads)
+        _drain_registered = True
     cpu_engine = _engine("gloo", store, rank, world_size, timeout)
     if torch_brickdev.backing_device_type() == "cuda":
         brick_engine = _engine("nccl", store, rank, world_size, timeout)
     else:
         brick_engine = cpu_engine  # brick memory is host memory: one gloo engine for both
-    return _C._distributed.BrickProcessGroup(brick_engine, cpu_engine, device)
+    return _C._distributed.BrickProcessGroup(brick_engine, cpu_engine)
+
+
+def _drain_autograd_device_threads() -> None:
+    """Lets PyTorch's autograd threads of the brick devices finish their last backward before
+    the interpreter shuts down.
+
+    Backward on brick runs on PyTorch's autograd device threads. After DDP's backward returns,
+    such a thread still runs its tail (DDP's final callback) and then drops the task's last
+    reference, whose thread-local state holds Python objects: done while the interpreter
+    finalizes, taking the GIL ends the thread inside a C++ frame and the process aborts
+    ("terminate called without an active exception"), turning a finished run into a failed
+    one. Queuing a trivial backward on each device that ran one waits for the thread to take
+    its next task, i.e. to finish the previous one; a short sleep (the GIL released) then lets
+    it drop that trivial task too, which carries the same thread-local state."""
+    import time
+
+    for index in range(torch.brick.device_count()):
+        try:
+            x = torch.zeros((), device=torch.device(BACKEND, index), requires_grad=True)
+            x.sum().backward()
+        except Exception:  # shutting down: never turn an exit into an error
+            pass
+    time.sleep(0.05)
 
 
 def is_registered() -> bool:

@@ -15,11 +15,10 @@ void bind_distributed(py::module_& parent) {
   py::class_<BrickProcessGroup, c10d::Backend, c10::intrusive_ptr<BrickProcessGroup>>(
       m, "BrickProcessGroup")
       .def(py::init([](const c10::intrusive_ptr<c10d::Backend>& brick_engine,
-                       const c10::intrusive_ptr<c10d::Backend>& cpu_engine, int device) {
-             return c10::make_intrusive<BrickProcessGroup>(brick_engine, cpu_engine,
-                                                           static_cast<c10::DeviceIndex>(device));
+                       const c10::intrusive_ptr<c10d::Backend>& cpu_engine) {
+             return c10::make_intrusive<BrickProcessGroup>(brick_engine, cpu_engine);
            }),
-           py::arg("brick_engine"), py::arg("cpu_engine"), py::arg("device"))
+           py::arg("brick_engine"), py::arg("cpu_engine"))
       .def_property_readonly("device", &BrickProcessGroup::device)
       .def_property_readonly("brick_engine", &BrickProcessGroup::brick_engine);
   m.def("collective_counters", [] {

@@ -121,17 +121,25 @@ struct BrickProcessGroup::Call {
       seen = true;
     } else {
       TORCH_CHECK_VALUE(brick == on_brick, where(),
-                        ": mixes brick and CPU tensors; expected all of them on this rank's "
-                        "brick device (brick:",
-                        pg.device_, ") or all on the CPU");
+                        ": mixes brick and CPU tensors; expected all of them on one brick device "
+                        "or all on the CPU");
     }
     if (counts_as_input) bytes += tensor.nbytes();
     if (!brick) return tensor;
-    TORCH_CHECK_VALUE(tensor.device().index() == pg.device_, where(), ": a tensor is on ",
-                      tensor.device(), " but this rank's collectives run on brick:", pg.device_,
-                      " (the current brick device when the process group was created: call "
-                      "torch.brick.set_device(local_rank) before init_process_group, or pass "
-                      "device_id)");
+    const c10::DeviceIndex device = tensor.device().index();
+    if (!device_set) {
+      // The rank's device is fixed by its first collective on brick tensors (as NCCL binds a
+      // communicator to the device of its first use).
+      c10::DeviceIndex unbound = -1;
+      pg.device_.compare_exchange_strong(unbound, device);
+      device_set = true;
+    }
+    const c10::DeviceIndex bound = pg.device_.load();
+    TORCH_CHECK_VALUE(device == bound, where(), ": a tensor is on brick:", static_cast<int>(device),
+                      " but this rank's collectives run on brick:", static_cast<int>(bound),
+                      " (one brick device per rank, fixed by its first collective, as with NCCL: "
+                      "call torch.brick.set_device(local_rank) before the first collective)");
+    brick_device = device;
     return backend::make_backing_alias(tensor);
   }
 
@@ -158,7 +166,7 @@ struct BrickProcessGroup::Call {
     c10::intrusive_ptr<c10d::Work> work;
     {
       std::optional<backend::BackingScope> scope;
-      if (on_brick) scope.emplace(pg.device_);
+      if (on_brick) scope.emplace(brick_device);
       work = launch(engine);
     }
     auto& counter = collective_counters()[static_cast<size_t>(op)];
@@ -167,7 +175,7 @@ struct BrickProcessGroup::Call {
     counter.group_size.store(pg.getSize(), std::memory_order_relaxed);
     if (!on_brick) return work;
     return c10::make_intrusive<BrickWork>(std::move(work), std::move(results),
-                                          std::optional<c10::DeviceIndex>(pg.device_),
+                                          std::optional<c10::DeviceIndex>(brick_device),
                                           pg.getRank());
   }
 
@@ -175,6 +183,8 @@ struct BrickProcessGroup::Call {
   Collective op;
   bool seen = false;
   bool on_brick = false;
+  bool device_set = false;
+  c10::DeviceIndex brick_device = 0;  // of the brick tensors (barrier: the bound or current one)
   uint64_t bytes = 0;
 };
 
@@ -187,12 +197,10 @@ std::vector<at::Tensor> flatten(const std::vector<std::vector<at::Tensor>>& list
 }  // namespace
 
 BrickProcessGroup::BrickProcessGroup(c10::intrusive_ptr<c10d::Backend> brick_engine,
-                                     c10::intrusive_ptr<c10d::Backend> cpu_engine,
-                                     c10::DeviceIndex device)
+                                     c10::intrusive_ptr<c10d::Backend> cpu_engine)
     : Backend(brick_engine->getRank(), brick_engine->getSize()),
       brick_engine_(std::move(brick_engine)),
-      cpu_engine_(std::move(cpu_engine)),
-      device_(device) {
+      cpu_engine_(std::move(cpu_engine)) {
   TORCH_CHECK_VALUE(cpu_engine_->getRank() == getRank() && cpu_engine_->getSize() == getSize(),
                     "brick c10d: the CPU engine is rank ", cpu_engine_->getRank(), " of ",
                     cpu_engine_->getSize(), ", the brick engine rank ", getRank(), " of ",
@@ -342,6 +350,9 @@ c10::intrusive_ptr<c10d::Work> BrickProcessGroup::barrier(const c10d::BarrierOpt
   // No tensors: the engine of brick tensors synchronizes the ranks (on CUDA backing NCCL's
   // barrier, which also orders the device).
   call.on_brick = true;
+  const c10::DeviceIndex bound = device_.load();
+  call.brick_device =
+      bound >= 0 ? bound : static_cast<c10::DeviceIndex>(backend::rt().current_device());
   return call.run([&](c10d::Backend& e) { return e.barrier(opts); }, {});
 }
 

@@ -46,13 +46,14 @@ std::array<CollectiveCounter, static_cast<size_t>(Collective::Count)>& collectiv
 class BrickProcessGroup final : public c10d::Backend {
  public:
   // `brick_engine` runs brick tensors' collectives on their aliases, `cpu_engine` CPU tensors'
-  // (the same object on the host runtime). `device` is this rank's brick device: every brick
-  // tensor of a collective must be on it.
+  // (the same object on the host runtime). The rank's brick device is the one of its first
+  // collective on brick tensors; every later one must be on it.
   BrickProcessGroup(c10::intrusive_ptr<c10d::Backend> brick_engine,
-                    c10::intrusive_ptr<c10d::Backend> cpu_engine, c10::DeviceIndex device);
+                    c10::intrusive_ptr<c10d::Backend> cpu_engine);
 
   const std::string getBackendName() const override { return "brick"; }
-  c10::DeviceIndex device() const { return device_; }
+  // -1 until the first collective on brick tensors.
+  c10::DeviceIndex device() const { return device_.load(); }
   const c10::intrusive_ptr<c10d::Backend>& brick_engine() const { return brick_engine_; }
 
   bool supportsCoalescing() const override { return false; }
@@ -110,7 +111,7 @@ class BrickProcessGroup final : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Backend> brick_engine_;
   c10::intrusive_ptr<c10d::Backend> cpu_engine_;
-  c10::DeviceIndex device_;
+  std::atomic<c10::DeviceIndex> device_{-1};
 };
 
 }  // namespace brick::distributed
