@@ -97,9 +97,20 @@ def collective_counters() -> Dict[str, Dict[str, int]]:
             for name, calls, nbytes, group in _C._distributed.collective_counters() if calls}
 
 
-def group_info(group: Optional[object] = None) -> Optional[dict]:
-    """Rank, world size and backend of the default group (None when none is initialized)."""
-    if not (dist.is_available() and dist.is_initialized()):
+def group_info() -> Optional[dict]:
+    """Rank, world size and backend of this process: from the default group while one is
+    initialized, else from the launcher's environment (torchrun's ``RANK`` and ``WORLD_SIZE``,
+    e.g. once the script has destroyed its group; backend then ``"unknown"``). None for a process
+    that is no rank."""
+    import os
+
+    if dist.is_available() and dist.is_initialized():
+        return {"rank": dist.get_rank(), "world_size": dist.get_world_size(),
+                "backend": str(dist.get_backend())}
+    try:
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    except (KeyError, ValueError):
         return None
-    return {"rank": dist.get_rank(group), "world_size": dist.get_world_size(group),
-            "backend": str(dist.get_backend(group))}
+    if world < 1 or not 0 <= rank < world:
+        return None
+    return {"rank": rank, "world_size": world, "backend": "unknown"}

@@ -48,6 +48,7 @@ from ._kineto import kineto_available, kineto_stats
 from ._kineto import warn_where_unavailable as _warn_where_unavailable
 from .report import Report, ReportError, WrittenFigures, compare_with_key_averages, load_report
 from .trace import export_chrome_trace
+from .merge import MergedReport, merge_reports
 
 __all__ = [
     "BrickStats",

@@ -214,6 +214,7 @@ class profile:
             reset()
         for index in range(torch.brick.device_count()):
             torch.brick.synchronize(index)
+        self._collectives_before = _collective_counters()
         self._start = time.perf_counter_ns()
         enable()
         return self
@@ -230,5 +231,38 @@ class profile:
                 set_sync_mode(self._previous_mode)
         from .report import Report
 
-        self.report = Report.capture(wall_ns=self.wall_ns, sync_mode=mode, metadata=self._metadata)
+        # The caller's own entries win over the ones filled in here.
+        metadata = {**_distributed_metadata(self._collectives_before), **(self._metadata or {})}
+        self.report = Report.capture(wall_ns=self.wall_ns, sync_mode=mode, metadata=metadata or None)
         return False
+
+
+def _collective_counters() -> dict:
+    """What brick's c10d backend has run so far in this process ({} without torch.distributed)."""
+    if not hasattr(_C, "_distributed"):
+        return {}
+    from .. import distributed
+
+    return distributed.collective_counters()
+
+
+def _distributed_metadata(before: dict) -> dict:
+    """Where a profiled process is one rank of a group: ``distributed`` (rank, world size,
+    backend) and ``collectives`` (per collective brick's c10d backend ran in the region: calls,
+    input bytes of this rank, group size); the collectives' time is their engine's bricks
+    (``gloo:all_reduce`` …). Empty for a process that is no rank."""
+    if not hasattr(_C, "_distributed"):
+        return {}
+    from .. import distributed
+
+    info = distributed.group_info()
+    if info is None:
+        return {}
+    collectives = {}
+    for name, now in distributed.collective_counters().items():
+        earlier = before.get(name, {"calls": 0, "bytes": 0})
+        calls = now["calls"] - earlier["calls"]
+        if calls:
+            collectives[name] = {"calls": calls, "bytes": now["bytes"] - earlier["bytes"],
+                                 "group_size": now["group_size"]}
+    return {"distributed": info, "collectives": collectives}

@@ -54,14 +54,16 @@ def _state(prof) -> _ProfileState:
 
 
 def _distributed_info(rank: Optional[int]) -> dict:
-    import torch.distributed as dist
+    from .. import _C
 
-    if dist.is_available() and dist.is_initialized():
-        return {
-            "backend": dist.get_backend(),
-            "rank": dist.get_rank() if rank is None else rank,
-            "world_size": dist.get_world_size(),
-        }
+    info = None
+    if hasattr(_C, "_distributed"):
+        from ..distributed import group_info
+
+        info = group_info()  # the group, or torchrun's RANK/WORLD_SIZE once it is destroyed
+    if info is not None:
+        return {"backend": info["backend"], "rank": info["rank"] if rank is None else rank,
+                "world_size": info["world_size"]}
     return {"backend": "none", "rank": 0 if rank is None else rank, "world_size": 1}
 
 

@@ -6,6 +6,7 @@ Commands:
   check    check a report against the decode-profiling contract
   profile  run a Python script with the brick profiler on; write its report and trace
   train    train a small model on a brick device and on the CPU side by side
+  merge    merge the ranks' report.json files of a distributed run into one cross-rank table
 """
 
 import argparse
@@ -134,6 +135,9 @@ def profile_script(args) -> int:
     if not os.path.isfile(args.script):
         print(f"error: no such script: {args.script}", file=sys.stderr)
         return 2
+    # Under torchrun every rank profiles itself: each writes to its own folder.
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ:
+        args.output = os.path.join(args.output, f"rank{int(os.environ['RANK'])}")
     os.makedirs(args.output, exist_ok=True)
     saved_argv = sys.argv
     sys.argv = [args.script, *args.script_args]
@@ -159,6 +163,23 @@ def profile_script(args) -> int:
         trace_path = bp.export_chrome_trace(legacy, os.path.join(args.output, "trace.json"))
         print(f"trace:  {trace_path} (open in ui.perfetto.dev)")
     return exit_code
+
+
+def merge_ranks(args) -> int:
+    import os
+
+    import torch_brickdev.profiler as bp
+
+    try:
+        merged = bp.merge_reports(args.reports)
+    except (OSError, ValueError, TypeError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(merged.table(row_limit=args.rows))
+    output = args.output or os.path.join(os.path.dirname(os.path.abspath(args.reports[0])),
+                                         os.pardir, "merged_report.json")
+    print(f"\nmerged report: {merged.write_json(os.path.normpath(output))}")
+    return 0
 
 
 def main(argv=None) -> int:
@@ -192,6 +213,13 @@ def main(argv=None) -> int:
                    help="CPU threads for the backing kernels (default: half the CPUs, at least 1, "
                    "so that another process on the machine does not stall every op)")
     p.set_defaults(run=decode_demo)
+
+    p = commands.add_parser("merge", help="merge the ranks' reports of a distributed run")
+    p.add_argument("reports", nargs="+", help="one report.json per rank (e.g. out/rank*/report.json)")
+    p.add_argument("--output", "-o", default=None,
+                   help="merged report path (default: merged_report.json beside the rank folders)")
+    p.add_argument("--rows", type=positive_int, default=None, help="rows of the table")
+    p.set_defaults(run=merge_ranks)
 
     p = commands.add_parser("check", help="check a report.json against the decode-profiling contract",
                             add_help=False)
