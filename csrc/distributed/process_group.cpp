@@ -39,11 +39,12 @@ constexpr std::array<const char*, static_cast<size_t>(Collective::Count)> kNames
 class BrickWork final : public c10d::Work {
  public:
   BrickWork(c10::intrusive_ptr<c10d::Work> inner, std::vector<at::Tensor> outputs,
-            std::optional<c10::DeviceIndex> brick_device, int rank)
+            std::optional<c10::DeviceIndex> brick_device, int rank, std::string where)
       : Work(rank, inner->retrieveOpType()),
         inner_(std::move(inner)),
         outputs_(std::move(outputs)),
-        brick_device_(brick_device) {
+        brick_device_(brick_device),
+        where_(std::move(where)) {
     c10::intrusive_ptr<c10::ivalue::Future> inner_future;
     try {
       inner_future = inner_->getFuture();
@@ -74,7 +75,17 @@ class BrickWork final : public c10d::Work {
     // On CUDA backing the engine makes the current CUDA stream wait: brick's current stream.
     std::optional<backend::BackingScope> scope;
     if (brick_device_) scope.emplace(*brick_device_);
-    return inner_->wait(timeout);
+    try {
+      return inner_->wait(timeout);
+    } catch (const c10::DistBackendError& error) {
+      // The engine's message names a socket or a timeout; say which rank and collective.
+      C10_THROW_ERROR(DistBackendError,
+                      c10::str(where_, " failed: ", error.what_without_backtrace()));
+    } catch (const c10::Error& error) {
+      TORCH_CHECK(false, where_, " failed: ", error.what_without_backtrace());
+    } catch (const std::exception& error) {  // gloo's own (a closed connection, a timeout)
+      C10_THROW_ERROR(DistBackendError, c10::str(where_, " failed: ", error.what()));
+    }
   }
   void abort() override { inner_->abort(); }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
@@ -87,6 +98,7 @@ class BrickWork final : public c10d::Work {
   c10::intrusive_ptr<c10d::Work> inner_;
   std::vector<at::Tensor> outputs_;
   std::optional<c10::DeviceIndex> brick_device_;
+  std::string where_;  // "brick c10d: rank R of N: <collective>", for errors
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
@@ -176,7 +188,7 @@ struct BrickProcessGroup::Call {
     if (!on_brick) return work;
     return c10::make_intrusive<BrickWork>(std::move(work), std::move(results),
                                           std::optional<c10::DeviceIndex>(brick_device),
-                                          pg.getRank());
+                                          pg.getRank(), where());
   }
 
   BrickProcessGroup& pg;

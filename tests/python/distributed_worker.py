@@ -1,0 +1,236 @@
+"""One rank of test_distributed.py's runs (launched by torchrun). ``argv[1]`` names the scenario,
+``argv[2]`` the folder each rank writes its ``rank<N>.json`` results to."""
+
+import datetime
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import torch_brickdev  # noqa: F401
+
+SCENARIO, OUT = sys.argv[1], sys.argv[2]
+RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+TIMEOUT = datetime.timedelta(seconds=30)  # a hang becomes an error naming the rank and op
+results = {}
+
+
+def on_both(fn):
+    """fn(device) on brick (this rank's device) and on the CPU: both as lists."""
+    out = {}
+    for device in (torch.device("brick", RANK % torch.brick.device_count()), torch.device("cpu")):
+        value = fn(device)
+        values = value if isinstance(value, (list, tuple)) else [value]
+        assert all(v.device == device for v in values), [v.device for v in values]
+        out[device.type] = [v.cpu().tolist() for v in values]
+    return out
+
+
+def collectives():
+    dist.init_process_group("cpu:gloo,brick:brick", timeout=TIMEOUT)
+    torch.brick.set_device(RANK % torch.brick.device_count())
+    base = lambda d, dtype=torch.float32: (torch.arange(6, dtype=dtype) + 1 + RANK * 10).to(d)  # noqa: E731
+    for op in ("SUM", "PRODUCT", "MIN", "MAX"):
+        def all_reduce(d, op=op):
+            t = base(d)
+            dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
+            return t
+        results[f"all_reduce_{op}"] = on_both(all_reduce)
+    for op in ("BAND", "BOR", "BXOR"):
+        def bitwise(d, op=op):
+            t = base(d, torch.int64)
+            dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
+            return t
+        results[f"all_reduce_{op}"] = on_both(bitwise)
+
+    def async_all_reduce(d):
+        t = base(d)
+        work = dist.all_reduce(t, async_op=True)
+        work.wait()
+        future_value = work.get_future().wait()[0]
+        assert future_value.device == d and future_value.data_ptr() == t.data_ptr()
+        return t
+    results["all_reduce_async"] = on_both(async_all_reduce)
+
+    def broadcast(d):
+        t = base(d)
+        dist.broadcast(t, src=1)
+        return t
+    results["broadcast"] = on_both(broadcast)
+
+    def reduce(d):
+        t = base(d)
+        dist.reduce(t, dst=0)
+        return t
+    results["reduce"] = on_both(reduce)
+
+    def all_gather(d):
+        outs = [torch.empty(6, device=d) for _ in range(WORLD)]
+        dist.all_gather(outs, base(d))
+        return outs
+    results["all_gather"] = on_both(all_gather)
+
+    def all_gather_into_tensor(d):
+        out = torch.empty(6 * WORLD, device=d)
+        dist.all_gather_into_tensor(out, base(d))
+        return out
+    results["all_gather_into_tensor"] = on_both(all_gather_into_tensor)
+
+    def gather(d):
+        outs = [torch.empty(6, device=d) for _ in range(WORLD)] if RANK == 0 else None
+        dist.gather(base(d), outs, dst=0)
+        return outs if RANK == 0 else base(d)
+    results["gather"] = on_both(gather)
+
+    def scatter(d):
+        out = torch.empty(3, device=d)
+        chunks = [torch.full((3,), float(i), device=d) for i in range(WORLD)] if RANK == 0 else None
+        dist.scatter(out, chunks, src=0)
+        return out
+    results["scatter"] = on_both(scatter)
+
+    def reduce_scatter_tensor(d):
+        out = torch.empty(6 // WORLD * 1, device=d) if 6 % WORLD == 0 else None
+        dist.reduce_scatter_tensor(out, base(d))
+        return out
+    results["reduce_scatter_tensor"] = on_both(reduce_scatter_tensor)
+
+    def all_to_all_single(d):
+        out = torch.empty(2 * WORLD, device=d)
+        dist.all_to_all_single(out, (torch.arange(2 * WORLD) + 100 * RANK).float().to(d))
+        return out
+    results["all_to_all_single"] = on_both(all_to_all_single)
+
+    def all_to_all(d):
+        outs = [torch.empty(2, device=d) for _ in range(WORLD)]
+        dist.all_to_all(outs, [torch.full((2,), float(RANK * 10 + i), device=d) for i in range(WORLD)])
+        return outs
+    if dist.get_backend(None) is not None:
+        try:
+            results["all_to_all"] = on_both(all_to_all)
+        except RuntimeError as error:  # gloo has no list all_to_all on the CPU either
+            results["all_to_all"] = {"error": str(error)[:200]}
+
+    def send_recv(d):
+        t = base(d)
+        if RANK == 0:
+            dist.send(t, dst=1)
+        elif RANK == 1:
+            dist.recv(t, src=0)
+        return t
+    results["send_recv"] = on_both(send_recv)
+
+    def coalesced(d):
+        tensors = [base(d), base(d) * 2]
+        with dist._coalescing_manager(async_ops=True) as manager:
+            for t in tensors:
+                dist.all_reduce(t)
+        manager.wait()
+        return tensors
+    results["coalesced_all_reduce"] = on_both(coalesced)
+
+    dist.barrier()
+    results["counters"] = torch_brickdev.distributed.collective_counters()
+    dist.destroy_process_group()
+
+
+def training():
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("cpu:gloo,brick:brick", timeout=TIMEOUT)
+    torch.brick.set_device(RANK % torch.brick.device_count())
+
+    def run(device, wrap):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4)).to(device)
+        model = wrap(model, device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        data = torch.Generator().manual_seed(100 + RANK)
+        losses = []
+        for _ in range(4):
+            x, y = torch.randn(8, 16, generator=data).to(device), torch.randn(8, 4, generator=data).to(device)
+            loss = ((model(x) - y) ** 2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        params = [(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().cpu().flatten().tolist()
+                  for p in model.parameters()]
+        return {"losses": losses, "params": params}
+
+    def ddp(model, device):
+        return DistributedDataParallel(model, bucket_cap_mb=0.001)  # several buckets
+
+    def fsdp(model, device):
+        mesh = init_device_mesh(device.type, (WORLD,))
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        return fully_shard(model, mesh=mesh)
+
+    brick = torch.device("brick", RANK % torch.brick.device_count())
+    for name, wrap in (("ddp", ddp), ("fsdp", fsdp)):
+        results[name] = {"brick": run(brick, wrap), "cpu": run(torch.device("cpu"), wrap)}
+    dist.destroy_process_group()
+
+
+def bad_input():
+    dist.init_process_group(timeout=TIMEOUT)  # no backend: brick is the accelerator
+    results["default_backend"] = str(dist.get_backend())
+    here = RANK % torch.brick.device_count()
+    torch.brick.set_device(here)
+    t = torch.ones(4, device=f"brick:{here}")
+    dist.all_reduce(t)
+    results["default_all_reduce"] = t.cpu().tolist()
+    other = torch.ones(4, device=f"brick:{(here + 1) % torch.brick.device_count()}")
+    try:
+        dist.all_reduce(other)
+        results["other_device"] = "no error"
+    except ValueError as error:
+        results["other_device"] = str(error)
+    dist.all_reduce(t)  # the group still works after the refused call
+    results["after_error"] = t.cpu().tolist()
+    dist.destroy_process_group()
+    try:
+        dist.all_reduce(t)
+        results["after_destroy"] = "no error"
+    except Exception as error:  # noqa: BLE001
+        results["after_destroy"] = f"{type(error).__name__}: {error}"[:300]
+
+
+def mismatched():
+    # Sizes that differ across ranks: gloo's transport aborts the receiving rank with its own
+    # message (as for CPU tensors); the other rank's collective fails. Never a hang.
+    dist.init_process_group("brick", timeout=datetime.timedelta(seconds=20))
+    torch.brick.set_device(RANK % torch.brick.device_count())
+    t = torch.ones(4 + RANK, device="brick")
+    try:
+        dist.all_reduce(t)
+        results["mismatched"] = "no error"
+    except Exception as error:  # noqa: BLE001
+        results["mismatched"] = f"{type(error).__name__}: {error}"[:500]
+
+
+def dead_rank():
+    dist.init_process_group("brick", timeout=datetime.timedelta(seconds=20))
+    torch.brick.set_device(RANK % torch.brick.device_count())
+    t = torch.ones(4, device="brick")
+    dist.all_reduce(t)
+    if RANK == 1:
+        os._exit(3)  # dies before the next collective
+    try:
+        dist.all_reduce(t)
+        results["survivor"] = "no error"
+    except Exception as error:  # noqa: BLE001
+        results["survivor"] = f"{type(error).__name__}: {error}"[:500]
+
+
+{"collectives": collectives, "training": training, "bad_input": bad_input,
+ "mismatched": mismatched, "dead_rank": dead_rank}[SCENARIO]()
+with open(os.path.join(OUT, f"rank{RANK}.json"), "w") as f:
+    json.dump(results, f)

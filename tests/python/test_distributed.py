@@ -1,0 +1,173 @@
+"""torch.distributed on brick: brick's c10d backend, DDP and FSDP2, profiles across ranks.
+
+Every multi-process test launches 2 ranks with torchrun on loopback (distributed_worker.py runs
+the scenario and writes each rank's results); each launch is bounded by a subprocess timeout,
+and the worker's process groups by a 20-30 s collective timeout, so a hang fails with a message.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import torch_brickdev
+import torch_brickdev.profiler as bp
+
+pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "distributed_worker.py")
+EXAMPLE = os.path.join(HERE, os.pardir, os.pardir, "examples", "ddp_train.py")
+host_only = pytest.mark.skipif(torch_brickdev.backing_device_type() != "cpu",
+                               reason="the gloo-backed engine is the host runtime's")
+
+
+def torchrun(*args, timeout=180):
+    """``torchrun --standalone --nproc-per-node 2 *args``; the completed process."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", "2", *args]
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as expired:
+        pytest.fail(f"torchrun {' '.join(args)} ran past {timeout} s: "
+                    f"{(expired.stderr or b'')[-2000:]!r}")
+
+
+def scenario(name, tmp_path, expect_rc=0):
+    out = torchrun(WORKER, name, str(tmp_path))
+    if expect_rc is not None:
+        assert out.returncode == expect_rc, out.stderr[-4000:]
+    ranks = {}
+    for rank in (0, 1):
+        path = tmp_path / f"rank{rank}.json"
+        if path.exists():
+            ranks[rank] = json.loads(path.read_text())
+    return ranks, out
+
+
+def test_the_backend_is_registered_on_import():
+    assert torch_brickdev.distributed.is_registered()
+    assert dist.Backend.default_device_backend_map["brick"] == "brick"
+    assert set(dist.Backend.backend_capability["brick"]) == {"brick", "cpu"}
+
+
+@host_only
+def test_every_collective_on_brick_equals_gloo_on_the_cpu(tmp_path):
+    ranks, _ = scenario("collectives", tmp_path)
+    assert set(ranks) == {0, 1}
+    for rank, results in ranks.items():
+        counters = results.pop("counters")
+        assert len(results) >= 18, sorted(results)
+        for name, both in results.items():
+            assert "error" not in both, (rank, name, both)
+            assert both["brick"] == both["cpu"], (rank, name, both)
+        # Counted: every collective kind shows with its calls and the group size (barrier goes to
+        # the CPU's gloo in a 'cpu:gloo,brick:brick' group).
+        for kind in ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
+                     "gather", "scatter", "reduce_scatter_tensor", "all_to_all_single"):
+            assert counters[kind]["calls"] >= 1 and counters[kind]["group_size"] == 2, kind
+        assert counters["all_reduce"]["bytes"] > 0
+    sums = ranks[0]["all_reduce_SUM"]["brick"][0]
+    assert sums == [float(2 * i + 2 + 10) for i in range(6)]  # (i+1) + (i+11)
+
+
+@host_only
+def test_ddp_and_fsdp2_on_brick_equal_the_cpu_run_step_for_step(tmp_path):
+    ranks, _ = scenario("training", tmp_path)
+    for rank, results in ranks.items():
+        for name in ("ddp", "fsdp"):
+            brick, cpu = results[name]["brick"], results[name]["cpu"]
+            assert brick["losses"] == cpu["losses"], (rank, name)
+            assert brick["params"] == cpu["params"], (rank, name)
+    # DDP keeps replicas equal across ranks; both ranks trained on their own data.
+    assert ranks[0]["ddp"]["brick"]["params"] == ranks[1]["ddp"]["brick"]["params"]
+    assert ranks[0]["ddp"]["brick"]["losses"] != ranks[1]["ddp"]["brick"]["losses"]
+
+
+@host_only
+def test_bad_input_is_refused_naming_rank_and_collective(tmp_path):
+    ranks, _ = scenario("bad_input", tmp_path)
+    for rank, results in ranks.items():
+        assert results["default_all_reduce"] == [2.0] * 4  # init_process_group() with no backend
+        message = results["other_device"]
+        assert f"brick c10d: rank {rank} of 2: all_reduce" in message
+        assert "this rank's collectives run on brick:" in message
+        assert results["after_error"] == [4.0] * 4  # the group is intact after the refusal
+        assert "has not been initialized" in results["after_destroy"]
+
+
+@host_only
+@pytest.mark.parametrize("case", ["dead_rank", "mismatched"])
+def test_a_dead_rank_or_a_size_mismatch_is_an_error_not_a_hang(tmp_path, case):
+    ranks, out = scenario(case, tmp_path, expect_rc=None)
+    assert out.returncode != 0  # torchrun reports the failed rank
+    messages = [r.get("survivor") or r.get("mismatched") for r in ranks.values()]
+    assert messages, out.stderr[-3000:]
+    for message in messages:
+        assert "DistBackendError: brick c10d: rank" in message and "all_reduce failed" in message
+    if case == "mismatched":  # the receiving rank stops with gloo's own diagnosis
+        assert "Received data size doesn't match expected size" in out.stderr
+
+
+@host_only
+def test_profile_under_torchrun_then_merge_across_ranks(tmp_path):
+    out = torchrun("-m", "torch_brickdev", "profile", "-o", str(tmp_path / "out"), EXAMPLE,
+                   "--steps", "3", "--width", "64")
+    assert out.returncode == 0, out.stderr[-4000:]
+    reports = [tmp_path / "out" / f"rank{r}" / "report.json" for r in (0, 1)]
+    for rank, path in enumerate(reports):
+        report = bp.load_report(str(path))
+        assert report.metadata["distributed"]["rank"] == rank
+        assert report.metadata["distributed"]["world_size"] == 2
+        collectives = report.metadata["collectives"]
+        assert collectives["all_reduce"]["calls"] >= 3 and collectives["all_reduce"]["bytes"] > 0
+        assert report.brick("gloo:all_reduce").count == collectives["all_reduce"]["calls"]
+        assert report.brick("TrainStep").count == 3
+        trace = json.loads((path.parent / "trace.json").read_text())
+        assert trace["distributedInfo"]["rank"] == rank
+        assert trace["distributedInfo"]["world_size"] == 2
+    merged = subprocess.run([sys.executable, "-m", "torch_brickdev", "merge", *map(str, reports)],
+                            capture_output=True, text=True, timeout=120)
+    assert merged.returncode == 0, merged.stderr
+    assert "2 ranks (0, 1) of world size 2" in merged.stdout
+    data = json.loads((tmp_path / "out" / "merged_report.json").read_text())
+    step = next(b for b in data["bricks"] if b["name"] == "TrainStep")
+    assert step["calls"] == [3, 3] and step["min_ns"] <= step["median_ns"] <= step["max_ns"]
+    assert step["slowest_rank"] in (0, 1) and step["max_ns"] == max(step["total_ns"])
+    assert data["collectives"]["all_reduce"]["group_size"] == [2, 2]
+
+
+def _report(rank, world, totals):
+    with bp.profile(metadata={"distributed": {"rank": rank, "world_size": world}}) as p:
+        for name, count in totals.items():
+            for _ in range(count):
+                with torch.profiler.record_function(name):
+                    pass
+    return p.report
+
+
+def test_merge_reports_lines_ranks_up_and_refuses_bad_sets(tmp_path):
+    a, b = _report(1, 2, {"Step": 2, "OnlyHere": 1}), _report(0, 2, {"Step": 2})
+    merged = bp.merge_reports([a, b])
+    assert merged.ranks == [0, 1] and merged.world_size == 2  # sorted by rank
+    only = merged.brick("OnlyHere")
+    assert only.calls == [0, 1] and only.missing_on == [0] and only.slowest([0, 1]) == 1
+    assert "missing on rank(s) [0]" in merged.table()
+    path = merged.write_json(tmp_path / "merged.json")
+    assert json.loads(open(path).read())["format"] == "torch_brickdev.merged_report"
+    with pytest.raises(ValueError, match=r"rank\(s\) 1 appear in more than one report"):
+        bp.merge_reports([a, a])
+    with pytest.raises(ValueError, match="different world sizes"):
+        bp.merge_reports([a, _report(0, 4, {"Step": 1})])
+    with pytest.raises(ValueError, match="no reports to merge"):
+        bp.merge_reports([])
+    with pytest.raises(TypeError, match="list of report paths"):
+        bp.merge_reports(str(path))
+    bad = subprocess.run([sys.executable, "-m", "torch_brickdev", "merge",
+                          str(tmp_path / "absent.json")], capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 2 and "absent.json" in bad.stderr
