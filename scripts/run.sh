@@ -178,6 +178,7 @@ case "$job" in
     "$PYTHON" benchmarks/stress_memory.py
     log "benchmarks: torch.compile on brick vs on the CPU"
     "$PYTHON" benchmarks/bench_compile.py
+    "$PYTHON" benchmarks/bench_distributed.py
     log "benchmarks: brick on CUDA vs plain cuda (skips without a CUDA-backed brick)"
     "$PYTHON" benchmarks/bench_cuda.py
     if [ -x "$BRICK_BUILD_DIR/registry_bench" ]; then

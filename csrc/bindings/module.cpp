@@ -14,7 +14,7 @@ void bind_profiler(py::module_& parent);
 #ifdef BRICK_WITH_DISTRIBUTED
 void bind_distributed(py::module_& parent);
 #endif
-}
+}  // namespace brick::bindings
 
 namespace {
 
