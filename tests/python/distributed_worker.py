@@ -4,6 +4,7 @@
 import datetime
 import json
 import os
+import signal
 import sys
 
 import torch
@@ -203,7 +204,14 @@ def bad_input():
         results["after_destroy"] = f"{type(error).__name__}: {error}"[:300]
 
 
+def _outlive_the_failed_rank():
+    # torchrun sends SIGTERM to the other ranks once one fails: this rank must still record
+    # what its collective raised (it ends in well under a second; the test bounds the launch).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def mismatched():
+    _outlive_the_failed_rank()
     # Sizes that differ across ranks: gloo's transport aborts the receiving rank with its own
     # message (as for CPU tensors); the other rank's collective fails. Never a hang.
     dist.init_process_group("brick", timeout=datetime.timedelta(seconds=20))
@@ -217,6 +225,7 @@ def mismatched():
 
 
 def dead_rank():
+    _outlive_the_failed_rank()
     dist.init_process_group("brick", timeout=datetime.timedelta(seconds=20))
     torch.brick.set_device(RANK % torch.brick.device_count())
     t = torch.ones(4, device="brick")
@@ -232,5 +241,7 @@ def dead_rank():
 
 {"collectives": collectives, "training": training, "bad_input": bad_input,
  "mismatched": mismatched, "dead_rank": dead_rank}[SCENARIO]()
-with open(os.path.join(OUT, f"rank{RANK}.json"), "w") as f:
+partial = os.path.join(OUT, f".rank{RANK}.json.partial")
+with open(partial, "w") as f:
     json.dump(results, f)
+os.replace(partial, os.path.join(OUT, f"rank{RANK}.json"))  # whole or absent, never half
