@@ -14,16 +14,10 @@ import os
 import statistics
 import subprocess
 import sys
-import time
+
+from bench_ops import time_per_call
 
 SIZES = [1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24, 1 << 26]
-
-
-def _time(fn, repeats):
-    start = time.perf_counter_ns()
-    for _ in range(repeats):
-        fn()
-    return (time.perf_counter_ns() - start) / repeats
 
 
 def worker(rounds: int) -> None:
@@ -48,7 +42,7 @@ def worker(rounds: int) -> None:
         for _ in range(rounds):
             for key, d in (("cpu", "cpu"), ("brick", brick)):
                 dist.barrier()
-                samples[key].append(_time(lambda: dist.all_reduce(tensors[d]), repeats))
+                samples[key].append(time_per_call(lambda: dist.all_reduce(tensors[d]), repeats))
         rows.append((nbytes, statistics.median(samples["cpu"]), statistics.median(samples["brick"])))
 
     def ddp_step(device):
@@ -73,7 +67,7 @@ def worker(rounds: int) -> None:
     for _ in range(rounds):
         for key, s in steps.items():
             dist.barrier()
-            ddp_samples[key].append(_time(s, 5))
+            ddp_samples[key].append(time_per_call(s, 5))
     if rank == 0:
         world = dist.get_world_size()
         print(f"all_reduce, {world} ranks on loopback, gloo; median of {rounds} interleaved rounds")

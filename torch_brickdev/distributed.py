@@ -92,7 +92,9 @@ def register() -> None:
 def collective_counters() -> Dict[str, Dict[str, int]]:
     """Per collective, what this process's brick process groups ran since it started: calls,
     input bytes this rank contributed, and the group size of the last call. Collectives never run
-    are left out."""
+    are left out; {} where this PyTorch has no torch.distributed."""
+    if not hasattr(_C, "_distributed"):
+        return {}
     return {name: {"calls": calls, "bytes": nbytes, "group_size": group}
             for name, calls, nbytes, group in _C._distributed.collective_counters() if calls}
 

@@ -19,8 +19,7 @@ void bind_distributed(py::module_& parent) {
              return c10::make_intrusive<BrickProcessGroup>(brick_engine, cpu_engine);
            }),
            py::arg("brick_engine"), py::arg("cpu_engine"))
-      .def_property_readonly("device", &BrickProcessGroup::device)
-      .def_property_readonly("brick_engine", &BrickProcessGroup::brick_engine);
+      .def_property_readonly("device", &BrickProcessGroup::device);
   m.def("collective_counters", [] {
     py::list out;
     for (const auto& c : distributed::collective_counters()) {

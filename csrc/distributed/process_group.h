@@ -54,7 +54,6 @@ class BrickProcessGroup final : public c10d::Backend {
   const std::string getBackendName() const override { return "brick"; }
   // -1 until the first collective on brick tensors.
   c10::DeviceIndex device() const { return device_.load(); }
-  const c10::intrusive_ptr<c10d::Backend>& brick_engine() const { return brick_engine_; }
 
   bool supportsCoalescing() const override { return false; }
   void setTimeout(std::chrono::milliseconds timeout) override;

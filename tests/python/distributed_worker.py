@@ -19,6 +19,15 @@ TIMEOUT = datetime.timedelta(seconds=30)  # a hang becomes an error naming the r
 results = {}
 
 
+def error_of(fn):
+    """``fn()``'s exception as "Type: message" ("no error" when it raises none)."""
+    try:
+        fn()
+    except Exception as error:  # noqa: BLE001
+        return f"{type(error).__name__}: {error}"[:500]
+    return "no error"
+
+
 def on_both(fn):
     """fn(device) on brick (this rank's device) and on the CPU: both as lists."""
     out = {}
@@ -189,19 +198,11 @@ def bad_input():
     dist.all_reduce(t)
     results["default_all_reduce"] = t.cpu().tolist()
     other = torch.ones(4, device=f"brick:{(here + 1) % torch.brick.device_count()}")
-    try:
-        dist.all_reduce(other)
-        results["other_device"] = "no error"
-    except ValueError as error:
-        results["other_device"] = str(error)
+    results["other_device"] = error_of(lambda: dist.all_reduce(other))
     dist.all_reduce(t)  # the group still works after the refused call
     results["after_error"] = t.cpu().tolist()
     dist.destroy_process_group()
-    try:
-        dist.all_reduce(t)
-        results["after_destroy"] = "no error"
-    except Exception as error:  # noqa: BLE001
-        results["after_destroy"] = f"{type(error).__name__}: {error}"[:300]
+    results["after_destroy"] = error_of(lambda: dist.all_reduce(t))
 
 
 def _outlive_the_failed_rank():
@@ -217,11 +218,7 @@ def mismatched():
     dist.init_process_group("brick", timeout=datetime.timedelta(seconds=20))
     torch.brick.set_device(RANK % torch.brick.device_count())
     t = torch.ones(4 + RANK, device="brick")
-    try:
-        dist.all_reduce(t)
-        results["mismatched"] = "no error"
-    except Exception as error:  # noqa: BLE001
-        results["mismatched"] = f"{type(error).__name__}: {error}"[:500]
+    results["mismatched"] = error_of(lambda: dist.all_reduce(t))
 
 
 def dead_rank():
@@ -232,11 +229,7 @@ def dead_rank():
     dist.all_reduce(t)
     if RANK == 1:
         os._exit(3)  # dies before the next collective
-    try:
-        dist.all_reduce(t)
-        results["survivor"] = "no error"
-    except Exception as error:  # noqa: BLE001
-        results["survivor"] = f"{type(error).__name__}: {error}"[:500]
+    results["survivor"] = error_of(lambda: dist.all_reduce(t))
 
 
 {"collectives": collectives, "training": training, "bad_input": bad_input,

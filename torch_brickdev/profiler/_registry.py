@@ -214,7 +214,9 @@ class profile:
             reset()
         for index in range(torch.brick.device_count()):
             torch.brick.synchronize(index)
-        self._collectives_before = _collective_counters()
+        from ..distributed import collective_counters
+
+        self._collectives_before = collective_counters()
         self._start = time.perf_counter_ns()
         enable()
         return self
@@ -237,22 +239,11 @@ class profile:
         return False
 
 
-def _collective_counters() -> dict:
-    """What brick's c10d backend has run so far in this process ({} without torch.distributed)."""
-    if not hasattr(_C, "_distributed"):
-        return {}
-    from .. import distributed
-
-    return distributed.collective_counters()
-
-
 def _distributed_metadata(before: dict) -> dict:
     """Where a profiled process is one rank of a group: ``distributed`` (rank, world size,
     backend) and ``collectives`` (per collective brick's c10d backend ran in the region: calls,
     input bytes of this rank, group size); the collectives' time is their engine's bricks
     (``gloo:all_reduce`` …). Empty for a process that is no rank."""
-    if not hasattr(_C, "_distributed"):
-        return {}
     from .. import distributed
 
     info = distributed.group_info()

@@ -54,13 +54,9 @@ def _state(prof) -> _ProfileState:
 
 
 def _distributed_info(rank: Optional[int]) -> dict:
-    from .. import _C
+    from ..distributed import group_info
 
-    info = None
-    if hasattr(_C, "_distributed"):
-        from ..distributed import group_info
-
-        info = group_info()  # the group, or torchrun's RANK/WORLD_SIZE once it is destroyed
+    info = group_info()  # the group, or torchrun's RANK/WORLD_SIZE once it is destroyed
     if info is not None:
         return {"backend": info["backend"], "rank": info["rank"] if rank is None else rank,
                 "world_size": info["world_size"]}

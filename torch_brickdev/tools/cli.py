@@ -135,9 +135,12 @@ def profile_script(args) -> int:
     if not os.path.isfile(args.script):
         print(f"error: no such script: {args.script}", file=sys.stderr)
         return 2
+    from torch_brickdev.distributed import group_info
+
     # Under torchrun every rank profiles itself: each writes to its own folder.
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ:
-        args.output = os.path.join(args.output, f"rank{int(os.environ['RANK'])}")
+    rank = group_info()
+    if rank is not None and rank["world_size"] > 1:
+        args.output = os.path.join(args.output, f"rank{rank['rank']}")
     os.makedirs(args.output, exist_ok=True)
     saved_argv = sys.argv
     sys.argv = [args.script, *args.script_args]
