@@ -23,7 +23,8 @@ from . import _C
 
 BACKEND = "brick"
 
-__all__ = ["BACKEND", "collective_counters", "group_info", "is_registered", "register"]
+__all__ = ["BACKEND", "collective_counters", "group_info", "is_registered", "register",
+           "wait_for_collectives"]
 
 _drain_registered = False
 
@@ -97,6 +98,16 @@ def collective_counters() -> Dict[str, Dict[str, int]]:
         return {}
     return {name: {"calls": calls, "bytes": nbytes, "group_size": group}
             for name, calls, nbytes, group in _C._distributed.collective_counters() if calls}
+
+
+def wait_for_collectives() -> int:
+    """Waits for every collective brick's process groups have started (finished by their engine,
+    its own bookkeeping included); how many it waited for. The profiler calls it before it stops,
+    as it synchronizes the devices: DDP waits on a collective's future, which gloo completes before
+    it ends its own profiling range."""
+    if not hasattr(_C, "_distributed"):
+        return 0
+    return _C._distributed.wait_for_collectives()
 
 
 def group_info() -> Optional[dict]:

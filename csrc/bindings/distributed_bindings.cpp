@@ -20,6 +20,10 @@ void bind_distributed(py::module_& parent) {
            }),
            py::arg("brick_engine"), py::arg("cpu_engine"))
       .def_property_readonly("device", &BrickProcessGroup::device);
+  m.def("wait_for_collectives", [] {
+    py::gil_scoped_release no_gil;  // engine threads may need the GIL (Python comm hooks)
+    return distributed::wait_for_collectives();
+  });
   m.def("collective_counters", [] {
     py::list out;
     for (const auto& c : distributed::collective_counters()) {

@@ -3,6 +3,7 @@
 #include <ATen/core/ivalue.h>
 #include <c10/util/Exception.h>
 
+#include <mutex>
 #include <optional>
 #include <utility>
 
@@ -102,7 +103,33 @@ class BrickWork final : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
+// The engine Works not known to be finished: what wait_for_collectives() waits for. A lock per
+// collective (milliseconds of communication each), never per op.
+std::mutex g_in_flight_mutex;
+std::vector<c10::intrusive_ptr<c10d::Work>> g_in_flight;
+
+void track_in_flight(const c10::intrusive_ptr<c10d::Work>& work) {
+  std::lock_guard<std::mutex> lock(g_in_flight_mutex);
+  std::erase_if(g_in_flight, [](const auto& w) { return w->isCompleted(); });
+  g_in_flight.push_back(work);
+}
+
 }  // namespace
+
+size_t wait_for_collectives() {
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  {
+    std::lock_guard<std::mutex> lock(g_in_flight_mutex);
+    works.swap(g_in_flight);
+  }
+  for (const auto& work : works) {
+    try {
+      work->wait();
+    } catch (...) {  // the collective's failure is reported by its own Work
+    }
+  }
+  return works.size();
+}
 
 std::array<CollectiveCounter, static_cast<size_t>(Collective::Count)>& collective_counters() {
   static auto* counters = [] {
@@ -181,6 +208,7 @@ struct BrickProcessGroup::Call {
       if (on_brick) scope.emplace(brick_device);
       work = launch(engine);
     }
+    track_in_flight(work);
     auto& counter = collective_counters()[static_cast<size_t>(op)];
     counter.calls.fetch_add(1, std::memory_order_relaxed);
     counter.bytes.fetch_add(bytes, std::memory_order_relaxed);

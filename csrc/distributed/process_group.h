@@ -43,6 +43,12 @@ enum class Collective : int {
 };
 std::array<CollectiveCounter, static_cast<size_t>(Collective::Count)>& collective_counters();
 
+// Waits until every collective brick's process groups have started so far has finished,
+// including its engine's own completion steps (gloo ends its profiling range after completing
+// the future DDP waits on). Errors are left to the collective's own Work; returns how many
+// collectives it waited for.
+size_t wait_for_collectives();
+
 class BrickProcessGroup final : public c10d::Backend {
  public:
   // `brick_engine` runs brick tensors' collectives on their aliases, `cpu_engine` CPU tensors'

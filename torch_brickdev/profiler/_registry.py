@@ -190,7 +190,8 @@ class profile:
     >>> print(p.report.table())
 
     The registry is reset on entry (``reset=False`` accumulates instead), every brick device is
-    synchronized before the wall clock stops, and the previous sync mode is restored on exit.
+    synchronized and every collective of brick's process groups waited for before the wall
+    clock stops, and the previous sync mode is restored on exit.
     """
 
     def __init__(self, sync_mode: Optional[Union[SyncMode, str]] = None, *, reset: bool = True,
@@ -222,7 +223,10 @@ class profile:
         return self
 
     def __exit__(self, *exc) -> bool:
+        from ..distributed import wait_for_collectives
+
         try:
+            wait_for_collectives()  # collectives are device work too: their ranges end inside
             for index in range(torch.brick.device_count()):
                 torch.brick.synchronize(index)
             self.wall_ns = time.perf_counter_ns() - self._start
