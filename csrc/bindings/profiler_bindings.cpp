@@ -88,6 +88,7 @@ void bind_profiler(py::module_& parent) {
     d["discarded_by_reset"] = profiler::brick_registry().discarded_by_reset();
     return d;
   });
+  m.attr("DEVICE_AT_CPU_TIME") = profiler::kDeviceAtCpuTime;
   m.def("timeline", [] {
     const auto t = profiler::timeline();
     py::list records;

@@ -3,8 +3,20 @@
 // While enabled, one global RecordFunction callback runs at every op, record_function range and
 // autograd node. Its state is per thread (a stack of open bricks and a cache of interned nodes),
 // so the hot path takes no lock and allocates nothing once a call site has been seen.
+//
+// The op path (a synchronous runtime, the host's): an op's node is found by the address of its
+// schema's name in a direct-mapped per-thread cache (no hashing of text, no string compare: a
+// schema's name lives as long as the schema, and deregistering any schema flushes the caches),
+// and the brick is timed by two reads of the registry's clock. On a synchronous runtime every
+// sync mode times the same thing, the work between the two reads, so none records a device
+// event or synchronizes. Ranges and autograd nodes, whose names are per-call strings, are looked
+// up by their text.
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
 #include <c10/util/Exception.h>
+
+#include <array>
+#include <cstring>
 
 #include <atomic>
 #include <deque>
@@ -39,6 +51,23 @@ std::atomic<SyncMode> g_mode{SyncMode::Event};
 std::atomic<uint64_t> g_session{
     0};  // bumped by enable: per-thread stacks from older sessions are dropped
 at::CallbackHandle g_handle = 0;
+
+// What the callbacks need, set by enable() before the callback is registered (and by the fork
+// handler): no function-local static guard or lookup on the op path.
+std::atomic<runtime::Runtime*> g_runtime{nullptr};
+std::atomic<registry::Registry*> g_registry{nullptr};
+std::atomic<bool> g_async{false};  // async_runtime(): bricks are timed by device events
+
+// Bumped whenever an operator schema is deregistered: its name's address may then be reused by
+// another schema's name, so every thread's node cache keyed by those addresses is flushed.
+std::atomic<uint64_t> g_schema_epoch{0};
+
+// What RecordFunction::overload_name() returns for a RecordFunction named by a string (a
+// record_function range, an autograd node) rather than by an operator schema: the address of
+// one constant empty string, found by probing at enable(). A different address means the name
+// is a schema's. nullptr when the probe did not find one constant: every name is then looked up
+// by its text.
+std::atomic<const char*> g_string_overload_name{nullptr};
 
 std::atomic<uint64_t> g_unbalanced_exits{0};
 std::atomic<uint64_t> g_timing_failures{0};
@@ -95,24 +124,40 @@ struct NameKeyEqual {
   }
 };
 
-struct PointerKey {
-  NodeId parent;
-  int device;
-  const char* name;
-  bool operator==(const PointerKey& other) const = default;
-};
+// A direct-mapped cache of the nodes of schema-named calls: (name address, parent, device) ->
+// node. A miss (a new call site, or a collision) looks the node up by text and takes the slot.
+class SchemaNodeCache {
+ public:
+  static constexpr size_t kBits = 10;  // 1024 slots: a decode step's call sites fit
 
-struct PointerKeyHash {
-  size_t operator()(const PointerKey& key) const noexcept {
-    return (std::hash<const void*>{}(key.name) * 31 + key.parent) * 31 +
-           static_cast<size_t>(key.device);
+  // The node cached for this call site, or kNoNode.
+  NodeId find(const char* name, NodeId parent, int device) const noexcept {
+    const Entry& entry = entries_[index(name, parent, device)];
+    return entry.name == name && entry.parent == parent && entry.device == device ? entry.node
+                                                                                  : kNoNode;
   }
-};
+  void put(const char* name, NodeId parent, int device, NodeId node) noexcept {
+    entries_[index(name, parent, device)] = {name, parent, device, node};
+  }
+  void clear() noexcept { entries_.fill(Entry{}); }
 
-// A cached node and the name it was cached for: a pointer can be reused for another name.
-struct CachedNode {
-  NodeId node;
-  std::string name;
+  static constexpr NodeId kNoNode = registry::kNoParent;
+
+ private:
+  struct Entry {
+    const char* name = nullptr;
+    NodeId parent = 0;
+    int device = 0;
+    NodeId node = kNoNode;
+  };
+  static size_t index(const char* name, NodeId parent, int device) noexcept {
+    // Fibonacci hashing of the three integers: two multiplies, no text.
+    constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ULL;
+    const uint64_t key = reinterpret_cast<uintptr_t>(name) ^
+                         ((uint64_t{parent} << 8 | static_cast<uint8_t>(device)) * kGolden);
+    return static_cast<size_t>((key * kGolden) >> (64 - kBits));
+  }
+  std::array<Entry, size_t{1} << kBits> entries_{};
 };
 
 // Finished event pairs whose device work may still be running. Only an asynchronous runtime
@@ -129,12 +174,12 @@ struct PendingQueue {
 
 struct ThreadState {
   uint64_t session = 0;
+  uint64_t schema_epoch = 0;  // of by_schema_name's entries
   std::vector<Frame> stack;
   PendingQueue pending;
-  // Op names are mostly the schema's own strings: stable pointers, looked up without hashing
-  // text (and checked, since some FUNCTION-scope names are per-call strings).
-  std::unordered_map<PointerKey, CachedNode, PointerKeyHash> by_pointer;
-  // Everything else (record_function ranges) is looked up by content.
+  // Ops named by their schema: looked up by the name's address.
+  SchemaNodeCache by_schema_name;
+  // Everything else (record_function ranges, autograd nodes, per-call op names) by text.
   std::unordered_map<NameKey, NodeId, NameKeyHash, NameKeyEqual> by_name;
   // The innermost open brick, readable by other threads (see on_enter: autograd workers).
   std::atomic<NodeId> published_top{registry::kNoParent};
@@ -154,14 +199,17 @@ void resolve_locked(ThreadState& state, bool by_owner, bool wait_all);
 // The calling thread's state: initial-exec, a direct %fs access even inside a dlopen()ed module.
 [[gnu::tls_model("initial-exec")]] constinit thread_local ThreadState* tls_state = nullptr;
 
+// Owns the calling thread's state. The state lives on the heap: this module's TLS is accessed
+// initial-exec, so all of it comes out of the small static TLS block.
 struct ThreadStateOwner {
-  ThreadState state;
+  std::unique_ptr<ThreadState> owned = std::make_unique<ThreadState>();
   ThreadStateOwner() {
     std::lock_guard<std::mutex> lock(g_states_mutex);
-    g_states.push_back(&state);
-    tls_state = &state;
+    g_states.push_back(owned.get());
+    tls_state = owned.get();
   }
   ~ThreadStateOwner() {
+    ThreadState& state = *owned;
     tls_state = nullptr;
     ThreadState* self = &state;
     g_owner.compare_exchange_strong(self, nullptr);
@@ -184,7 +232,7 @@ struct ThreadStateOwner {
   // construction, so it is constructed first.
   registry::Registry::prepare_thread();
   thread_local ThreadStateOwner owner;
-  return owner.state;
+  return *owner.owned;
 }
 
 ThreadState& thread_state() {
@@ -215,16 +263,30 @@ NodeId intern_node(ThreadState& state, const char* name, NodeId parent, int devi
   return node;
 }
 
+// Whether `fn` is named by an operator schema (its name's address is then stable).
+bool named_by_schema(const at::RecordFunction& fn) noexcept {
+  const char* string_marker = g_string_overload_name.load(std::memory_order_relaxed);
+  return string_marker != nullptr && fn.overload_name() != string_marker;
+}
+
 NodeId node_for(ThreadState& state, const at::RecordFunction& fn, NodeId parent, int device) {
   const char* name = fn.name();
   if (fn.scope() != at::RecordScope::FUNCTION) {
     return intern_node(state, name, parent, device, registry::Kind::Range);
   }
-  const PointerKey key{parent, device, name};
-  auto it = state.by_pointer.find(key);
-  if (it != state.by_pointer.end() && it->second.name == name) return it->second.node;
-  const NodeId node = intern_node(state, name, parent, device, registry::Kind::Op);
-  state.by_pointer.insert_or_assign(key, CachedNode{node, name});
+  if (!named_by_schema(fn)) [[unlikely]] {
+    return intern_node(state, name, parent, device, registry::Kind::Op);
+  }
+  const uint64_t epoch = g_schema_epoch.load(std::memory_order_relaxed);
+  if (state.schema_epoch != epoch) [[unlikely]] {
+    state.by_schema_name.clear();
+    state.schema_epoch = epoch;
+  }
+  NodeId node = state.by_schema_name.find(name, parent, device);
+  if (node == SchemaNodeCache::kNoNode) [[unlikely]] {
+    node = intern_node(state, name, parent, device, registry::Kind::Op);
+    state.by_schema_name.put(name, parent, device, node);
+  }
   return node;
 }
 
@@ -299,55 +361,103 @@ void drop_open_bricks(ThreadState& state) {
   state.stack.clear();
 }
 
+// The parent of a brick that opens with no brick open on its thread.
+NodeId top_level_parent(const ThreadState& state, const at::RecordFunction& fn) {
+  ThreadState* owner = g_owner.load(std::memory_order_relaxed);
+  // An autograd engine thread starting backward work: its caller's open brick is the parent.
+  if (owner == nullptr || owner == &state || !is_autograd_engine_work(fn)) {
+    return registry::kNoParent;
+  }
+  return owner->published_top.load(std::memory_order_relaxed);
+}
+
+// Starts an asynchronous runtime's timing of `frame` (its device and node set): a device event
+// on the current stream (Event), a clock read after the device drained (Immediate) or at once
+// (Deferred). A brick on a stream being captured into a CUDA graph is skipped.
+void start_async_timing(ThreadState& state, runtime::Runtime& rt, Frame& frame) {
+  const SyncMode mode = g_mode.load(std::memory_order_relaxed);
+  const runtime::StreamId stream = rt.current_stream(frame.device);
+  if (rt.is_capturing(frame.device, stream)) [[unlikely]] {
+    frame.node = kSkippedInCapture;
+    g_capture_skipped.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  switch (mode) {
+    case SyncMode::Immediate:
+      rt.synchronize_device(frame.device);
+      frame.start_ns = registry::Registry::now_ns();
+      break;
+    case SyncMode::Deferred:
+      frame.start_ns = registry::Registry::now_ns();
+      break;
+    case SyncMode::Event:
+      frame.start_event = acquire_event(state, frame.device);
+      try {
+        rt.record_event(frame.start_event, frame.device, stream);
+      } catch (...) {
+        state.events.release(frame.device, frame.start_event);
+        frame.start_event = nullptr;
+        throw;
+      }
+      break;
+  }
+}
+
+// Ends an asynchronous runtime's timing of `frame`; an event pair is queued, to be resolved
+// once the device has reached its end.
+void finish_async_timing(ThreadState& state, runtime::Runtime& rt, const Frame& frame) {
+  switch (g_mode.load(std::memory_order_relaxed)) {
+    case SyncMode::Immediate: {
+      rt.synchronize_device(frame.device);
+      const int64_t end = registry::Registry::now_ns();
+      g_registry.load(std::memory_order_relaxed)->record(frame.node, end - frame.start_ns, end);
+      return;
+    }
+    case SyncMode::Deferred: {
+      const int64_t end = registry::Registry::now_ns();
+      g_registry.load(std::memory_order_relaxed)->record(frame.node, end - frame.start_ns, end);
+      return;
+    }
+    case SyncMode::Event:
+      break;
+  }
+  runtime::Event* end = acquire_event(state, frame.device);
+  try {
+    rt.record_event(end, frame.device, rt.current_stream(frame.device));
+  } catch (...) {
+    state.events.release(frame.device, end);
+    state.events.release(frame.device, frame.start_event);
+    throw;
+  }
+  std::lock_guard<std::mutex> lock(state.pending.mutex);
+  state.pending.pairs.push_back({frame.node, frame.device, frame.start_event, end});
+  state.pending.size.store(state.pending.pairs.size(), std::memory_order_relaxed);
+  if (state.pending.pairs.size() % kResolveEvery == 0 ||
+      state.pending.pairs.size() > kMaxPending) {
+    resolve_locked(state, /*by_owner=*/true, /*wait_all=*/false);
+  }
+}
+
 std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   try {
     ThreadState& state = thread_state();
     const uint64_t session = g_session.load(std::memory_order_acquire);
-    if (state.session != session) {
+    if (state.session != session) [[unlikely]] {
       drop_open_bricks(state);
       state.session = session;
     }
-    NodeId parent = state.stack.empty() ? registry::kNoParent : state.stack.back().node;
-    if (parent == registry::kNoParent && is_autograd_engine_work(fn)) {
-      // An autograd engine thread starting backward work: its caller's open brick is the parent.
-      ThreadState* owner = g_owner.load(std::memory_order_relaxed);
-      if (owner != nullptr && owner != &state) {
-        parent = owner->published_top.load(std::memory_order_relaxed);
-      }
-    }
+    NodeId parent =
+        state.stack.empty() ? top_level_parent(state, fn) : state.stack.back().node;
     if (parent == kIgnored || parent == kSkippedInCapture) parent = registry::kNoParent;
-    auto& rt = runtime::get();
-    const int device = rt.current_device();
-    NodeId node = node_for(state, fn, parent, device);
-    const SyncMode mode = g_mode.load(std::memory_order_relaxed);
-    // The current stream is read once, where it is used: Event mode records on it, and on an
-    // asynchronous runtime it must not be being captured.
-    const bool needs_stream = node != kIgnored && (mode == SyncMode::Event || async_runtime());
-    const runtime::StreamId stream =
-        needs_stream ? rt.current_stream(device) : runtime::kDefaultStream;
-    if (node != kIgnored && async_runtime() && rt.is_capturing(device, stream)) [[unlikely]] {
-      node = kSkippedInCapture;
-      g_capture_skipped.fetch_add(1, std::memory_order_relaxed);
-    }
-    Frame frame{node, device, 0, nullptr};
-    if (node != kIgnored && node != kSkippedInCapture) {
-      switch (mode) {
-        case SyncMode::Immediate:
-          rt.synchronize_device(device);
-          frame.start_ns = registry::Registry::now_ns();
-          break;
-        case SyncMode::Deferred:
-          frame.start_ns = registry::Registry::now_ns();
-          break;
-        case SyncMode::Event:
-          frame.start_event = acquire_event(state, device);
-          try {
-            rt.record_event(frame.start_event, device, stream);
-          } catch (...) {
-            state.events.release(device, frame.start_event);
-            throw;
-          }
-          break;
+    runtime::Runtime& rt = *g_runtime.load(std::memory_order_relaxed);
+    Frame frame{kIgnored, rt.current_device(), 0, nullptr};
+    frame.node = node_for(state, fn, parent, frame.device);
+    if (frame.node != kIgnored) {
+      if (g_async.load(std::memory_order_relaxed)) [[unlikely]] {
+        start_async_timing(state, rt, frame);
+      } else {
+        // A synchronous runtime: the brick is the work done before its end's clock read.
+        frame.start_ns = registry::Registry::now_ns();
       }
     }
     state.stack.push_back(frame);
@@ -361,7 +471,8 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
 void on_exit(const at::RecordFunction& /*fn*/, at::ObserverContext* /*ctx*/) {
   try {
     ThreadState& state = thread_state();
-    if (state.stack.empty() || state.session != g_session.load(std::memory_order_acquire)) {
+    if (state.stack.empty() || state.session != g_session.load(std::memory_order_acquire))
+        [[unlikely]] {
       g_unbalanced_exits.fetch_add(1, std::memory_order_relaxed);
       return;
     }
@@ -369,46 +480,12 @@ void on_exit(const at::RecordFunction& /*fn*/, at::ObserverContext* /*ctx*/) {
     state.stack.pop_back();
     publish_top(state);
     if (frame.node == kIgnored || frame.node == kSkippedInCapture) return;
-    auto& rt = runtime::get();
-    switch (g_mode.load(std::memory_order_relaxed)) {
-      case SyncMode::Immediate: {
-        rt.synchronize_device(frame.device);
-        const int64_t end = registry::Registry::now_ns();
-        brick_registry().record(frame.node, end - frame.start_ns, end);
-        break;
-      }
-      case SyncMode::Deferred: {
-        const int64_t end = registry::Registry::now_ns();
-        brick_registry().record(frame.node, end - frame.start_ns, end);
-        break;
-      }
-      case SyncMode::Event: {
-        runtime::Event* end = acquire_event(state, frame.device);
-        try {
-          rt.record_event(end, frame.device, rt.current_stream(frame.device));
-        } catch (...) {
-          state.events.release(frame.device, end);
-          state.events.release(frame.device, frame.start_event);
-          throw;
-        }
-        if (!async_runtime()) {
-          // The host runtime: the pair has completed; resolve it without queueing.
-          const double ms = rt.elapsed_ms(frame.start_event, end);
-          state.events.release(frame.device, frame.start_event);
-          state.events.release(frame.device, end);
-          brick_registry().record(frame.node, static_cast<int64_t>(ms * 1e6));
-          break;
-        }
-        std::lock_guard<std::mutex> lock(state.pending.mutex);
-        state.pending.pairs.push_back({frame.node, frame.device, frame.start_event, end});
-        state.pending.size.store(state.pending.pairs.size(), std::memory_order_relaxed);
-        if (state.pending.pairs.size() % kResolveEvery == 0 ||
-            state.pending.pairs.size() > kMaxPending) {
-          resolve_locked(state, /*by_owner=*/true, /*wait_all=*/false);
-        }
-        break;
-      }
+    if (g_async.load(std::memory_order_relaxed)) [[unlikely]] {
+      finish_async_timing(state, *g_runtime.load(std::memory_order_relaxed), frame);
+      return;
     }
+    const int64_t end = registry::Registry::now_ns();
+    g_registry.load(std::memory_order_relaxed)->record(frame.node, end - frame.start_ns, end);
   } catch (...) {
     g_timing_failures.fetch_add(1, std::memory_order_relaxed);
   }
@@ -439,6 +516,7 @@ void observer_after_fork_in_parent() { g_control_mutex.unlock(); }
 void observer_after_fork_in_child() {
   g_control_mutex.unlock();
   registry_instance() = new registry::Registry();
+  g_registry.store(registry_instance(), std::memory_order_relaxed);
   g_session.fetch_add(1, std::memory_order_acq_rel);
   g_unbalanced_exits.store(0, std::memory_order_relaxed);
   g_timing_failures.store(0, std::memory_order_relaxed);
@@ -452,7 +530,7 @@ void observer_after_fork_in_child() {
     new (&state->pending.mutex) std::mutex();
     drop_open_bricks(*state);
     state->session = g_session.load(std::memory_order_relaxed);
-    state->by_pointer.clear();
+    state->by_schema_name.clear();
     state->by_name.clear();
     // The parent resolves these pairs; in the child they are dropped, their events reused.
     for (const PendingPair& pair : state->pending.pairs) {
@@ -467,10 +545,45 @@ void observer_after_fork_in_child() {
                 std::memory_order_relaxed);
 }
 
+namespace {
+
+class SchemaDeregistrationListener final : public c10::OpRegistrationListener {
+ public:
+  void onOperatorRegistered(const c10::OperatorHandle& /*op*/) override {}
+  void onOperatorDeregistered(const c10::OperatorHandle& /*op*/) override {
+    g_schema_epoch.fetch_add(1, std::memory_order_relaxed);
+  }
+};
+
+// Once per process: finds the address overload_name() gives for string-named RecordFunctions
+// (two probes, at different addresses, must agree) and starts watching schema deregistrations.
+// Called under g_control_mutex.
+void prepare_schema_names() {
+  static bool prepared = false;
+  if (prepared) return;
+  prepared = true;
+  // A RecordFunction whose before() has not run holds an empty string as its name.
+  at::RecordFunction on_stack(at::RecordScope::USER_SCOPE);
+  const auto on_heap = std::make_unique<at::RecordFunction>(at::RecordScope::USER_SCOPE);
+  const char* marker = on_stack.overload_name();
+  if (marker != nullptr && marker == on_heap->overload_name() && *marker == '\0') {
+    // Leaked on purpose: a deregistration at exit must find the listener alive.
+    new c10::RegistrationHandleRAII(c10::Dispatcher::singleton().addRegistrationListener(
+        std::make_unique<SchemaDeregistrationListener>()));
+    g_string_overload_name.store(marker, std::memory_order_relaxed);
+  }
+}
+
+}  // namespace
+
 void enable() {
   std::lock_guard<std::mutex> lock(g_control_mutex);
   TORCH_CHECK(!g_enabled.load(), "brick profiler: enable() called while already enabled");
-  (void)runtime::get();  // created (a device initialized) now, not inside the first brick
+  // The runtime is created (a device initialized) now, not inside the first brick.
+  g_runtime.store(&runtime::get(), std::memory_order_relaxed);
+  g_async.store(async_runtime(), std::memory_order_relaxed);
+  g_registry.store(&brick_registry(), std::memory_order_relaxed);
+  prepare_schema_names();
   g_session.fetch_add(1, std::memory_order_acq_rel);
   ThreadState& owner = thread_state();
   drop_open_bricks(owner);

@@ -43,11 +43,18 @@ Health health();
 // Registers brick's ProfilerStubs with PyTorch (once; the object lives for the process).
 void register_profiler_stubs();
 
+// StubRecord::device_ns of a record made on a synchronous runtime: the device reached it when it
+// was made, at cpu_ns (one clock read per record; no conversion between clocks, so the device
+// interval of an op is exactly its span between the two records).
+constexpr int64_t kDeviceAtCpuTime = -2;
+
 // One call of ProfilerStubs::record, in call order per thread.
 struct StubRecord {
   uint64_t thread;    // at::RecordFunction::currentThreadId() of the recording thread
   int64_t cpu_ns;     // c10::getTime() when recorded (the profiler's time base)
-  int64_t device_ns;  // when the device reached the event, host steady_clock ns (-1: unknown)
+  // When the device reached the event, host steady_clock ns (-1: unknown; kDeviceAtCpuTime: at
+  // cpu_ns).
+  int64_t device_ns;
   int device;
   int64_t stream;
 };

@@ -34,8 +34,12 @@ namespace {
 struct StubEvent {
   StubSlot* slot;
   TimelineLog::Handle pending;
+  // On a synchronous runtime, when the record was made (c10::getTime()); the slot's event is
+  // then unused. -1 on an asynchronous one.
+  int64_t recorded_cpu_ns;
 
-  StubEvent(StubSlot* s, TimelineLog::Handle p) noexcept : slot(s), pending(p) {}
+  StubEvent(StubSlot* s, TimelineLog::Handle p, int64_t cpu_ns) noexcept
+      : slot(s), pending(p), recorded_cpu_ns(cpu_ns) {}
   StubEvent(const StubEvent&) = delete;
   StubEvent& operator=(const StubEvent&) = delete;
   // Runs before the slot (its event included) goes back to the pool for reuse.
@@ -79,10 +83,22 @@ class BrickProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
       auto& rt = runtime::get();
       const int index = rt.current_device();
       const runtime::StreamId stream = rt.current_stream(index);
-      if (async_runtime() && rt.is_capturing(index, stream)) [[unlikely]] {
+      if (device != nullptr) *device = static_cast<c10::DeviceIndex>(index);
+      if (!async_runtime()) {
+        StubSlot* slot = acquire_stub_slot(index);
+        const int64_t now = c10::getTime();
+        if (cpu_ns != nullptr) *cpu_ns = now;
+        process_timeline().append(StubRecord{at::RecordFunction::currentThreadId(), now,
+                                             kDeviceAtCpuTime, index, stream},
+                                  nullptr);
+        auto stub = std::allocate_shared<StubEvent>(SlotAllocator<StubEvent>(slot), slot,
+                                                    TimelineLog::Handle{}, now);
+        if (event != nullptr) *event = std::move(stub);
+        return;
+      }
+      if (rt.is_capturing(index, stream)) [[unlikely]] {
         // Nothing may be recorded on a capturing stream: the op gets no device time.
         g_capture_skipped.fetch_add(1, std::memory_order_relaxed);
-        if (device != nullptr) *device = static_cast<c10::DeviceIndex>(index);
         if (event != nullptr) event->reset();
         if (cpu_ns != nullptr) *cpu_ns = c10::getTime();
         return;
@@ -93,19 +109,19 @@ class BrickProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
       try {
         rt.record_event(slot->event, index, stream);
         now = c10::getTime();
-        // Known at once on the host runtime; on an asynchronous device, once it completes.
+        // Known at once on the host runtime with deferred completion only once it completes.
         device_ns = rt.event_host_time_ns(slot->event);
       } catch (...) {
         release_stub_slot(slot);
         throw;
       }
-      if (device != nullptr) *device = static_cast<c10::DeviceIndex>(index);
       if (cpu_ns != nullptr) *cpu_ns = now;
       const TimelineLog::Handle logged = process_timeline().append(
           StubRecord{at::RecordFunction::currentThreadId(), now, device_ns, index, stream},
           device_ns < 0 ? slot->event : nullptr);
-      auto stub = std::allocate_shared<StubEvent>(SlotAllocator<StubEvent>(slot), slot,
-                                                  device_ns < 0 ? logged : TimelineLog::Handle{});
+      auto stub = std::allocate_shared<StubEvent>(
+          SlotAllocator<StubEvent>(slot), slot,
+          device_ns < 0 ? logged : TimelineLog::Handle{}, int64_t{-1});
       if (event != nullptr) *event = std::move(stub);
     } catch (...) {
       g_record_failures.fetch_add(1, std::memory_order_relaxed);
@@ -119,6 +135,10 @@ class BrickProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
     if (start == nullptr || end == nullptr || !*start || !*end) return 0.0f;
     auto* a = static_cast<StubEvent*>(start->get());
     auto* b = static_cast<StubEvent*>(end->get());
+    if (a->recorded_cpu_ns >= 0 && b->recorded_cpu_ns >= 0) {  // a synchronous runtime
+      return static_cast<float>(static_cast<double>(b->recorded_cpu_ns - a->recorded_cpu_ns) /
+                                1000.0);  // us
+    }
     auto& rt = runtime::get();
     rt.synchronize_event(a->slot->event);
     rt.synchronize_event(b->slot->event);

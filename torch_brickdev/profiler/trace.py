@@ -112,7 +112,13 @@ def _device_intervals(prof):
     records = defaultdict(list)
     for thread, cpu_ns, device_ns, device, stream in timeline["records"]:
         if cpu_ns >= trace_start:
-            records[thread].append((device_ns, device, stream))
+            # On the CPU time base; a synchronous runtime's device reached a record when it
+            # was made. -1: unknown.
+            if device_ns == _C._profiler.DEVICE_AT_CPU_TIME:
+                at = cpu_ns
+            else:
+                at = device_ns + offset if device_ns >= 0 else -1
+            records[thread].append((at, device, stream))
     matches, unmatched_threads = [], []
     for thread, events in by_thread.items():
         logged = records.get(thread, [])
@@ -126,7 +132,7 @@ def _device_intervals(prof):
         for i, e in enumerate(events):
             (d0, device, stream), (d1, _, _) = start_of[i], end_of[i]
             if d0 >= 0 and d1 >= 0:
-                matches.append((e, device, stream, d0 + offset, d1 + offset))
+                matches.append((e, device, stream, d0, d1))
     info = {
         "matched_ops": len(matches),
         "unmatched_threads": unmatched_threads,
