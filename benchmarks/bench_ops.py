@@ -1,9 +1,11 @@
 """Per-op time on brick versus the same op on the CPU, same process, same data.
 
 Each case runs both sides interleaved in rounds; the figure is the median per-call time over
-rounds, and the ratio is brick / cpu. Targets (from the brick device issue):
-  tiny elementwise ops (<= 1k elements): brick <= 2.0x cpu
-  1024x1024 matmul, small MLP forward:   brick <= 1.05x cpu
+rounds, and the ratio is brick / cpu. Targets (from the hot-path issue):
+  tiny elementwise ops (<= 1k elements):                 brick <= 1.2x cpu
+  a transformers decoder's greedy generate() (Qwen2-style,
+  small random config, sdpa; skipped without transformers): brick <= 1.1x cpu
+  1024x1024 matmul, small MLP forward:                   brick <= 1.05x cpu
 
 Run: python benchmarks/bench_ops.py [--rounds N] [--json out.json]
 """
@@ -50,7 +52,7 @@ def cases():
         ("where (1k)", lambda x, y: torch.where(x > 0, x, y)),
     ]
     for name, fn in tiny:
-        yield name, "tiny", 2.0, 20000, (lambda fn=fn: fn(a, b)), (lambda fn=fn: fn(ab, bb))
+        yield name, "tiny", 1.2, 20000, (lambda fn=fn: fn(a, b)), (lambda fn=fn: fn(ab, bb))
     m = torch.randn(1024, 1024, generator=g)
     mb = m.to("brick")
     yield "matmul 1024x1024", "large", 1.05, 5, (lambda: m @ m), (lambda: mb @ mb)
@@ -65,6 +67,37 @@ def cases():
     xb = x.to("brick")
     with torch.no_grad():
         yield "MLP forward 64x512->2048->512", "large", 1.05, 50, (lambda: mlp(x)), (lambda: mlp_b(xb))
+    generate = qwen2_generate_case()
+    if generate is not None:
+        yield generate
+
+
+def qwen2_generate_case():
+    """Greedy generate() of a small random Qwen2 (2 layers, hidden 64): 16 new tokens."""
+    try:
+        import transformers
+    except ImportError:
+        print("(generate() case skipped: transformers is not installed)")
+        return None
+    transformers.logging.set_verbosity_error()
+    config = transformers.Qwen2Config(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    import copy
+
+    model = transformers.Qwen2ForCausalLM(config).eval()
+    model_b = copy.deepcopy(model).to("brick")
+    ids = torch.randint(3, 256, (1, 8), generator=torch.Generator().manual_seed(0))
+    ids_b = ids.to("brick")
+
+    def generate(m, inputs):
+        return m.generate(input_ids=inputs, max_new_tokens=16, min_new_tokens=16, do_sample=False,
+                          num_beams=1)
+
+    return ("Qwen2 generate() 16 tokens", "model", 1.1, 3, (lambda: generate(model, ids)),
+            (lambda: generate(model_b, ids_b)))
 
 
 def main() -> int:

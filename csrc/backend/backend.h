@@ -2,6 +2,8 @@
 #pragma once
 
 #include <ATen/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/Device.h>
 #include <c10/core/Storage.h>
@@ -101,6 +103,10 @@ at::Tensor adopt_result(at::Tensor result, c10::DeviceIndex device);
 
 // Resizes a brick storage to `new_nbytes`, keeping the common prefix of its bytes.
 void resize_brick_storage_bytes(const c10::Storage& storage, size_t new_nbytes);
+
+// Runs `op` on `stack` through the boxed fallback (the way every op without a kernel of its own
+// runs): for the direct kernels' unusual calls.
+void run_boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
 // Registers the fallback as brick's own kernel for ops PyTorch would otherwise decompose into
 // an allocation plus their out= form; returns how many. Called by ensure_registered().

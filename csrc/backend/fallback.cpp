@@ -285,6 +285,10 @@ void brick_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*key_set
 
 }  // namespace
 
+void run_boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  FallbackCall(op).run(stack);
+}
+
 int register_direct_fallback_kernels() {
   // PyTorch prefers a composite kernel to a backend fallback, which costs brick twice:
   //  - ops with a CompositeExplicitAutogradNonFunctional kernel (functional and in-place forms of

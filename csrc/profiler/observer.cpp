@@ -16,9 +16,8 @@
 #include <c10/util/Exception.h>
 
 #include <array>
-#include <cstring>
-
 #include <atomic>
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <new>
@@ -432,8 +431,7 @@ void finish_async_timing(ThreadState& state, runtime::Runtime& rt, const Frame& 
   std::lock_guard<std::mutex> lock(state.pending.mutex);
   state.pending.pairs.push_back({frame.node, frame.device, frame.start_event, end});
   state.pending.size.store(state.pending.pairs.size(), std::memory_order_relaxed);
-  if (state.pending.pairs.size() % kResolveEvery == 0 ||
-      state.pending.pairs.size() > kMaxPending) {
+  if (state.pending.pairs.size() % kResolveEvery == 0 || state.pending.pairs.size() > kMaxPending) {
     resolve_locked(state, /*by_owner=*/true, /*wait_all=*/false);
   }
 }
@@ -446,8 +444,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
       drop_open_bricks(state);
       state.session = session;
     }
-    NodeId parent =
-        state.stack.empty() ? top_level_parent(state, fn) : state.stack.back().node;
+    NodeId parent = state.stack.empty() ? top_level_parent(state, fn) : state.stack.back().node;
     if (parent == kIgnored || parent == kSkippedInCapture) parent = registry::kNoParent;
     runtime::Runtime& rt = *g_runtime.load(std::memory_order_relaxed);
     Frame frame{kIgnored, rt.current_device(), 0, nullptr};

@@ -50,8 +50,8 @@ constexpr int64_t kDeviceAtCpuTime = -2;
 
 // One call of ProfilerStubs::record, in call order per thread.
 struct StubRecord {
-  uint64_t thread;    // at::RecordFunction::currentThreadId() of the recording thread
-  int64_t cpu_ns;     // c10::getTime() when recorded (the profiler's time base)
+  uint64_t thread;  // at::RecordFunction::currentThreadId() of the recording thread
+  int64_t cpu_ns;   // c10::getTime() when recorded (the profiler's time base)
   // When the device reached the event, host steady_clock ns (-1: unknown; kDeviceAtCpuTime: at
   // cpu_ns).
   int64_t device_ns;

@@ -88,9 +88,9 @@ class BrickProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
         StubSlot* slot = acquire_stub_slot(index);
         const int64_t now = c10::getTime();
         if (cpu_ns != nullptr) *cpu_ns = now;
-        process_timeline().append(StubRecord{at::RecordFunction::currentThreadId(), now,
-                                             kDeviceAtCpuTime, index, stream},
-                                  nullptr);
+        process_timeline().append(
+            StubRecord{at::RecordFunction::currentThreadId(), now, kDeviceAtCpuTime, index, stream},
+            nullptr);
         auto stub = std::allocate_shared<StubEvent>(SlotAllocator<StubEvent>(slot), slot,
                                                     TimelineLog::Handle{}, now);
         if (event != nullptr) *event = std::move(stub);
@@ -119,9 +119,9 @@ class BrickProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
       const TimelineLog::Handle logged = process_timeline().append(
           StubRecord{at::RecordFunction::currentThreadId(), now, device_ns, index, stream},
           device_ns < 0 ? slot->event : nullptr);
-      auto stub = std::allocate_shared<StubEvent>(
-          SlotAllocator<StubEvent>(slot), slot,
-          device_ns < 0 ? logged : TimelineLog::Handle{}, int64_t{-1});
+      auto stub = std::allocate_shared<StubEvent>(SlotAllocator<StubEvent>(slot), slot,
+                                                  device_ns < 0 ? logged : TimelineLog::Handle{},
+                                                  int64_t{-1});
       if (event != nullptr) *event = std::move(stub);
     } catch (...) {
       g_record_failures.fetch_add(1, std::memory_order_relaxed);

@@ -57,7 +57,7 @@ from torch_brickdev.tools import contract
 from torch_brickdev.tools.contract import CHECK_IDS, CheckResult, format_results, run_checks
 from torch_brickdev.profiler import Report, load_report
 from torch_brickdev.profiler import report as report_module
-from torch_brickdev.profiler.report import ReportError, compare_with_key_averages
+from torch_brickdev.profiler.report import ReportError, compare_with_key_averages, folded_by_pytorch
 
 # Every property is deterministic (derandomize) and uses no example database, so CI runs the
 # same examples every time; deadline: one example taking over 2 s is a failure (a hang guard,
@@ -985,6 +985,8 @@ CASES: List[Case] = [
     Case("compare-row_limit-negative",
          lambda: compare_with_key_averages(_FakeProfile(), _report(), row_limit=-5), ValueError,
          r"row_limit must be >= 0", "-5"),
+    Case("folded-report-None", lambda: folded_by_pytorch(None), TypeError,
+         r"report must be a Report", "NoneType"),
     Case("compare-row_limit-str",
          lambda: compare_with_key_averages(_FakeProfile(), _report(), row_limit="all"),
          TypeError, r"row_limit must be an int >= 0 or None", "str"),

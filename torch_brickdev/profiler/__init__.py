@@ -46,7 +46,8 @@ from ._registry import (
 )
 from ._kineto import kineto_available, kineto_stats
 from ._kineto import warn_where_unavailable as _warn_where_unavailable
-from .report import Report, ReportError, WrittenFigures, compare_with_key_averages, load_report
+from .report import (Report, ReportError, WrittenFigures, compare_with_key_averages,
+                     folded_by_pytorch, load_report)
 from .trace import export_chrome_trace
 from .merge import MergedReport, merge_reports
 
@@ -59,6 +60,7 @@ __all__ = [
     "all_brick_stats",
     "clear_timeline",
     "compare_with_key_averages",
+    "folded_by_pytorch",
     "disable",
     "enable",
     "export_chrome_trace",

@@ -1,0 +1,224 @@
+// Unboxed kernels for the ops that dominate real models' op counts.
+//
+// The boxed fallback (fallback.cpp) serves every op, but boxing costs: the arguments are copied
+// into an IValue stack and back out, and each copy of a brick tensor that Python owns takes the
+// GIL twice (PyTorch keeps the Python object alive while C++ holds a second reference). For the
+// hottest ops of transformer decoders (measured with the registry on Qwen2 generate(): mul, add,
+// cat, mm, addmm, div_, fill_, ...), a kernel per op takes its arguments as they come, aliases
+// the brick tensors on the backing device, redispatches there and adopts the result: the same
+// work as the fallback without the stack.
+//
+// Anything out of the ordinary (a tensor that is not on this op's brick device, two tensors of
+// an in-place op sharing memory, more tensors than the check holds) goes to the boxed fallback,
+// which handles every case and names every error. Only ops whose result is always a fresh
+// tensor (or, in place, self with its geometry unchanged) are listed.
+#include <ATen/Operators.h>
+#include <ATen/core/boxing/impl/boxing.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include <array>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/backing.h"
+#include "backend/launch.h"
+
+namespace brick::backend {
+
+namespace {
+
+template <typename T>
+using Bare = std::remove_cv_t<std::remove_reference_t<T>>;
+
+// Tensor arguments the direct kernels do not convert (none of the listed ops has one).
+template <typename T>
+constexpr bool kIsUnsupportedTensorArgument =
+    std::is_same_v<Bare<T>, std::optional<at::Tensor>> || std::is_same_v<Bare<T>, at::TensorList> ||
+    std::is_same_v<Bare<T>, c10::List<std::optional<at::Tensor>>>;
+
+// What the arguments of one call hold: the brick device they are all on, and their storages.
+class ArgumentCheck {
+ public:
+  static constexpr size_t kMaxTensors = 8;
+
+  void see(const at::Tensor& tensor) {
+    if (!tensor.defined()) return;
+    if (tensor.device().type() != kBrick || count_ == kMaxTensors) {
+      usual_ = false;
+      return;
+    }
+    const c10::DeviceIndex index = tensor.device().index();
+    if (device_ < 0) {
+      device_ = index;
+    } else if (index != device_) {
+      usual_ = false;
+    }
+    c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+    for (size_t i = 0; i < count_; ++i)
+      shared_storage_ = shared_storage_ || storages_[i] == storage;
+    storages_[count_++] = storage;
+  }
+  void see(const at::ITensorListRef& tensors) {
+    for (const at::Tensor& tensor : tensors) see(tensor);
+  }
+  template <typename T>
+  void see(const T& /*not a tensor*/) {}
+
+  // True when every tensor is a brick tensor on one device; an in-place op also needs its
+  // tensors to have storages of their own (the fallback makes them share a backing storage).
+  bool usual(bool in_place) const {
+    return usual_ && device_ >= 0 && !(in_place && shared_storage_);
+  }
+  c10::DeviceIndex device() const { return device_; }
+
+ private:
+  c10::DeviceIndex device_ = -1;
+  bool usual_ = true;
+  bool shared_storage_ = false;
+  size_t count_ = 0;
+  std::array<c10::StorageImpl*, kMaxTensors> storages_{};
+};
+
+// Backing-device aliases of a tensor list's brick tensors, passed on as a list.
+struct BackingList {
+  std::vector<at::Tensor> tensors;
+  operator at::ITensorListRef() const { return at::ITensorListRef(tensors); }
+};
+
+// The backing-device argument for a brick argument.
+at::Tensor backing(const at::Tensor& tensor) {
+  return tensor.defined() ? make_backing_alias(tensor) : tensor;
+}
+BackingList backing(const at::ITensorListRef& tensors) {
+  BackingList list;
+  list.tensors.reserve(tensors.size());
+  for (const at::Tensor& tensor : tensors) list.tensors.push_back(make_backing_alias(tensor));
+  return list;
+}
+template <typename T>
+const T& backing(const T& value) {
+  return value;
+}
+
+// The boxed fallback for `Op`'s arguments, for the unusual calls.
+template <typename Op, typename Return, typename... Args>
+Return call_boxed(Args... args) {
+  static const c10::OperatorHandle op =
+      c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
+  torch::jit::Stack stack = c10::impl::boxArgs<Args...>(args...);
+  run_boxed_fallback(op, &stack);
+  return std::move(stack.back()).toTensor();
+}
+
+template <typename Op>
+void add_failure_context(c10::Error& error, c10::DeviceIndex device) {
+  const std::string overload = Op::overload_name;
+  error.add_context(std::string("brick: ") + Op::name + (overload.empty() ? "" : "." + overload) +
+                    " on " + c10::Device(kBrick, device).str() + " failed on its backing device (" +
+                    c10::DeviceTypeName(backing_device_type(), /*lower_case=*/true) + ")");
+}
+
+template <typename Op, typename Schema = typename Op::schema>
+struct Direct;
+
+// A functional op: a fresh result.
+template <typename Op, typename... Args>
+struct Direct<Op, at::Tensor(Args...)> {
+  static_assert(!(kIsUnsupportedTensorArgument<Args> || ...), "an argument kind not converted");
+
+  static at::Tensor call(Args... args) {
+    ArgumentCheck check;
+    (check.see(args), ...);
+    if (!check.usual(/*in_place=*/false)) [[unlikely]] {
+      return call_boxed<Op, at::Tensor, Args...>(args...);
+    }
+    const c10::DeviceIndex device = check.device();
+    LaunchScope launch(Op::name, runtime::LaunchKind::Kernel);
+    BackingScope scope(device);
+    launch.queue(device);
+    at::Tensor result;
+    try {
+      result = Op::redispatch(backing_dispatch_key_set(), backing(args)...);
+    } catch (c10::Error& error) {
+      add_failure_context<Op>(error, device);
+      throw;
+    }
+    return adopt_result(std::move(result), device);
+  }
+};
+
+// An in-place op: self, changed in place (its geometry untouched: these ops do not resize).
+template <typename Op, typename... Rest>
+struct Direct<Op, at::Tensor&(at::Tensor&, Rest...)> {
+  static_assert(!(kIsUnsupportedTensorArgument<Rest> || ...), "an argument kind not converted");
+
+  static at::Tensor& call(at::Tensor& self, Rest... rest) {
+    ArgumentCheck check;
+    check.see(self);
+    (check.see(rest), ...);
+    if (!check.usual(/*in_place=*/true)) [[unlikely]] {
+      at::Tensor result = call_boxed<Op, at::Tensor, at::Tensor&, Rest...>(self, rest...);
+      (void)result;  // self, changed by the fallback
+      return self;
+    }
+    const c10::DeviceIndex device = check.device();
+    LaunchScope launch(Op::name, runtime::LaunchKind::Kernel);
+    BackingScope scope(device);
+    launch.queue(device);
+    at::Tensor self_backing = make_backing_alias(self);
+    try {
+      Op::redispatch(backing_dispatch_key_set(), self_backing, backing(rest)...);
+    } catch (c10::Error& error) {
+      add_failure_context<Op>(error, device);
+      throw;
+    }
+    return self;
+  }
+};
+
+template <typename Op>
+void register_direct(torch::Library& library) {
+  const std::string overload = Op::overload_name;
+  const std::string name =
+      std::string(Op::name).substr(6) + (overload.empty() ? "" : "." + overload);
+  library.impl(name.c_str(), TORCH_FN(Direct<Op>::call));
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  // Elementwise arithmetic and activations of transformer blocks.
+  register_direct<at::_ops::add_Tensor>(m);
+  register_direct<at::_ops::sub_Tensor>(m);
+  register_direct<at::_ops::mul_Tensor>(m);
+  register_direct<at::_ops::div_Tensor>(m);
+  register_direct<at::_ops::neg>(m);
+  register_direct<at::_ops::rsqrt>(m);
+  register_direct<at::_ops::pow_Tensor_Scalar>(m);
+  register_direct<at::_ops::silu>(m);
+  register_direct<at::_ops::relu>(m);
+  register_direct<at::_ops::sigmoid>(m);
+  register_direct<at::_ops::tanh>(m);
+  register_direct<at::_ops::exp>(m);
+  register_direct<at::_ops::where_self>(m);
+  register_direct<at::_ops::bitwise_or_Tensor>(m);
+  // Reductions, matrix products, concatenation.
+  register_direct<at::_ops::sum_dim_IntList>(m);
+  register_direct<at::_ops::mean_dim>(m);
+  register_direct<at::_ops::_softmax>(m);
+  register_direct<at::_ops::mm>(m);
+  register_direct<at::_ops::bmm>(m);
+  register_direct<at::_ops::addmm>(m);
+  register_direct<at::_ops::cat>(m);
+  // In place.
+  register_direct<at::_ops::add__Tensor>(m);
+  register_direct<at::_ops::mul__Tensor>(m);
+  register_direct<at::_ops::div__Tensor>(m);
+  register_direct<at::_ops::fill__Scalar>(m);
+}
+
+}  // namespace brick::backend
