@@ -91,12 +91,14 @@ struct BackingList {
 
 // The backing-device argument for a brick argument.
 at::Tensor backing(const at::Tensor& tensor) {
-  return tensor.defined() ? make_backing_alias(tensor) : tensor;
+  return tensor.defined() ? make_reused_backing_alias(tensor) : tensor;
 }
 BackingList backing(const at::ITensorListRef& tensors) {
   BackingList list;
   list.tensors.reserve(tensors.size());
-  for (const at::Tensor& tensor : tensors) list.tensors.push_back(make_backing_alias(tensor));
+  for (const at::Tensor& tensor : tensors) {
+    list.tensors.push_back(make_reused_backing_alias(tensor));
+  }
   return list;
 }
 template <typename T>
@@ -169,7 +171,7 @@ struct Direct<Op, at::Tensor&(at::Tensor&, Rest...)> {
     LaunchScope launch(Op::name, runtime::LaunchKind::Kernel);
     BackingScope scope(device);
     launch.queue(device);
-    at::Tensor self_backing = make_backing_alias(self);
+    at::Tensor self_backing = make_reused_backing_alias(self);
     try {
       Op::redispatch(backing_dispatch_key_set(), self_backing, backing(rest)...);
     } catch (c10::Error& error) {

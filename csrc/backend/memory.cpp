@@ -6,6 +6,7 @@
 #include <torch/version.h>
 #include <unistd.h>
 
+#include <array>
 #include <fstream>
 #include <string>
 #include <string_view>
@@ -296,6 +297,62 @@ at::Tensor make_backing_tensor(const at::Tensor& brick_tensor, c10::Storage back
 
 at::Tensor make_backing_alias(const at::Tensor& brick_tensor) {
   return make_backing_tensor(brick_tensor, make_backing_storage(brick_tensor.storage()));
+}
+
+namespace {
+
+// The calling thread's backing aliases kept for reuse: an alias that nothing references once its
+// op is done is pointed at the next call's brick tensor instead of being freed and made anew
+// (two objects allocated, constructed, destroyed and freed per tensor argument per op).
+struct AliasPool {
+  static constexpr size_t kSize = 8;
+  std::array<c10::intrusive_ptr<c10::TensorImpl>, kSize> aliases;
+  size_t next = 0;  // the slot a new alias replaces when none is free
+};
+// The calling thread's pool once it has one: initial-exec, a direct %fs access even inside a
+// dlopen()ed module (the pool itself lives in a thread_local of its own, outside static TLS).
+[[gnu::tls_model("initial-exec")]] constinit thread_local AliasPool* t_alias_pool = nullptr;
+
+[[gnu::noinline]] AliasPool& create_alias_pool() {
+  thread_local AliasPool pool;
+  t_alias_pool = &pool;
+  return pool;
+}
+
+bool is_free(const c10::intrusive_ptr<c10::TensorImpl>& alias) {
+  // Only the pool holds the alias, and only the alias its storage (a kernel may keep either).
+  return alias && alias.use_count() == 1 && alias.weak_use_count() == 1 &&
+         alias->unsafe_storage().use_count() == 1;
+}
+
+}  // namespace
+
+at::Tensor make_reused_backing_alias(const at::Tensor& brick_tensor) {
+  AliasPool& pool = t_alias_pool != nullptr ? *t_alias_pool : create_alias_pool();
+  const c10::StorageImpl* brick_storage = brick_tensor.storage().unsafeGetStorageImpl();
+  for (auto& alias : pool.aliases) {
+    if (!is_free(alias)) continue;
+    c10::StorageImpl* storage = alias->unsafe_storage().unsafeGetStorageImpl();
+    storage->set_data_ptr_noswap(c10::DataPtr(brick_storage->data_ptr().get(),
+                                              backing_device(brick_storage->device().index())));
+    storage->set_nbytes(brick_storage->nbytes());
+    if (alias->dtype() != brick_tensor.dtype()) {
+      alias->set_storage_and_dtype(alias->unsafe_storage(), brick_tensor.dtype());
+    }
+    // A loop's ops see the same shapes again and again: the alias often has them already.
+    if (alias->sizes() != brick_tensor.sizes() || alias->strides() != brick_tensor.strides() ||
+        alias->storage_offset() != brick_tensor.storage_offset()) {
+      alias->set_sizes_and_strides(brick_tensor.sizes(), brick_tensor.strides(),
+                                   brick_tensor.storage_offset());
+    }
+    alias->_set_conj(brick_tensor.is_conj());
+    alias->_set_neg(brick_tensor.is_neg());
+    return at::Tensor(alias);
+  }
+  at::Tensor fresh = make_backing_alias(brick_tensor);
+  pool.aliases[pool.next] = fresh.getIntrusivePtr();
+  pool.next = (pool.next + 1) % AliasPool::kSize;
+  return fresh;
 }
 
 at::Tensor make_backing_alias(const std::optional<at::Tensor>& brick_tensor) {
