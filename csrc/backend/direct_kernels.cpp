@@ -8,6 +8,7 @@
 // the brick tensors on the backing device, redispatches there and adopts the result: the same
 // work as the fallback without the stack.
 //
+// CPU scalars (Python numbers, 0-dim CPU tensors) pass through as the fallback passes them.
 // Anything out of the ordinary (a tensor that is not on this op's brick device, two tensors of
 // an in-place op sharing memory, more tensors than the check holds) goes to the boxed fallback,
 // which handles every case and names every error. Only ops whose result is always a fresh
@@ -47,7 +48,12 @@ class ArgumentCheck {
 
   void see(const at::Tensor& tensor) {
     if (!tensor.defined()) return;
-    if (tensor.device().type() != kBrick || count_ == kMaxTensors) {
+    if (tensor.device().type() != kBrick) {
+      // A CPU scalar (a Python number, a 0-dim tensor) mixes with device tensors, as on CUDA.
+      if (tensor.device().type() != c10::DeviceType::CPU || tensor.dim() != 0) usual_ = false;
+      return;
+    }
+    if (count_ == kMaxTensors) {
       usual_ = false;
       return;
     }
@@ -91,7 +97,9 @@ struct BackingList {
 
 // The backing-device argument for a brick argument.
 at::Tensor backing(const at::Tensor& tensor) {
-  return tensor.defined() ? make_reused_backing_alias(tensor) : tensor;
+  // A CPU scalar goes as it is.
+  return tensor.defined() && tensor.device().type() == kBrick ? make_reused_backing_alias(tensor)
+                                                              : tensor;
 }
 BackingList backing(const at::ITensorListRef& tensors) {
   BackingList list;
@@ -171,7 +179,7 @@ struct Direct<Op, at::Tensor&(at::Tensor&, Rest...)> {
     LaunchScope launch(Op::name, runtime::LaunchKind::Kernel);
     BackingScope scope(device);
     launch.queue(device);
-    at::Tensor self_backing = make_reused_backing_alias(self);
+    at::Tensor self_backing = backing(self);
     try {
       Op::redispatch(backing_dispatch_key_set(), self_backing, backing(rest)...);
     } catch (c10::Error& error) {
@@ -208,6 +216,29 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   register_direct<at::_ops::exp>(m);
   register_direct<at::_ops::where_self>(m);
   register_direct<at::_ops::bitwise_or_Tensor>(m);
+  register_direct<at::_ops::abs>(m);
+  register_direct<at::_ops::sqrt>(m);
+  register_direct<at::_ops::log>(m);
+  register_direct<at::_ops::sin>(m);
+  register_direct<at::_ops::cos>(m);
+  register_direct<at::_ops::gelu>(m);
+  register_direct<at::_ops::clamp_min>(m);
+  register_direct<at::_ops::maximum>(m);
+  register_direct<at::_ops::minimum>(m);
+  register_direct<at::_ops::masked_fill_Scalar>(m);
+  // Comparisons (masks).
+  register_direct<at::_ops::eq_Scalar>(m);
+  register_direct<at::_ops::ne_Scalar>(m);
+  register_direct<at::_ops::gt_Scalar>(m);
+  register_direct<at::_ops::ge_Scalar>(m);
+  register_direct<at::_ops::lt_Scalar>(m);
+  register_direct<at::_ops::le_Scalar>(m);
+  register_direct<at::_ops::eq_Tensor>(m);
+  register_direct<at::_ops::ne_Tensor>(m);
+  register_direct<at::_ops::gt_Tensor>(m);
+  register_direct<at::_ops::ge_Tensor>(m);
+  register_direct<at::_ops::lt_Tensor>(m);
+  register_direct<at::_ops::le_Tensor>(m);
   // Reductions, matrix products, concatenation.
   register_direct<at::_ops::sum_dim_IntList>(m);
   register_direct<at::_ops::mean_dim>(m);
@@ -220,6 +251,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   register_direct<at::_ops::add__Tensor>(m);
   register_direct<at::_ops::mul__Tensor>(m);
   register_direct<at::_ops::div__Tensor>(m);
+  register_direct<at::_ops::sub__Tensor>(m);
   register_direct<at::_ops::fill__Scalar>(m);
 }
 
