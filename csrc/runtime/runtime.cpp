@@ -52,24 +52,28 @@ void raise_max(std::atomic<int64_t>& peak, int64_t value) noexcept {
 
 }  // namespace
 
-void MemoryTracker::bump_peaks() noexcept {
-  raise_max(peak_allocated_bytes_, allocated_bytes_.load(std::memory_order_relaxed));
-  raise_max(peak_allocations_, allocations_.load(std::memory_order_relaxed));
+// Live figures are derived from the monotonic ones (live = made - freed), so an allocation or a
+// free is two atomic additions. A free is counted after its allocation, so reading the freed
+// figures first never shows more freed than made.
+MemoryTracker::Live MemoryTracker::live() const noexcept {
+  const int64_t frees = frees_.load(std::memory_order_acquire);
+  const int64_t freed_bytes = freed_bytes_.load(std::memory_order_acquire);
+  return {allocated_bytes_made_.load(std::memory_order_acquire) - freed_bytes,
+          allocations_made_.load(std::memory_order_acquire) - frees};
 }
 
 void MemoryTracker::on_alloc(int64_t nbytes) noexcept {
-  allocated_bytes_.fetch_add(nbytes, std::memory_order_relaxed);
-  allocations_.fetch_add(1, std::memory_order_relaxed);
-  total_allocations_.fetch_add(1, std::memory_order_relaxed);
-  allocated_bytes_total_.fetch_add(nbytes, std::memory_order_relaxed);
-  bump_peaks();
+  const int64_t made = allocations_made_.fetch_add(1, std::memory_order_acq_rel) + 1;
+  const int64_t bytes_made =
+      allocated_bytes_made_.fetch_add(nbytes, std::memory_order_acq_rel) + nbytes;
+  // Peaks: what this allocation reached (a free racing it can only make the figure lower).
+  raise_max(peak_allocated_bytes_, bytes_made - freed_bytes_.load(std::memory_order_acquire));
+  raise_max(peak_allocations_, made - frees_.load(std::memory_order_acquire));
 }
 
 void MemoryTracker::on_free(int64_t nbytes) noexcept {
-  allocated_bytes_.fetch_sub(nbytes, std::memory_order_relaxed);
-  allocations_.fetch_sub(1, std::memory_order_relaxed);
-  total_frees_.fetch_add(1, std::memory_order_relaxed);
-  freed_bytes_total_.fetch_add(nbytes, std::memory_order_relaxed);
+  frees_.fetch_add(1, std::memory_order_acq_rel);
+  freed_bytes_.fetch_add(nbytes, std::memory_order_acq_rel);
 }
 
 void MemoryTracker::on_adopt(int64_t nbytes) noexcept {
@@ -84,29 +88,37 @@ void MemoryTracker::on_release_adopted(int64_t nbytes) noexcept {
 
 MemoryStats MemoryTracker::snapshot() const noexcept {
   MemoryStats s;
-  s.allocated_bytes = allocated_bytes_.load(std::memory_order_relaxed);
+  const Live now = live();
+  s.allocated_bytes = now.bytes;
+  s.allocations = now.allocations;
   s.peak_allocated_bytes = peak_allocated_bytes_.load(std::memory_order_relaxed);
-  s.allocations = allocations_.load(std::memory_order_relaxed);
   s.peak_allocations = peak_allocations_.load(std::memory_order_relaxed);
-  s.total_allocations = total_allocations_.load(std::memory_order_relaxed);
-  s.total_frees = total_frees_.load(std::memory_order_relaxed);
-  s.allocated_bytes_total = allocated_bytes_total_.load(std::memory_order_relaxed);
-  s.freed_bytes_total = freed_bytes_total_.load(std::memory_order_relaxed);
+  s.total_allocations = allocations_made_.load(std::memory_order_relaxed) -
+                        allocations_base_.load(std::memory_order_relaxed);
+  s.total_frees =
+      frees_.load(std::memory_order_relaxed) - frees_base_.load(std::memory_order_relaxed);
+  s.allocated_bytes_total = allocated_bytes_made_.load(std::memory_order_relaxed) -
+                            allocated_bytes_base_.load(std::memory_order_relaxed);
+  s.freed_bytes_total = freed_bytes_.load(std::memory_order_relaxed) -
+                        freed_bytes_base_.load(std::memory_order_relaxed);
   s.adopted_bytes = adopted_bytes_.load(std::memory_order_relaxed);
   return s;
 }
 
 void MemoryTracker::reset_peak() noexcept {
-  peak_allocated_bytes_.store(allocated_bytes_.load(std::memory_order_relaxed),
-                              std::memory_order_relaxed);
-  peak_allocations_.store(allocations_.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  const Live now = live();
+  peak_allocated_bytes_.store(now.bytes, std::memory_order_relaxed);
+  peak_allocations_.store(now.allocations, std::memory_order_relaxed);
 }
 
 void MemoryTracker::reset_accumulated() noexcept {
-  total_allocations_.store(0, std::memory_order_relaxed);
-  total_frees_.store(0, std::memory_order_relaxed);
-  allocated_bytes_total_.store(0, std::memory_order_relaxed);
-  freed_bytes_total_.store(0, std::memory_order_relaxed);
+  // The totals restart from zero; the live figures, derived from the same counters, do not move.
+  allocations_base_.store(allocations_made_.load(std::memory_order_relaxed),
+                          std::memory_order_relaxed);
+  frees_base_.store(frees_.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  allocated_bytes_base_.store(allocated_bytes_made_.load(std::memory_order_relaxed),
+                              std::memory_order_relaxed);
+  freed_bytes_base_.store(freed_bytes_.load(std::memory_order_relaxed), std::memory_order_relaxed);
 }
 
 void Runtime::check_device(DeviceIndex device) const {

@@ -58,15 +58,23 @@ class MemoryTracker {
   void reset_accumulated() noexcept;
 
  private:
-  void bump_peaks() noexcept;
-  std::atomic<int64_t> allocated_bytes_{0};
+  struct Live {
+    int64_t bytes;
+    int64_t allocations;
+  };
+  Live live() const noexcept;
+  // Monotonic since the tracker was made: an allocation or a free is two atomic additions.
+  std::atomic<int64_t> allocations_made_{0};
+  std::atomic<int64_t> allocated_bytes_made_{0};
+  std::atomic<int64_t> frees_{0};
+  std::atomic<int64_t> freed_bytes_{0};
+  // Their values at the last reset_accumulated(): the totals reported count from there.
+  std::atomic<int64_t> allocations_base_{0};
+  std::atomic<int64_t> allocated_bytes_base_{0};
+  std::atomic<int64_t> frees_base_{0};
+  std::atomic<int64_t> freed_bytes_base_{0};
   std::atomic<int64_t> peak_allocated_bytes_{0};
-  std::atomic<int64_t> allocations_{0};
   std::atomic<int64_t> peak_allocations_{0};
-  std::atomic<int64_t> total_allocations_{0};
-  std::atomic<int64_t> total_frees_{0};
-  std::atomic<int64_t> allocated_bytes_total_{0};
-  std::atomic<int64_t> freed_bytes_total_{0};
   std::atomic<int64_t> adopted_bytes_{0};
 };
 
