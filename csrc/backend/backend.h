@@ -9,6 +9,7 @@
 #include <c10/core/Storage.h>
 
 #include <optional>
+#include <string>
 #include <utility>
 
 #include "runtime/runtime.h"
@@ -106,6 +107,11 @@ at::Tensor adopt_result(at::Tensor result, c10::DeviceIndex device);
 
 // Resizes a brick storage to `new_nbytes`, keeping the common prefix of its bytes.
 void resize_brick_storage_bytes(const c10::Storage& storage, size_t new_nbytes);
+
+// Adds to `error`, raised by the backing device's kernel of op `name` (with `overload_name`), the
+// context every brick kernel gives it: which op on which brick device failed, and on what.
+void add_backing_failure_context(c10::Error& error, const std::string& name,
+                                 const std::string& overload_name, c10::DeviceIndex device);
 
 // Runs `op` on `stack` through the boxed fallback (the way every op without a kernel of its own
 // runs): for the direct kernels' unusual calls.

@@ -124,14 +124,6 @@ Return call_boxed(Args... args) {
   return std::move(stack.back()).toTensor();
 }
 
-template <typename Op>
-void add_failure_context(c10::Error& error, c10::DeviceIndex device) {
-  const std::string overload = Op::overload_name;
-  error.add_context(std::string("brick: ") + Op::name + (overload.empty() ? "" : "." + overload) +
-                    " on " + c10::Device(kBrick, device).str() + " failed on its backing device (" +
-                    c10::DeviceTypeName(backing_device_type(), /*lower_case=*/true) + ")");
-}
-
 template <typename Op, typename Schema = typename Op::schema>
 struct Direct;
 
@@ -154,7 +146,7 @@ struct Direct<Op, at::Tensor(Args...)> {
     try {
       result = Op::redispatch(backing_dispatch_key_set(), backing(args)...);
     } catch (c10::Error& error) {
-      add_failure_context<Op>(error, device);
+      add_backing_failure_context(error, Op::name, Op::overload_name, device);
       throw;
     }
     return adopt_result(std::move(result), device);
@@ -183,7 +175,7 @@ struct Direct<Op, at::Tensor&(at::Tensor&, Rest...)> {
     try {
       Op::redispatch(backing_dispatch_key_set(), self_backing, backing(rest)...);
     } catch (c10::Error& error) {
-      add_failure_context<Op>(error, device);
+      add_backing_failure_context(error, Op::name, Op::overload_name, device);
       throw;
     }
     return self;

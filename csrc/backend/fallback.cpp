@@ -47,11 +47,7 @@ class FallbackCall {
     try {
       op_.redispatchBoxed(backing_dispatch_key_set(), stack);
     } catch (c10::Error& error) {
-      error.add_context(std::string("brick: ") + schema_.operator_name().name +
-                        (schema_.overload_name().empty() ? "" : "." + schema_.overload_name()) +
-                        " on " + c10::Device(kBrick, device_).str() +
-                        " failed on its backing device (" +
-                        c10::DeviceTypeName(backing_device_type(), /*lower_case=*/true) + ")");
+      add_backing_failure_context(error, schema_.name(), schema_.overload_name(), device_);
       throw;
     }
 
@@ -284,6 +280,13 @@ void brick_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*key_set
 }
 
 }  // namespace
+
+void add_backing_failure_context(c10::Error& error, const std::string& name,
+                                 const std::string& overload_name, c10::DeviceIndex device) {
+  error.add_context("brick: " + name + (overload_name.empty() ? "" : "." + overload_name) + " on " +
+                    c10::Device(kBrick, device).str() + " failed on its backing device (" +
+                    c10::DeviceTypeName(backing_device_type(), /*lower_case=*/true) + ")");
+}
 
 void run_boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   FallbackCall(op).run(stack);

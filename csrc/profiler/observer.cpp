@@ -28,6 +28,7 @@
 
 #include "profiler/event_pool.h"
 #include "profiler/fork.h"
+#include "profiler/observer_callback.h"
 #include "profiler/profiler.h"
 #include "runtime/runtime.h"
 
@@ -587,13 +588,7 @@ void enable() {
   owner.session = g_session.load(std::memory_order_relaxed);
   owner.published_top.store(registry::kNoParent, std::memory_order_relaxed);
   g_owner.store(&owner, std::memory_order_release);
-  g_handle = at::addGlobalCallback(
-      at::RecordFunctionCallback(&on_enter, &on_exit)
-          .needsInputs(false)
-          .needsOutputs(false)
-          .needsIds(false)
-          .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION,
-                   at::RecordScope::USER_SCOPE}));
+  g_handle = at::addGlobalCallback(observer_callback(&on_enter, &on_exit));
   g_enabled.store(true, std::memory_order_release);
 }
 

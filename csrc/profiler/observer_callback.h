@@ -1,0 +1,20 @@
+// The RecordFunction callback options of brick's observer, in one place: the observer registers
+// its callbacks with them, and benchmarks/empty_callback.py registers an empty pair with them
+// (the floor it is compared with must run under exactly the same conditions).
+#pragma once
+
+#include <ATen/record_function.h>
+
+namespace brick::profiler {
+
+inline at::RecordFunctionCallback observer_callback(at::RecordFunctionCallback::StartCallback enter,
+                                                    at::RecordFunctionCallback::EndCallback exit) {
+  return at::RecordFunctionCallback(enter, exit)
+      .needsInputs(false)
+      .needsOutputs(false)
+      .needsIds(false)
+      .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION,
+               at::RecordScope::USER_SCOPE});
+}
+
+}  // namespace brick::profiler
