@@ -27,6 +27,7 @@ __all__ = ["BACKEND", "collective_counters", "group_info", "is_registered", "reg
            "wait_for_collectives"]
 
 _drain_registered = False
+_groups_made = []  # (rank, world size) of each brick backend this process made
 
 
 def _engine(kind: str, store, rank: int, world_size: int, timeout: datetime.timedelta):
@@ -48,6 +49,7 @@ def _create_backend(store, rank: int, world_size: int, timeout: datetime.timedel
 
         atexit.register(_drain_autograd_device_threads)
         _drain_registered = True
+    _groups_made.append((rank, world_size))
     cpu_engine = _engine("gloo", store, rank, world_size, timeout)
     if torch_brickdev.backing_device_type() == "cuda":
         brick_engine = _engine("nccl", store, rank, world_size, timeout)
@@ -92,12 +94,17 @@ def register() -> None:
 
 def collective_counters() -> Dict[str, Dict[str, int]]:
     """Per collective, what this process's brick process groups ran since it started: calls,
-    input bytes this rank contributed, and the group size of the last call. Collectives never run
-    are left out; {} where this PyTorch has no torch.distributed."""
+    input bytes this rank contributed, the group size of the last call, and ``time_ns``: the time
+    in the collective summed over ``timed_calls`` calls, each from its enqueue until its engine
+    completed it (what the rank waited for, its peers included; a collective still running is not
+    in it yet). Collectives never run are left out; {} where this PyTorch has no
+    torch.distributed."""
     if not hasattr(_C, "_distributed"):
         return {}
-    return {name: {"calls": calls, "bytes": nbytes, "group_size": group}
-            for name, calls, nbytes, group in _C._distributed.collective_counters() if calls}
+    return {name: {"calls": calls, "bytes": nbytes, "group_size": group, "time_ns": time_ns,
+                   "timed_calls": timed}
+            for name, calls, nbytes, group, time_ns, timed in _C._distributed.collective_counters()
+            if calls}
 
 
 def wait_for_collectives() -> int:
@@ -113,8 +120,9 @@ def wait_for_collectives() -> int:
 def group_info() -> Optional[dict]:
     """Rank, world size and backend of this process: from the default group while one is
     initialized, else from the launcher's environment (torchrun's ``RANK`` and ``WORLD_SIZE``,
-    e.g. once the script has destroyed its group; backend then ``"unknown"``). None for a process
-    that is no rank."""
+    e.g. once the script has destroyed its group; backend then ``"brick"`` where this process made
+    a brick group of that rank and size, else ``"unknown"``). None for a process that is no
+    rank."""
     import os
 
     if dist.is_available() and dist.is_initialized():
@@ -126,4 +134,5 @@ def group_info() -> Optional[dict]:
         return None
     if world < 1 or not 0 <= rank < world:
         return None
-    return {"rank": rank, "world_size": world, "backend": "unknown"}
+    backend = "brick" if (rank, world) in _groups_made else "unknown"
+    return {"rank": rank, "world_size": world, "backend": backend}

@@ -27,7 +27,8 @@ void bind_distributed(py::module_& parent) {
   m.def("collective_counters", [] {
     py::list out;
     for (const auto& c : distributed::collective_counters()) {
-      out.append(py::make_tuple(c.name, c.calls.load(), c.bytes.load(), c.group_size.load()));
+      out.append(py::make_tuple(c.name, c.calls.load(), c.bytes.load(), c.group_size.load(),
+                                c.time_ns.load(), c.timed_calls.load()));
     }
     return out;
   });

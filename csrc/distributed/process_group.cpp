@@ -3,12 +3,14 @@
 #include <ATen/core/ivalue.h>
 #include <c10/util/Exception.h>
 
+#include <chrono>
 #include <mutex>
 #include <optional>
 #include <utility>
 
 #include "backend/backend.h"
 #include "backend/backing.h"
+#include "runtime/launch_observer.h"
 
 namespace brick::distributed {
 
@@ -33,6 +35,27 @@ constexpr std::array<const char*, static_cast<size_t>(Collective::Count)> kNames
     "barrier",
     "send",
     "recv"};
+
+// "<engine>:<collective>" (the engine's own range names, e.g. "gloo:all_reduce"): the name of a
+// collective's device activity. Made once; launch names must outlive every profile.
+const char* engine_collective_name(const std::string& engine, Collective op) {
+  static const auto* names = [] {
+    auto* made = new std::array<std::array<std::string, kNames.size()>, 3>();
+    const char* engines[] = {"gloo", "nccl", "c10d"};
+    for (size_t e = 0; e < made->size(); ++e) {
+      for (size_t i = 0; i < kNames.size(); ++i) (*made)[e][i] = c10::str(engines[e], ":", kNames[i]);
+    }
+    return made;
+  }();
+  const size_t e = engine == "gloo" ? 0 : engine == "nccl" ? 1 : 2;
+  return (*names)[e][static_cast<size_t>(op)].c_str();
+}
+
+int64_t steady_ns() noexcept {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 // A collective's Work as the caller sees it: the engine's Work over the aliases, answering with
 // the brick tensors the caller passed (result(), the future's value), so DDP's comm hooks and
@@ -105,26 +128,33 @@ class BrickWork final : public c10d::Work {
 
 // The engine Works not known to be finished: what wait_for_collectives() waits for. A lock per
 // collective (milliseconds of communication each), never per op.
+struct InFlight {
+  c10::intrusive_ptr<c10d::Work> work;
+  c10::intrusive_ptr<c10::ivalue::Future> timed;  // completes once the collective is accounted
+  bool done() const { return work->isCompleted() && (!timed || timed->completed()); }
+};
 std::mutex g_in_flight_mutex;
-std::vector<c10::intrusive_ptr<c10d::Work>> g_in_flight;
+std::vector<InFlight> g_in_flight;
 
-void track_in_flight(const c10::intrusive_ptr<c10d::Work>& work) {
+void track_in_flight(const c10::intrusive_ptr<c10d::Work>& work,
+                     const c10::intrusive_ptr<c10::ivalue::Future>& timed) {
   std::lock_guard<std::mutex> lock(g_in_flight_mutex);
-  std::erase_if(g_in_flight, [](const auto& w) { return w->isCompleted(); });
-  g_in_flight.push_back(work);
+  std::erase_if(g_in_flight, [](const InFlight& w) { return w.done(); });
+  g_in_flight.push_back(InFlight{work, timed});
 }
 
 }  // namespace
 
 size_t wait_for_collectives() {
-  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  std::vector<InFlight> works;
   {
     std::lock_guard<std::mutex> lock(g_in_flight_mutex);
     works.swap(g_in_flight);
   }
-  for (const auto& work : works) {
+  for (const auto& in_flight : works) {
     try {
-      work->wait();
+      in_flight.work->wait();
+      if (in_flight.timed) in_flight.timed->wait();
     } catch (...) {  // the collective's failure is reported by its own Work
     }
   }
@@ -199,20 +229,52 @@ struct BrickProcessGroup::Call {
 
   // Runs the engine's collective with brick's current device (and, on CUDA backing, its current
   // stream) as the backing device's current ones, and wraps the Work.
-  template <typename Launch>
-  c10::intrusive_ptr<c10d::Work> run(Launch&& launch, std::vector<at::Tensor> results) {
+  // A collective on brick memory is device work: an activity profiler that records (torch.profiler
+  // with brick's device activity) sees it from its enqueue until its engine completes it.
+  template <typename EngineCall>
+  c10::intrusive_ptr<c10d::Work> run(EngineCall&& engine_call, std::vector<at::Tensor> results) {
     c10d::Backend& engine = on_brick ? *pg.brick_engine_ : *pg.cpu_engine_;
+    auto& counter = collective_counters()[static_cast<size_t>(op)];
+    runtime::LaunchObserver* observer = on_brick ? runtime::launch_observer() : nullptr;
+    runtime::Launch launch;
+    if (observer != nullptr) {
+      launch.name = engine_collective_name(engine.getBackendName(), op);
+      launch.kind = runtime::LaunchKind::Collective;
+      launch.device = brick_device;
+      launch.bytes = bytes;
+      launch.group_size = pg.getSize();
+      observer->begin(launch);
+      observer->queue(launch);
+    }
+    const int64_t enqueued_ns = steady_ns();
     c10::intrusive_ptr<c10d::Work> work;
     {
       std::optional<backend::BackingScope> scope;
       if (on_brick) scope.emplace(brick_device);
-      work = launch(engine);
+      work = engine_call(engine);
     }
-    track_in_flight(work);
-    auto& counter = collective_counters()[static_cast<size_t>(op)];
     counter.calls.fetch_add(1, std::memory_order_relaxed);
     counter.bytes.fetch_add(bytes, std::memory_order_relaxed);
     counter.group_size.store(pg.getSize(), std::memory_order_relaxed);
+    c10::intrusive_ptr<c10::ivalue::Future> future;
+    try {
+      future = work->getFuture();
+    } catch (const c10::Error&) {  // an engine Work without a future: not timed
+    }
+    c10::intrusive_ptr<c10::ivalue::Future> timed;
+    if (future) {
+      timed = future->then(
+          [&counter, enqueued_ns, observer, launch](c10::ivalue::Future& done) {
+            if (!done.hasError()) {
+              counter.time_ns.fetch_add(steady_ns() - enqueued_ns, std::memory_order_relaxed);
+              counter.timed_calls.fetch_add(1, std::memory_order_relaxed);
+              if (observer != nullptr) observer->collective_done(launch);
+            }
+            return c10::IValue();
+          },
+          c10::NoneType::get());
+    }
+    track_in_flight(work, timed);
     if (!on_brick) return work;
     return c10::make_intrusive<BrickWork>(std::move(work), std::move(results),
                                           std::optional<c10::DeviceIndex>(brick_device),

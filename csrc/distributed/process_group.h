@@ -18,6 +18,10 @@ struct CollectiveCounter {
   std::atomic<uint64_t> calls{0};
   std::atomic<uint64_t> bytes{0};      // input bytes this rank contributed
   std::atomic<int64_t> group_size{0};  // of the last call
+  // Summed over calls: from the enqueue until the engine completed the collective (what a rank
+  // waits for, its peers included); calls whose engine gives no future are not timed.
+  std::atomic<int64_t> time_ns{0};
+  std::atomic<uint64_t> timed_calls{0};
 };
 
 enum class Collective : int {
@@ -45,8 +49,8 @@ std::array<CollectiveCounter, static_cast<size_t>(Collective::Count)>& collectiv
 
 // Waits until every collective brick's process groups have started so far has finished,
 // including its engine's own completion steps (gloo ends its profiling range after completing
-// the future DDP waits on). Errors are left to the collective's own Work; returns how many
-// collectives it waited for.
+// the future DDP waits on) and brick's accounting of it (its time, its device activity). Errors
+// are left to the collective's own Work; returns how many collectives it waited for.
 size_t wait_for_collectives();
 
 class BrickProcessGroup final : public c10d::Backend {

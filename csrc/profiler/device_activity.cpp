@@ -130,12 +130,21 @@ uint64_t ActivityRecorder::current_correlation() noexcept {
 void ActivityRecorder::begin(runtime::Launch& launch) noexcept {
   launch.recorded = false;
   launch.correlation = current_correlation();
+  launch.thread_id = tls_state.thread_id;
   launch.begin_ns = unix_time_ns();
 }
 
 void ActivityRecorder::queue(runtime::Launch& launch) noexcept {
   if (!recording() || launch.device < 0) return;
   try {
+    if (launch.kind == runtime::LaunchKind::Collective) {
+      // The engine's own threads or stream run it: timed on the host clock until it completes.
+      launch.stream = runtime::kCollectiveStream;
+      launch.start_event = nullptr;
+      launch.queued_ns = unix_time_ns();
+      launch.recorded = true;
+      return;
+    }
     runtime::Runtime& rt = runtime::get();
     launch.stream = rt.current_stream(launch.device);
     if (rt.asynchronous() && rt.is_capturing(launch.device, launch.stream)) {
@@ -177,6 +186,21 @@ void ActivityRecorder::end(runtime::Launch& launch) noexcept {
     ThreadBuffer& buffer = tls_state.ensure_buffer();
     std::lock_guard<std::mutex> lock(buffer.mutex);
     buffer.records.push_back(PendingActivity{activity, launch.start_event, end_event});
+  } catch (...) {
+    registry().failed.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+void ActivityRecorder::collective_done(const runtime::Launch& launch) noexcept {
+  if (!launch.recorded) return;
+  try {
+    DeviceActivity activity{launch.name,     launch.kind,      launch.device,
+                            launch.stream,   launch.thread_id, launch.correlation,
+                            launch.begin_ns, launch.queued_ns, launch.queued_ns,
+                            unix_time_ns(),  launch.bytes,     launch.group_size};
+    ThreadBuffer& buffer = tls_state.ensure_buffer();
+    std::lock_guard<std::mutex> lock(buffer.mutex);
+    buffer.records.push_back(PendingActivity{activity, nullptr, nullptr});
   } catch (...) {
     registry().failed.fetch_add(1, std::memory_order_relaxed);
   }

@@ -30,10 +30,14 @@ struct DeviceActivity {
   int64_t launch_end_ns;    // on the host: the kernel is queued
   int64_t start_ns;         // on the device
   int64_t end_ns;
+  uint64_t bytes = 0;      // collectives: the bytes this rank contributed
+  int32_t group_size = 0;  // collectives: the group's size
 };
 
 struct CollectedActivities {
-  std::vector<DeviceActivity> activities;  // in launch order per thread, threads one after another
+  // In launch order per thread, threads one after another; a collective on the thread that saw
+  // it complete, in completion order.
+  std::vector<DeviceActivity> activities;
   uint64_t capture_skipped = 0;            // launches on a stream being captured into a CUDA graph
   uint64_t failed = 0;                     // launches whose events could not be recorded or read
 };
@@ -61,6 +65,7 @@ class ActivityRecorder final : public runtime::LaunchObserver {
   void begin(runtime::Launch& launch) noexcept override;
   void queue(runtime::Launch& launch) noexcept override;
   void end(runtime::Launch& launch) noexcept override;
+  void collective_done(const runtime::Launch& launch) noexcept override;
 
  private:
   ActivityRecorder() = default;

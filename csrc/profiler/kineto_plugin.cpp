@@ -11,6 +11,9 @@
 //   - the device activity (CONCURRENT_KERNEL / GPU_MEMCPY, "brick::<op>") on its brick
 //     device and stream, from the runtime events recorded around the work, the end of that flow;
 // both linked to the CPU op, which is what gives key_averages() its Self BRICK / BRICK total.
+// A collective of brick's c10d backend ("brickLaunchCollective", then "brick::gloo:all_reduce"
+// and so on) lies on its device's "collectives" track, from its enqueue until its engine completed
+// it, with its bytes and group size: what trace tools read as communication kernels.
 // Timestamps are Unix-epoch nanoseconds, PyTorch's profiler clock.
 #include "profiler/kineto_plugin.h"
 
@@ -38,6 +41,10 @@ namespace {
 using libkineto::ActivityType;
 
 std::atomic<uint64_t> g_sessions_processed{0};
+// Per launch, unique in the process, as CUPTI's correlation ids are. Starts at 2^32: HTA (0.5)
+// downcasts the column to the smallest integer type that holds its values, then stores row
+// numbers in a column of that type, which fails for small ids in a trace of more rows.
+std::atomic<uint64_t> g_next_launch_id{uint64_t{1} << 32};
 std::atomic<uint64_t> g_activities_emitted{0};
 std::atomic<uint64_t> g_activities_unlinked{0};
 std::atomic<uint64_t> g_capture_skipped{0};
@@ -82,14 +89,21 @@ class BrickActivitySession final : public libkineto::IActivityProfilerSession {
       if (cpu_op == nullptr) g_activities_unlinked.fetch_add(1, std::memory_order_relaxed);
       ++flow_id;
       const bool is_copy = activity.kind == runtime::LaunchKind::Memcpy;
+      const bool is_collective = activity.kind == runtime::LaunchKind::Collective;
 
-      auto& launch =
-          emplace(is_copy ? "brickMemcpy" : "brickLaunchKernel", ActivityType::PRIVATEUSE1_RUNTIME);
+      auto& launch = emplace(is_copy         ? "brickMemcpy"
+                             : is_collective ? "brickLaunchCollective"
+                                             : "brickLaunchKernel",
+                             ActivityType::PRIVATEUSE1_RUNTIME);
       launch.startTime = activity.launch_begin_ns;
       launch.endTime = std::max(activity.launch_end_ns, activity.launch_begin_ns);
       launch.device = libkineto::processId();
       launch.resource = static_cast<int32_t>(activity.thread_id);
       launch.threadId = static_cast<int32_t>(activity.thread_id);
+      // One id per launch on its runtime row and its device row, as CUPTI's correlation id on
+      // cudaLaunchKernel and its kernel: trace tools (HTA) pair the two by it.
+      const uint64_t launch_id = g_next_launch_id.fetch_add(1, std::memory_order_relaxed);
+      launch.addMetadata("correlation", launch_id);
       link(launch, activity, cpu_op, flow_id, /*flow_start=*/true);
       logger.handleActivity(launch);
 
@@ -104,7 +118,11 @@ class BrickActivitySession final : public libkineto::IActivityProfilerSession {
       work.threadId = static_cast<int32_t>(activity.stream);
       work.addMetadata("device", activity.device);
       work.addMetadata("stream", activity.stream);
-      work.addMetadata("correlation", activity.correlation);
+      work.addMetadata("correlation", launch_id);
+      if (is_collective) {
+        work.addMetadata("bytes", activity.bytes);
+        work.addMetadata("group size", activity.group_size);
+      }
       link(work, activity, cpu_op, flow_id, /*flow_start=*/false);
       logger.handleActivity(work);
 
@@ -131,7 +149,9 @@ class BrickActivitySession final : public libkineto::IActivityProfilerSession {
     for (const auto& [device, stream] : streams_) {
       resources.push_back(libkineto::ResourceInfo{
           static_cast<int32_t>(stream), stream, device,
-          "brick:" + std::to_string(device) + " stream " + std::to_string(stream)});
+          "brick:" + std::to_string(device) +
+              (stream == runtime::kCollectiveStream ? std::string(" collectives")
+                                                    : " stream " + std::to_string(stream))});
     }
     return resources;
   }

@@ -12,7 +12,13 @@
 
 namespace brick::runtime {
 
-enum class LaunchKind : uint8_t { Kernel, Memcpy };
+// Collective: a collective of brick's c10d backend on brick memory, run by its engine (gloo's
+// threads, NCCL's stream) and timed from its enqueue to its completion.
+enum class LaunchKind : uint8_t { Kernel, Memcpy, Collective };
+
+// The track collectives are drawn on, beside a device's streams (NCCL runs on its own stream;
+// gloo on its own threads): one id no runtime gives a stream.
+inline constexpr StreamId kCollectiveStream = 1 << 20;
 
 // One launch, from the launching thread's point of view. The backend fills `name`, `kind` and
 // (before queue()) `device`; the rest belongs to the observer, between its calls.
@@ -20,23 +26,30 @@ struct Launch {
   const char* name = nullptr;  // the op, e.g. "aten::mm"; must outlive the process's profiles
   LaunchKind kind = LaunchKind::Kernel;
   DeviceIndex device = -1;
+  // Collectives: the bytes this rank contributed, and the group's size.
+  uint64_t bytes = 0;
+  int32_t group_size = 0;
   // Observer state.
   bool recorded = false;
   uint64_t correlation = 0;
   int64_t begin_ns = 0;
   int64_t queued_ns = 0;
+  int64_t thread_id = 0;  // the launching thread
   StreamId stream = 0;
   Event* start_event = nullptr;
 };
 
 // Called on the launching thread: begin() before brick prepares the arguments, queue() right
 // before the backing device's kernel is queued, end() once it is (on the host runtime: has run),
-// also when the kernel threw. None may throw.
+// also when the kernel threw. A collective gets begin() and queue() on the enqueuing thread
+// (around the engine's call), then collective_done() on whichever thread sees its engine
+// complete it, in place of end(). None may throw.
 class LaunchObserver {
  public:
   virtual void begin(Launch& launch) noexcept = 0;
   virtual void queue(Launch& launch) noexcept = 0;
   virtual void end(Launch& launch) noexcept = 0;
+  virtual void collective_done(const Launch& launch) noexcept = 0;
 
  protected:
   ~LaunchObserver() = default;

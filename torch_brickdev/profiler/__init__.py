@@ -23,7 +23,9 @@ On the host runtime the device executes on the calling thread, so the three agre
 
 ``torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1])`` also
 sees brick (PyTorch 2.12+): every kernel and copy brick launches is a device activity on the
-brick device's stream track, linked to its CPU op (see :func:`kineto_available`).
+brick device's stream track, linked to its CPU op (see :func:`kineto_available`); every
+collective of brick's c10d backend is one on the device's ``collectives`` track, and
+:func:`trace_analysis` runs HolisticTraceAnalysis over the ranks' traces.
 """
 
 from ._registry import (
@@ -50,6 +52,7 @@ from .report import (Report, ReportError, WrittenFigures, compare_with_key_avera
                      folded_by_pytorch, load_report)
 from .trace import export_chrome_trace
 from .merge import MergedReport, merge_reports
+from .trace_analysis import late_collective_stragglers, trace_analysis
 
 __all__ = [
     "BrickStats",
@@ -68,6 +71,7 @@ __all__ = [
     "is_enabled",
     "kineto_available",
     "kineto_stats",
+    "late_collective_stragglers",
     "load_report",
     "mark",
     "profile",
@@ -77,6 +81,7 @@ __all__ = [
     "set_sync_mode",
     "stats",
     "sync_mode",
+    "trace_analysis",
 ]
 
 # torch.profiler on a PyTorch without Kineto's PrivateUse1 registry: a warning, not silence.

@@ -213,10 +213,11 @@ class profile:
             set_sync_mode(self._mode)
         if self._reset:
             reset()
+        from ..distributed import collective_counters, wait_for_collectives
+
+        wait_for_collectives()  # earlier collectives end before: the region's counts are its own
         for index in range(torch.brick.device_count()):
             torch.brick.synchronize(index)
-        from ..distributed import collective_counters
-
         self._collectives_before = collective_counters()
         self._start = time.perf_counter_ns()
         enable()
@@ -246,8 +247,9 @@ class profile:
 def _distributed_metadata(before: dict) -> dict:
     """Where a profiled process is one rank of a group: ``distributed`` (rank, world size,
     backend) and ``collectives`` (per collective brick's c10d backend ran in the region: calls,
-    input bytes of this rank, group size); the collectives' time is their engine's bricks
-    (``gloo:all_reduce`` …). Empty for a process that is no rank."""
+    input bytes of this rank, group size, and the time in the collective, enqueue to completion,
+    summed over ``timed_calls``). The engine's own bricks (``gloo:all_reduce`` …) hold the time
+    its worker spent. Empty for a process that is no rank."""
     from .. import distributed
 
     info = distributed.group_info()
@@ -255,9 +257,8 @@ def _distributed_metadata(before: dict) -> dict:
         return {}
     collectives = {}
     for name, now in distributed.collective_counters().items():
-        earlier = before.get(name, {"calls": 0, "bytes": 0})
-        calls = now["calls"] - earlier["calls"]
-        if calls:
-            collectives[name] = {"calls": calls, "bytes": now["bytes"] - earlier["bytes"],
-                                 "group_size": now["group_size"]}
+        earlier = before.get(name, dict.fromkeys(now, 0))
+        delta = {key: now[key] - earlier[key] for key in ("calls", "bytes", "time_ns", "timed_calls")}
+        if delta["calls"]:
+            collectives[name] = {**delta, "group_size": now["group_size"]}
     return {"distributed": info, "collectives": collectives}

@@ -1,0 +1,88 @@
+"""HolisticTraceAnalysis (HTA) over brick's per-rank torch.profiler traces.
+
+HTA finds communication in a trace by the names of NCCL's kernels only (``^nccl.*Kernel``, in
+``hta.utils.utils``). Brick's collectives are device activities named by their engine,
+``brick::gloo:all_reduce`` on the host runtime (gloo runs them) and ``brick::nccl:all_reduce`` on
+CUDA backing, on each device's ``collectives`` track, from the enqueue until the engine completed
+them. :func:`trace_analysis` makes HTA count those as communication too, then loads the traces,
+so that HTA's multi-rank analyses (communication/computation overlap, temporal and idle-time
+breakdowns, critical path) read brick's collectives as they read NCCL's kernels.
+
+HTA's default straggler metric looks for kernels named ``ncclKernel*`` only (a name NCCL itself
+stopped using: its kernels are ``ncclDevKernel_*`` now). :func:`late_collective_stragglers`
+computes the same metric over brick's collectives and both generations of NCCL names; pass it to
+``get_potential_stragglers(straggler_identification_impl=...)``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from ..argcheck import check_path
+
+__all__ = ["BRICK_COLLECTIVE_PATTERN", "late_collective_stragglers", "recognise_brick_collectives",
+           "trace_analysis"]
+
+# The device activities of brick's collectives (csrc/distributed/process_group.cpp names them).
+BRICK_COLLECTIVE_PATTERN = r"^brick::(gloo|nccl|c10d):"
+_COLLECTIVE_NAMES = re.compile(f"{BRICK_COLLECTIVE_PATTERN}|^nccl(Dev)?Kernel")
+
+
+def recognise_brick_collectives() -> None:
+    """Extends HTA's pattern for communication kernels with brick's collectives (idempotent;
+    NCCL's kernels stay recognised)."""
+    from hta.utils import utils
+
+    current = utils.NCCL_KERNEL_RE.pattern
+    if BRICK_COLLECTIVE_PATTERN not in current:
+        utils.NCCL_KERNEL_RE = re.compile(f"(?:{current})|(?:{BRICK_COLLECTIVE_PATTERN})")
+
+
+def trace_analysis(trace_dir: str, **kwargs):
+    """``hta.trace_analysis.TraceAnalysis(trace_dir=trace_dir, **kwargs)`` with brick's
+    collectives recognised as communication. ``trace_dir`` holds one torch.profiler trace per rank
+    (e.g. from ``torch.profiler.tensorboard_trace_handler``), each with its ``distributedInfo``.
+    Raises ImportError naming the package when HTA is not installed."""
+    trace_dir = check_path(trace_dir, "trace_dir", "brick profiler: trace_analysis()")
+    if not os.path.isdir(trace_dir):
+        raise FileNotFoundError(f"brick profiler: trace_analysis(): no such folder: {trace_dir}")
+    try:
+        from hta.trace_analysis import TraceAnalysis
+    except ImportError as error:
+        raise ImportError("brick profiler: trace_analysis() needs HolisticTraceAnalysis "
+                          "(pip install HolisticTraceAnalysis)") from error
+    recognise_brick_collectives()
+    return TraceAnalysis(trace_dir=trace_dir, **kwargs)
+
+
+def late_collective_stragglers(df, symbol_table, n_stragglers: int = 2, visualize: bool = False,
+                               min_normalized_duration: float = 0.01):
+    """A straggler metric for HTA's ``get_potential_stragglers``: HTA's own (the normalized start
+    of each rank's last significant collective per iteration, on the collective whose duration
+    varies most across ranks; a rank that starts it late made the others wait), computed over
+    brick's collectives and NCCL's kernels. Returns, per rank, how many iterations found it
+    among the ``n_stragglers`` latest."""
+    from hta.analyzers.straggler import _get_top_k_stragglers_with_metric
+
+    ids = [sym_id for name, sym_id in symbol_table.get_sym_id_map().items()
+           if _COLLECTIVE_NAMES.match(name)]
+    iterations = [i for i in df["iteration"].unique() if i > 0]
+    if not iterations:
+        raise ValueError("brick profiler: late_collective_stragglers(): the traces have no "
+                         "profiler steps (ProfilerStep#N, from torch.profiler's step())")
+    t_min = df["ts"].min()
+    mean_iteration = ((df["ts"] + df["dur"]).max() - t_min) / len(iterations)
+    long = df.loc[df["stream"].gt(0) & df["iteration"].isin(iterations)
+                  & df["dur"].ge(mean_iteration * min_normalized_duration) & df["name"].isin(ids)]
+    if long.empty:
+        raise ValueError("brick profiler: late_collective_stragglers(): no collective of at least "
+                         f"{min_normalized_duration:.0%} of an iteration in the traces")
+    last = long.groupby(["rank", "stream", "iteration", "name"], as_index=False).last()
+    last["normalized_start_time"] = (last["ts"] - t_min) / mean_iteration
+    last["duration"] = last["dur"] / mean_iteration
+    spread = last.groupby(["stream", "iteration", "name"])["duration"].std()
+    stream, name = spread.groupby(["stream", "name"]).mean().idxmax()
+    candidates = last.loc[last["stream"].eq(stream) & last["name"].eq(name)]
+    return _get_top_k_stragglers_with_metric(candidates, "normalized_start_time",
+                                             n_stragglers=n_stragglers, visualize=visualize)
