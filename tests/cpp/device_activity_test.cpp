@@ -106,6 +106,46 @@ TEST_F(DeviceActivityTest, CorrelationIsTheInnermostOpOfTheLaunchingThread) {
   EXPECT_EQ(activities[2].kind, LaunchKind::Memcpy);
 }
 
+TEST_F(DeviceActivityTest, ACollectiveIsTimedFromItsEnqueueUntilAnotherThreadSeesItComplete) {
+  // What brick's c10d backend does: begin and queue on the calling thread, then the engine's
+  // thread reports the completion.
+  ActivityRecorder& recorder = ActivityRecorder::instance();
+  recorder.start();
+  brick::runtime::LaunchObserver* observer = brick::runtime::launch_observer();
+  ASSERT_NE(observer, nullptr);
+  Launch launch;
+  launch.name = "gloo:all_reduce";
+  launch.kind = LaunchKind::Collective;
+  launch.device = 1;
+  launch.bytes = 4096;
+  launch.group_size = 2;
+  ActivityRecorder::push_correlation(7);
+  observer->begin(launch);
+  observer->queue(launch);
+  ActivityRecorder::pop_correlation();
+  const int64_t enqueued = brick::profiler::unix_time_ns();
+  std::thread engine([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    observer->collective_done(launch);
+  });
+  engine.join();
+  const int64_t joined = brick::profiler::unix_time_ns();
+  recorder.stop();
+  const auto activities = recorder.collect().activities;
+  ASSERT_EQ(activities.size(), 1u);
+  const DeviceActivity& a = activities[0];
+  EXPECT_EQ(a.kind, LaunchKind::Collective);
+  EXPECT_EQ(a.stream, brick::runtime::kCollectiveStream);
+  EXPECT_EQ(a.device, 1);
+  EXPECT_EQ(a.correlation, 7u);
+  EXPECT_EQ(a.bytes, 4096u);
+  EXPECT_EQ(a.group_size, 2);
+  EXPECT_LE(a.start_ns, enqueued);
+  EXPECT_GE(a.end_ns - a.start_ns, 3'000'000);
+  EXPECT_LE(a.end_ns, joined);
+  EXPECT_NE(a.thread_id, 0);  // the calling thread's, not the engine's
+}
+
 TEST_F(DeviceActivityTest, EachThreadsLaunchesCarryItsThreadIdAndCorrelations) {
   ActivityRecorder& recorder = ActivityRecorder::instance();
   recorder.start();

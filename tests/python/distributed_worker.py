@@ -205,6 +205,36 @@ def bad_input():
     results["after_destroy"] = error_of(lambda: dist.all_reduce(t))
 
 
+def traced_steps():
+    """Per-rank torch.profiler traces for HolisticTraceAnalysis: each step overlaps an async
+    all_reduce with compute, then ``argv[3]`` (the straggler) sleeps before the step's last
+    all_reduce, which the other rank then waits in."""
+    import time
+
+    straggler = int(sys.argv[3])
+    dist.init_process_group("brick", timeout=TIMEOUT)
+    device = torch.device("brick", RANK % torch.brick.device_count())
+    torch.brick.set_device(device)
+    a = torch.randn(128, 128, device=device)
+    big = torch.randn(1 << 20, device=device)  # 4 MiB: milliseconds of gloo on loopback
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.PrivateUse1]
+    handler = torch.profiler.tensorboard_trace_handler(os.path.join(OUT, "traces"),
+                                                       worker_name=f"rank{RANK}")
+    with torch.profiler.profile(activities=activities, on_trace_ready=handler,
+                                schedule=torch.profiler.schedule(wait=0, warmup=1, active=4)) as prof:
+        for _ in range(5):
+            work = dist.all_reduce(big, async_op=True)
+            for _ in range(8):
+                a = torch.tanh(a @ a)
+            work.wait()
+            if RANK == straggler:
+                time.sleep(0.03)
+            dist.all_reduce(a)
+            prof.step()
+    results["counters"] = torch_brickdev.distributed.collective_counters()
+    dist.destroy_process_group()
+
+
 def _outlive_the_failed_rank():
     # torchrun sends SIGTERM to the other ranks once one fails: this rank must still record
     # what its collective raised (it ends in well under a second; the test bounds the launch).
@@ -232,7 +262,8 @@ def dead_rank():
     results["survivor"] = error_of(lambda: dist.all_reduce(t))
 
 
-{"collectives": collectives, "training": training, "bad_input": bad_input,
+{"collectives": collectives, "training": training, "traced_steps": traced_steps,
+ "bad_input": bad_input,
  "mismatched": mismatched, "dead_rank": dead_rank}[SCENARIO]()
 partial = os.path.join(OUT, f".rank{RANK}.json.partial")
 with open(partial, "w") as f:

@@ -37,8 +37,8 @@ def torchrun(*args, timeout=180):
                     f"{(expired.stderr or b'')[-2000:]!r}")
 
 
-def scenario(name, tmp_path, expect_rc=0):
-    out = torchrun(WORKER, name, str(tmp_path))
+def scenario(name, tmp_path, expect_rc=0, *args):
+    out = torchrun(WORKER, name, str(tmp_path), *map(str, args))
     if expect_rc is not None:
         assert out.returncode == expect_rc, out.stderr[-4000:]
     ranks = {}
@@ -71,6 +71,13 @@ def test_every_collective_on_brick_equals_gloo_on_the_cpu(tmp_path):
                      "gather", "scatter", "reduce_scatter_tensor", "all_to_all_single"):
             assert counters[kind]["calls"] >= 1 and counters[kind]["group_size"] == 2, kind
         assert counters["all_reduce"]["bytes"] > 0
+        # Timed from enqueue to completion where the engine's Work has a future to say when it
+        # completed; gloo's reduce_scatter_tensor, send and recv have none: counted, not timed.
+        for kind, figures in counters.items():
+            if kind in ("reduce_scatter_tensor", "send", "recv"):
+                assert figures["timed_calls"] == 0 and figures["time_ns"] == 0, kind
+            else:
+                assert figures["timed_calls"] == figures["calls"] and figures["time_ns"] > 0, kind
     sums = ranks[0]["all_reduce_SUM"]["brick"][0]
     assert sums == [float(2 * i + 2 + 10) for i in range(6)]  # (i+1) + (i+11)
 
@@ -125,6 +132,10 @@ def test_profile_under_torchrun_then_merge_across_ranks(tmp_path):
         assert report.metadata["distributed"]["world_size"] == 2
         collectives = report.metadata["collectives"]
         assert collectives["all_reduce"]["calls"] >= 3 and collectives["all_reduce"]["bytes"] > 0
+        assert collectives["all_reduce"]["timed_calls"] == collectives["all_reduce"]["calls"]
+        assert collectives["all_reduce"]["time_ns"] > 0
+        assert "all_reduce: " in report.table() and "ms in the collective" in report.table()
+        assert report.metadata["distributed"]["backend"] == "brick"  # known after destroy too
         assert report.brick("gloo:all_reduce").count == collectives["all_reduce"]["calls"]
         assert report.brick("TrainStep").count == 3
         trace = json.loads((path.parent / "trace.json").read_text())
@@ -171,3 +182,41 @@ def test_merge_reports_lines_ranks_up_and_refuses_bad_sets(tmp_path):
                           str(tmp_path / "absent.json")], capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode == 2 and "absent.json" in bad.stderr
+
+
+needs_kineto_plugin = pytest.mark.skipif(not bp.kineto_available(),
+                                         reason="this PyTorch has no Kineto PrivateUse1 registry")
+
+
+@host_only
+@needs_kineto_plugin
+@pytest.mark.parametrize("straggler", [0, 1])
+def test_holistic_trace_analysis_runs_its_multi_rank_analyses_on_brick_traces(tmp_path, straggler):
+    hta = pytest.importorskip("hta.trace_analysis")
+    ranks, _ = scenario("traced_steps", tmp_path, 0, straggler)
+    trace_dir = tmp_path / "traces"
+    files = sorted(os.listdir(trace_dir))
+    assert len(files) == 2, files
+    for name in files:  # each collective is device work on its rank's collectives track
+        trace = json.loads((trace_dir / name).read_text())
+        rank = trace["distributedInfo"]["rank"]
+        assert trace["distributedInfo"]["world_size"] == 2
+        collectives = [e for e in trace["traceEvents"] if e.get("name") == "brick::gloo:all_reduce"]
+        assert collectives and all(e["cat"] == "kernel" for e in collectives)
+        assert {e["args"]["bytes"] for e in collectives} == {4 << 20, 128 * 128 * 4}
+        assert {e["args"]["group size"] for e in collectives} == {2}
+        assert {e["args"]["device"] for e in collectives} == {rank % torch.brick.device_count()}
+    analysis = bp.trace_analysis(str(trace_dir))
+    assert isinstance(analysis, hta.TraceAnalysis)
+    assert analysis.get_profiler_steps() == [1, 2, 3]  # HTA leaves out the last, unfinished one
+    # The async all_reduce overlaps the matmuls on both ranks.
+    overlap = analysis.get_comm_comp_overlap(visualize=False).set_index("rank")
+    assert set(overlap.index) == {0, 1}
+    assert all(0 < value <= 100 for value in overlap.iloc[:, 0]), overlap
+    # The rank that starts the step's last all_reduce late is the straggler, in every step.
+    assert analysis.get_potential_stragglers(
+        num_candidates=1, straggler_identification_impl=bp.late_collective_stragglers) == [straggler]
+    breakdown = analysis.get_temporal_breakdown(visualize=False)
+    assert list(breakdown["rank"]) == [0, 1] and (breakdown["compute_time(us)"] > 0).all()
+    with pytest.raises(FileNotFoundError, match="no such folder"):
+        bp.trace_analysis(str(tmp_path / "absent"))

@@ -170,6 +170,11 @@ def test_chrome_trace_has_named_tracks_flows_and_device_work_inside_its_op(tmp_p
     starts = {e["id"]: e for e in flows if e["ph"] == "s"}
     ends = {e["id"]: e for e in flows if e["ph"] == "f"}
     assert len(starts) == len(ends) == 6 and starts.keys() == ends.keys()
+    # Each launch and its device work share one correlation id, unique per launch (as CUPTI's
+    # on cudaLaunchKernel and its kernel): what trace tools pair them by.
+    correlations = [e["args"]["correlation"] for e in device]
+    assert len(set(correlations)) == 6
+    assert sorted(correlations) == sorted(e["args"]["correlation"] for e in launches)
     ops = {e["args"]["External id"]: e for e in events
            if e.get("cat") == "cpu_op" and "External id" in e.get("args", {})}
     for work_event in device + launches:
@@ -199,6 +204,8 @@ def test_holistic_trace_analysis_loads_the_trace_and_its_analyses_run(tmp_path):
     assert len(kernel_breakdown[0]) >= 1
     idle = analysis.get_idle_time_breakdown(visualize=False)
     assert len(idle[0]) >= 1
+    # HTA paired every device activity with its launch on the CPU (by their correlation id).
+    assert (df[df["stream"] >= 0]["index_correlation"] > 0).all()
 
 
 @needs_plugin

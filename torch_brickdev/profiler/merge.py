@@ -112,10 +112,12 @@ class MergedReport:
                 f"{b.imbalance():7.2f}" + (f"  missing on rank(s) {b.missing_on}" if b.missing_on else ""))
         lines.append(rule)
         if self.collectives:
-            lines.append("collectives (brick c10d backend): calls, input bytes per rank")
+            lines.append("collectives (brick c10d backend), per rank: calls, input bytes, "
+                         "ms in the collective (enqueue to completion)")
             for name, figures in sorted(self.collectives.items()):
+                times = ", ".join(f"{t / 1e6:.3f}" for t in figures["time_ns"])
                 lines.append(f"  {name}: calls {figures['calls']}, bytes {figures['bytes']}, "
-                             f"group size {figures['group_size']}")
+                             f"group size {figures['group_size']}, ms [{times}]")
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -177,11 +179,11 @@ def merge_reports(sources: Sequence[Union[str, os.PathLike, dict, Report]]) -> M
     collectives: Dict[str, Dict[str, list]] = {}
     for _, _, _, report in loaded:
         for name in (report.metadata.get("collectives") or {}):
-            collectives.setdefault(name, {"calls": [], "bytes": [], "group_size": []})
+            collectives.setdefault(name, {"calls": [], "bytes": [], "group_size": [], "time_ns": []})
     for name, merged in collectives.items():
         for _, _, _, report in loaded:
             figures = (report.metadata.get("collectives") or {}).get(name, {})
-            for key in ("calls", "bytes", "group_size"):
+            for key in merged:
                 merged[key].append(figures.get(key, 0))
     return MergedReport(ranks=ranks, world_size=worlds.pop() if worlds else None,
                         wall_ns=[report.wall_ns for _, _, _, report in loaded], bricks=bricks,

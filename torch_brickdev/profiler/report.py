@@ -262,6 +262,7 @@ class Report:
         )
         lines.append("calls: every call on every thread, a call nested in a call of the same "
                      "name included (key_averages() folds it into its parent)")
+        lines.extend(_collective_lines(self.metadata.get("collectives")))
         # What the profiler could not time is said, never left to be noticed.
         missed = {
             "capture_skipped": "bricks skipped: their stream was being captured into a CUDA graph",
@@ -276,6 +277,29 @@ class Report:
 
     def __str__(self) -> str:
         return self.table()
+
+
+def _collective_lines(collectives) -> List[str]:
+    """The collectives of brick's c10d backend in the region: per kind, calls, bytes this rank
+    contributed, group size, time in the collective (enqueue to completion) and bytes over that
+    time (algorithm bandwidth)."""
+    if not isinstance(collectives, dict) or not collectives:
+        return []
+    lines = ["collectives (brick's c10d backend; time: enqueue to completion, summed over calls):"]
+    for name, c in sorted(collectives.items()):
+        if not isinstance(c, dict):
+            continue
+        line = (f"  {name}: {c.get('calls', 0)} calls, {c.get('bytes', 0) / 2**20:.3f} MiB, "
+                f"group size {c.get('group_size', 0)}")
+        time_ns, timed = c.get("time_ns"), c.get("timed_calls")
+        if isinstance(time_ns, int) and isinstance(timed, int) and timed > 0 and time_ns > 0:
+            line += f", {time_ns / 1e6:.3f} ms in the collective"
+            if timed == c.get("calls"):
+                line += f", {c.get('bytes', 0) / time_ns:.3f} GB/s"
+            else:
+                line += f" ({timed} of the calls timed)"
+        lines.append(line)
+    return lines
 
 
 def _tree_order(paths, sibling_key) -> list:
