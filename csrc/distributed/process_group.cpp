@@ -43,7 +43,8 @@ const char* engine_collective_name(const std::string& engine, Collective op) {
     auto* made = new std::array<std::array<std::string, kNames.size()>, 3>();
     const char* engines[] = {"gloo", "nccl", "c10d"};
     for (size_t e = 0; e < made->size(); ++e) {
-      for (size_t i = 0; i < kNames.size(); ++i) (*made)[e][i] = c10::str(engines[e], ":", kNames[i]);
+      for (size_t i = 0; i < kNames.size(); ++i)
+        (*made)[e][i] = c10::str(engines[e], ":", kNames[i]);
     }
     return made;
   }();

@@ -38,8 +38,8 @@ struct CollectedActivities {
   // In launch order per thread, threads one after another; a collective on the thread that saw
   // it complete, in completion order.
   std::vector<DeviceActivity> activities;
-  uint64_t capture_skipped = 0;            // launches on a stream being captured into a CUDA graph
-  uint64_t failed = 0;                     // launches whose events could not be recorded or read
+  uint64_t capture_skipped = 0;  // launches on a stream being captured into a CUDA graph
+  uint64_t failed = 0;           // launches whose events could not be recorded or read
 };
 
 class ActivityRecorder final : public runtime::LaunchObserver {
