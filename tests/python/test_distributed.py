@@ -220,3 +220,29 @@ def test_holistic_trace_analysis_runs_its_multi_rank_analyses_on_brick_traces(tm
     assert list(breakdown["rank"]) == [0, 1] and (breakdown["compute_time(us)"] > 0).all()
     with pytest.raises(FileNotFoundError, match="no such folder"):
         bp.trace_analysis(str(tmp_path / "absent"))
+
+
+@host_only
+def test_train_nproc_runs_ddp_on_brick_beside_the_cpu_and_merges_the_profiles(tmp_path):
+    out = tmp_path / "train"
+    done = subprocess.run([sys.executable, "-m", "torch_brickdev", "train", "--nproc", "2",
+                           "--steps", "3", "--width", "64", "--depth", "1", "--batch", "16",
+                           "-o", str(out), "--timeout", "240"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    # DDP on brick equals DDP on the CPU exactly, on every rank.
+    assert "largest difference brick vs cpu over all ranks: loss 0.00e+00, parameters 0.00e+00" \
+        in done.stdout
+    assert "2 ranks (0, 1) of world size 2" in done.stdout
+    merged = json.loads((out / "merged_report.json").read_text())
+    step = next(b for b in merged["bricks"] if b["name"] == "TrainStep")
+    assert step["calls"] == [3, 3]  # the profiled steps
+    assert merged["collectives"]["all_reduce"]["group_size"] == [2, 2]
+    assert all(t > 0 for t in merged["collectives"]["all_reduce"]["time_ns"])
+    for rank in (0, 1):
+        report = bp.load_report(str(out / f"rank{rank}" / "report.json"))
+        assert report.metadata["distributed"]["rank"] == rank
+        assert report.brick("gloo:all_reduce").count == report.metadata["collectives"]["all_reduce"]["calls"]
+    bad = subprocess.run([sys.executable, "-m", "torch_brickdev", "train", "--nproc", "0"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--nproc: expected a positive integer, got 0" in bad.stderr

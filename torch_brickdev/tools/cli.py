@@ -5,7 +5,8 @@ Commands:
            decode-profiling contract, write report.json and trace.json
   check    check a report against the decode-profiling contract
   profile  run a Python script with the brick profiler on; write its report and trace
-  train    train a small model on a brick device and on the CPU side by side
+  train    train a small model on a brick device and on the CPU side by side (--nproc N:
+           DistributedDataParallel on N ranks, with the merged profile)
   merge    merge the ranks' report.json files of a distributed run into one cross-rank table
 """
 
@@ -35,40 +36,13 @@ def _brick_device(text: str) -> torch.device:
     return torch.device("brick", index)
 
 
-class _Block(torch.nn.Module):
-    def __init__(self, width: int):
-        super().__init__()
-        self.norm = torch.nn.LayerNorm(width)
-        self.up = torch.nn.Linear(width, 4 * width)
-        self.down = torch.nn.Linear(4 * width, width)
-
-    def forward(self, x):
-        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
-
-
-def _model(width: int, depth: int, classes: int) -> torch.nn.Module:
-    return torch.nn.Sequential(
-        *[_Block(width) for _ in range(depth)], torch.nn.LayerNorm(width), torch.nn.Linear(width, classes)
-    )
-
-
-def _train(model, data, targets, steps):
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    losses, times = [], []
-    for _ in range(steps):
-        start = time.perf_counter()
-        optimizer.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(data), targets)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())  # .item() waits for the device
-        times.append(time.perf_counter() - start)
-    return losses, times
-
-
 def train(args) -> int:
+    from torch_brickdev.tools.training import residual_mlp, steady_ratio, train_steps
+
+    if args.nproc is not None:
+        return train_distributed(args)
     torch.manual_seed(args.seed)
-    cpu_model = _model(args.width, args.depth, 10)
+    cpu_model = residual_mlp(args.width, args.depth, 10)
     brick_model = copy.deepcopy(cpu_model).to(args.device)
     data = torch.randn(args.batch, args.width)
     targets = torch.randint(0, 10, (args.batch,))
@@ -79,14 +53,14 @@ def train(args) -> int:
     print(f"model: {args.depth} residual MLP blocks, width {args.width}, {params:,} parameters; "
           f"batch {args.batch}; {args.steps} AdamW steps on {args.device} and on cpu")
     torch.brick.reset_peak_memory_stats(args.device)
-    brick_losses, brick_times = _train(brick_model, data.to(args.device), targets.to(args.device), args.steps)
-    cpu_losses, cpu_times = _train(cpu_model, data, targets, args.steps)
+    brick_losses, brick_times = train_steps(brick_model, data.to(args.device), targets.to(args.device),
+                                            args.steps)
+    cpu_losses, cpu_times = train_steps(cpu_model, data, targets, args.steps)
     print(f"\n{'step':>4}  {'loss (brick)':>12}  {'loss (cpu)':>12}  {'ms (brick)':>10}  {'ms (cpu)':>9}")
     for step, (lb, lc, tb, tc) in enumerate(zip(brick_losses, cpu_losses, brick_times, cpu_times)):
         print(f"{step:>4}  {lb:>12.6f}  {lc:>12.6f}  {tb * 1e3:>10.2f}  {tc * 1e3:>9.2f}")
     worst = max(abs(a - b) for a, b in zip(brick_losses, cpu_losses))
-    steady = slice(1, None) if args.steps > 1 else slice(None)
-    ratio = sum(brick_times[steady]) / sum(cpu_times[steady])
+    ratio = steady_ratio(brick_times, cpu_times)
     stats = torch.brick.memory_stats(args.device)
     print(f"\nlargest loss difference brick vs cpu: {worst:.2e}")
     print(f"step time brick / cpu (after the first step): {ratio:.3f}x")
@@ -96,6 +70,41 @@ def train(args) -> int:
     if worst > 1e-3:
         print("error: brick and cpu diverged", file=sys.stderr)
         return 1
+    return 0
+
+
+def train_distributed(args) -> int:
+    """``train --nproc N``: torchrun runs N ranks of the DDP training demo (tools/ddp_train.py),
+    each on its own brick device beside the CPU; then the ranks' reports are merged."""
+    import os
+    import signal
+    import subprocess
+
+    import torch_brickdev.profiler as bp
+
+    output = args.output
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", str(args.nproc), "-m", "torch_brickdev.tools.ddp_train",
+               "--width", str(args.width), "--depth", str(args.depth), "--batch", str(args.batch),
+               "--steps", str(args.steps), "--seed", str(args.seed), "--output", output]
+    print(f"running: {' '.join(command[2:])}", flush=True)
+    launcher = subprocess.Popen(command, start_new_session=True)  # its ranks: one process group
+    try:
+        code = launcher.wait(timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait()
+        print(f"error: the {args.nproc} ranks ran past --timeout {args.timeout} s; stopped",
+              file=sys.stderr)
+        return 1
+    if code != 0:
+        print(f"error: torchrun exited with {code} (see the ranks' messages above)", file=sys.stderr)
+        return 1
+    reports = [os.path.join(output, f"rank{rank}", "report.json") for rank in range(args.nproc)]
+    merged = bp.merge_reports(reports)
+    print()
+    print(merged.table(row_limit=args.rows))
+    print(f"\nmerged report: {merged.write_json(os.path.join(output, 'merged_report.json'))}")
     return 0
 
 
@@ -236,6 +245,14 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=positive_int, default=64)
     p.add_argument("--steps", type=positive_int, default=5)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--nproc", type=positive_int, default=None,
+                   help="train with DistributedDataParallel on this many ranks (torchrun), each on "
+                   "brick:<local rank> beside the CPU, and merge the ranks' profiles")
+    p.add_argument("--output", "-o", default="brick_train",
+                   help="with --nproc: folder for each rank's report.json and the merged report")
+    p.add_argument("--rows", type=positive_int, default=20, help="with --nproc: rows of the table")
+    p.add_argument("--timeout", type=positive_int, default=600,
+                   help="with --nproc: seconds the ranks may run before they are stopped")
     p.set_defaults(run=train)
 
     p = commands.add_parser("profile", help="run a script with the brick profiler; write report.json and trace.json")
