@@ -230,11 +230,63 @@ struct BrickProcessGroup::Call {
 
   // Runs the engine's collective with brick's current device (and, on CUDA backing, its current
   // stream) as the backing device's current ones, and wraps the Work.
+  // The engine for this collective's tensors (known once they are mapped).
+  c10d::Backend& engine() const { return on_brick ? *pg.brick_engine_ : *pg.cpu_engine_; }
+
+  // PREMUL_SUM(f), and AVG on floating tensors, on an engine without them (gloo has no
+  // PREMUL_SUM; AVG is new in it): the inputs are scaled by f (1 / group size for AVG, which is
+  // how NCCL computes a floating AVG), then the engine sums. `in_place`: the inputs are the
+  // outputs (all_reduce); otherwise scaled copies are summed and the caller's inputs stay as
+  // they are. Returns the options the engine gets.
+  template <typename Options>
+  Options premultiplied(const Options& opts, std::vector<at::Tensor>& inputs, bool in_place) {
+    const auto op = opts.reduceOp.op_;
+    if (op != c10d::ReduceOp::PREMUL_SUM && op != c10d::ReduceOp::AVG) return opts;
+    if (engine().getBackendName() == "nccl") return opts;  // NCCL has both
+    if (op == c10d::ReduceOp::AVG) {
+      for (const auto& t : inputs) {
+        if (!at::isFloatingType(t.scalar_type()) && !at::isComplexType(t.scalar_type())) {
+          return opts;  // an integer AVG is the engine's to compute or refuse
+        }
+      }
+    }
+    std::optional<double> factor;
+    at::Tensor factor_tensor;
+    if (op == c10d::ReduceOp::AVG) {
+      factor = 1.0 / static_cast<double>(pg.getSize());
+    } else {
+      const auto* supplement =
+          dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(opts.reduceOp.supplement_.get());
+      TORCH_CHECK_VALUE(supplement != nullptr, where(), ": ReduceOp.PREMUL_SUM without its factor");
+      if (supplement->tensor_factor.defined()) {
+        factor_tensor = supplement->tensor_factor.device().is_cpu()
+                            ? supplement->tensor_factor
+                            : supplement->tensor_factor.to(at::kCPU);
+      } else {
+        factor = supplement->double_factor;
+      }
+    }
+    std::optional<backend::BackingScope> scope;
+    if (on_brick) scope.emplace(brick_device);
+    for (auto& t : inputs) {
+      const at::Tensor scale = factor ? at::scalar_tensor(*factor, t.options().dtype(at::kDouble))
+                                      : factor_tensor.to(t.device());
+      if (in_place) {
+        t.mul_(scale);
+      } else {
+        t = t.mul(scale).to(t.scalar_type());
+      }
+    }
+    Options summed = opts;
+    summed.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
+    return summed;
+  }
+
   // A collective on brick memory is device work: an activity profiler that records (torch.profiler
   // with brick's device activity) sees it from its enqueue until its engine completes it.
   template <typename EngineCall>
   c10::intrusive_ptr<c10d::Work> run(EngineCall&& engine_call, std::vector<at::Tensor> results) {
-    c10d::Backend& engine = on_brick ? *pg.brick_engine_ : *pg.cpu_engine_;
+    c10d::Backend& engine = this->engine();
     auto& counter = collective_counters()[static_cast<size_t>(op)];
     runtime::LaunchObserver* observer = on_brick ? runtime::launch_observer() : nullptr;
     runtime::Launch launch;
@@ -326,14 +378,17 @@ c10::intrusive_ptr<c10d::Work> BrickProcessGroup::allreduce(std::vector<at::Tens
                                                             const c10d::AllreduceOptions& opts) {
   Call call(*this, Collective::AllReduce);
   auto aliases = call.map(tensors, true);
-  return call.run([&](c10d::Backend& e) { return e.allreduce(aliases, opts); }, tensors);
+  const auto engine_opts = call.premultiplied(opts, aliases, /*in_place=*/true);
+  return call.run([&](c10d::Backend& e) { return e.allreduce(aliases, engine_opts); }, tensors);
 }
 
 c10::intrusive_ptr<c10d::Work> BrickProcessGroup::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
   Call call(*this, Collective::AllReduceCoalesced);
   auto aliases = call.map(tensors, true);
-  return call.run([&](c10d::Backend& e) { return e.allreduce_coalesced(aliases, opts); }, tensors);
+  const auto engine_opts = call.premultiplied(opts, aliases, /*in_place=*/true);
+  return call.run([&](c10d::Backend& e) { return e.allreduce_coalesced(aliases, engine_opts); },
+                  tensors);
 }
 
 c10::intrusive_ptr<c10d::Work> BrickProcessGroup::reduce(std::vector<at::Tensor>& tensors,
@@ -404,15 +459,19 @@ c10::intrusive_ptr<c10d::Work> BrickProcessGroup::reduce_scatter(
   Call call(*this, Collective::ReduceScatter);
   auto in = call.map(inputs, true);
   auto out = call.map(outputs, false);
-  return call.run([&](c10d::Backend& e) { return e.reduce_scatter(out, in, opts); }, outputs);
+  auto engine_opts = opts;
+  for (auto& list : in) engine_opts = call.premultiplied(opts, list, /*in_place=*/false);
+  return call.run([&](c10d::Backend& e) { return e.reduce_scatter(out, in, engine_opts); },
+                  outputs);
 }
 
 c10::intrusive_ptr<c10d::Work> BrickProcessGroup::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
   Call call(*this, Collective::ReduceScatterTensor);
-  auto in = call.map(input, true);
+  std::vector<at::Tensor> in{call.map(input, true)};
   auto out = call.map(output, false);
-  return call.run([&](c10d::Backend& e) { return e._reduce_scatter_base(out, in, opts); },
+  const auto engine_opts = call.premultiplied(opts, in, /*in_place=*/false);
+  return call.run([&](c10d::Backend& e) { return e._reduce_scatter_base(out, in[0], engine_opts); },
                   {output});
 }
 
@@ -422,8 +481,10 @@ c10::intrusive_ptr<c10d::Work> BrickProcessGroup::reduce_scatter_tensor_coalesce
   Call call(*this, Collective::ReduceScatterTensorCoalesced);
   auto in = call.map(inputs, true);
   auto out = call.map(outputs, false);
+  const auto engine_opts = call.premultiplied(opts, in, /*in_place=*/false);
   return call.run(
-      [&](c10d::Backend& e) { return e.reduce_scatter_tensor_coalesced(out, in, opts); }, outputs);
+      [&](c10d::Backend& e) { return e.reduce_scatter_tensor_coalesced(out, in, engine_opts); },
+      outputs);
 }
 
 c10::intrusive_ptr<c10d::Work> BrickProcessGroup::alltoall_base(

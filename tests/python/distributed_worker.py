@@ -142,6 +142,25 @@ def collectives():
         return tensors
     results["coalesced_all_reduce"] = on_both(coalesced)
 
+    # PREMUL_SUM (gloo has none: brick scales, gloo sums) and AVG, as FSDP2 asks for them; the
+    # CPU's gloo refuses PREMUL_SUM, so brick's results are checked against the arithmetic.
+    brick = torch.device("brick", RANK % torch.brick.device_count())
+    both_ranks = (torch.arange(6.0) + 1) * 2 + 10  # base() summed over the two ranks
+    reduced = {}
+    for name, op, factor in (("avg", dist.ReduceOp.AVG, 0.5),
+                             ("premul", dist.ReduceOp.PREMUL_SUM(0.25), 0.25),
+                             ("premul_tensor", dist.ReduceOp.PREMUL_SUM(torch.tensor(3.0, device=brick)), 3.0)):
+        t = base(brick)
+        dist.all_reduce(t, op=op)
+        source = base(brick)
+        out = torch.empty(6 // WORLD, device=brick)
+        dist.reduce_scatter_tensor(out, source, op=op)
+        shard = both_ranks[RANK * 3:(RANK + 1) * 3]
+        reduced[name] = {"all_reduce": t.cpu().tolist(), "expected": (both_ranks * factor).tolist(),
+                         "reduce_scatter": out.cpu().tolist(), "expected_shard": (shard * factor).tolist(),
+                         "input_kept": torch.equal(source.cpu(), base("cpu"))}
+    results["reduce_ops"] = reduced
+
     dist.barrier()
     results["counters"] = torch_brickdev.distributed.collective_counters()
     dist.destroy_process_group()

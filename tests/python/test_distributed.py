@@ -61,6 +61,10 @@ def test_every_collective_on_brick_equals_gloo_on_the_cpu(tmp_path):
     assert set(ranks) == {0, 1}
     for rank, results in ranks.items():
         counters = results.pop("counters")
+        for name, reduced in results.pop("reduce_ops").items():
+            assert reduced["all_reduce"] == reduced["expected"], (rank, name, reduced)
+            assert reduced["reduce_scatter"] == reduced["expected_shard"], (rank, name, reduced)
+            assert reduced["input_kept"], (rank, name)  # a reduce-scatter's input is not scaled
         assert len(results) >= 18, sorted(results)
         for name, both in results.items():
             assert "error" not in both, (rank, name, both)
