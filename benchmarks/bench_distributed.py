@@ -45,6 +45,17 @@ def worker(rounds: int) -> None:
                 samples[key].append(time_per_call(lambda: dist.all_reduce(tensors[d]), repeats))
         rows.append((nbytes, statistics.median(samples["cpu"]), statistics.median(samples["brick"])))
 
+    # Brick's own cost per collective, without a peer to wait for: a 1 KiB all_reduce on a
+    # one-rank group (the same backends), brick tensor vs CPU tensor.
+    solo = [dist.new_group([r]) for r in range(dist.get_world_size())][rank]
+    solo_tensors = {"cpu": torch.ones(256), "brick": torch.ones(256, device=brick)}
+    solo_samples = {"cpu": [], "brick": []}
+    for key, t in solo_tensors.items():
+        time_per_call(lambda t=t: dist.all_reduce(t, group=solo), 200)
+    for _ in range(rounds):
+        for key, t in solo_tensors.items():
+            solo_samples[key].append(time_per_call(lambda t=t: dist.all_reduce(t, group=solo), 2000))
+
     def ddp_step(device):
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 1024), nn.GELU(),
@@ -76,6 +87,9 @@ def worker(rounds: int) -> None:
         for nbytes, cpu_ns, brick_ns in rows:
             print(f"{nbytes:>10} {cpu_ns / 1e3:>10.1f} {brick_ns / 1e3:>10.1f} {nbytes / cpu_ns:>9.3f} "
                   f"{nbytes / brick_ns:>10.3f} {cpu_ns / brick_ns:>12.3f}")
+        cpu, brk = statistics.median(solo_samples["cpu"]), statistics.median(solo_samples["brick"])
+        print(f"brick's cost per collective (1 KiB all_reduce on a one-rank group): cpu "
+              f"{cpu / 1e3:.1f} us, brick {brk / 1e3:.1f} us, brick - cpu {(brk - cpu) / 1e3:.1f} us")
         cpu, brk = statistics.median(ddp_samples["cpu"]), statistics.median(ddp_samples["brick"])
         print(f"DDP step (MLP 256-1024-1024-256, batch 64): cpu {cpu / 1e3:.1f} us, brick "
               f"{brk / 1e3:.1f} us, brick/cpu {brk / cpu:.3f}x (target <= 1.1)")
