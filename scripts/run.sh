@@ -9,6 +9,13 @@
 #   scripts/run.sh torch-lane VERSION  build and run GoogleTest and pytest against another PyTorch
 #                            release in its own virtual environment (`test` runs it for
 #                            $BRICK_TORCH_LANES, default 2.14.1; BRICK_TORCH_LANES= skips it)
+#   scripts/run.sh gpu [STEP...]  on a machine with an NVIDIA GPU and a CUDA build of PyTorch (no
+#                            network needed): build with every core, then the CUDA GoogleTests,
+#                            the CUDA-backing tests, the whole pytest suite, the decode demo on
+#                            CUDA-backed brick in event/immediate/deferred mode and bench_cuda.py;
+#                            each step bounded in time, its log in $BRICK_LOG_DIR (default
+#                            build/gpu-logs), one summary line per step. STEPs: build gtest cuda
+#                            pytest demo bench (default: all, in that order)
 #
 # Uses the torch already installed, else installs torch==2.13.0 (never an open-ended torch).
 set -euo pipefail
@@ -139,6 +146,63 @@ run_pytest() {
   (trap '' INT; exec "$PYTHON" -m pytest tests/python -q "$@")
 }
 
+# One step of the GPU job: `gpu_step NAME SECONDS command...` runs the command bounded in time,
+# its output in $logs/NAME.log, and prints (and appends to summary.txt) one line: the verdict, the
+# seconds it took and the log's last line (pytest's counts, the contract's verdict, ...).
+gpu_step() {
+  local name=$1 limit=$2 start rc verdict
+  shift 2
+  start=$(date +%s)
+  set +e
+  timeout --kill-after=15 "$limit" "$@" >"$logs/$name.log" 2>&1
+  rc=$?
+  set -e
+  case $rc in
+    0) verdict=ok ;;
+    124 | 137) verdict="TIMED OUT after ${limit} s" ;;
+    *) verdict="FAILED (exit $rc)" ;;
+  esac
+  printf 'gpu %-16s %-22s %4ss  %s\n' "$name" "$verdict" "$(($(date +%s) - start))" \
+    "$(grep -v '^[[:space:]]*$' "$logs/$name.log" | tail -n 1 | cut -c1-160)" | tee -a "$logs/summary.txt"
+  [ $rc = 0 ] || failures=$((failures + 1))
+}
+
+gpu() {
+  logs=${BRICK_LOG_DIR:-$PWD/build/gpu-logs}
+  mkdir -p "$logs"
+  : >"$logs/summary.txt"
+  failures=0
+  local steps=("$@") cores
+  [ ${#steps[@]} -gt 0 ] || steps=(build gtest cuda pytest demo bench)
+  cores=$(nproc)
+  # No network there: nothing is installed, what is missing is said.
+  for tool in cmake nvidia-smi; do
+    command -v "$tool" >/dev/null || { echo "gpu: $tool not found" >&2; exit 1; }
+  done
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$logs/gpu.txt"
+  "$PYTHON" -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda); \
+assert torch.cuda.is_available(), 'this PyTorch sees no CUDA GPU'" | tee -a "$logs/gpu.txt"
+  export BRICK_RUNTIME=cuda  # a build or machine that falls back to the host runtime fails loudly
+  for step in "${steps[@]}"; do
+    case $step in
+      build) gpu_step build 540 env BRICK_BUILD_TESTS=1 CMAKE_BUILD_PARALLEL_LEVEL="$cores" \
+        "$PYTHON" -m pip install --no-build-isolation --no-deps --no-index -e . ;;
+      gtest) gpu_step gtest 180 ctest --test-dir "$BRICK_BUILD_DIR" --output-on-failure -j "$cores" ;;
+      cuda) gpu_step cuda-tests 300 "$PYTHON" -m pytest tests/python/test_cuda_backing.py -q -rs ;;
+      pytest) gpu_step pytest 560 bash -c "trap '' INT; exec \"$PYTHON\" -m pytest tests/python -q --timeout 300" ;;
+      demo)
+        for mode in event immediate deferred; do
+          gpu_step "demo-$mode" 200 "$PYTHON" -m torch_brickdev demo --sync-mode "$mode" --runs 3 \
+            --no-progress -o "$logs/demo-$mode"
+        done ;;
+      bench) gpu_step bench-cuda 400 "$PYTHON" benchmarks/bench_cuda.py ;;
+      *) echo "gpu: unknown step $step (build gtest cuda pytest demo bench)" >&2; exit 2 ;;
+    esac
+  done
+  echo "gpu: $failures step(s) failed; logs in $logs"
+  [ "$failures" = 0 ]
+}
+
 job=${1:-}
 case "$job" in
   demo)
@@ -186,8 +250,11 @@ case "$job" in
       "$BRICK_BUILD_DIR/registry_bench" --benchmark_min_time=0.2
     fi
     ;;
+  gpu)
+    gpu "${@:2}"
+    ;;
   *)
-    echo "usage: scripts/run.sh demo|test|bench|sanitize [args...]" >&2
+    echo "usage: scripts/run.sh demo|test|bench|sanitize|torch-lane|gpu [args...]" >&2
     exit 2
     ;;
 esac
