@@ -5,6 +5,9 @@ Targets (issue 14): all_reduce bandwidth of brick tensors >= 0.95x of CPU tensor
 one process group ("cpu:gloo,brick:brick": CPU tensors go to plain gloo, brick tensors through
 brick's backend to gloo on their aliases), interleaved round by round; medians are printed.
 
+On CUDA backing brick tensors run on NCCL and the baseline is plain cuda tensors on NCCL: one
+rank per GPU (NCCL refuses two ranks on one device), so `--nproc 1` on a one-GPU machine.
+
 Run: python benchmarks/bench_distributed.py [--nproc 2] [--rounds N]
 (it launches itself under torchrun; rank 0 prints the table)
 """
@@ -26,35 +29,50 @@ def worker(rounds: int) -> None:
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel
 
-    import torch_brickdev  # noqa: F401
+    import torch_brickdev
 
-    dist.init_process_group("cpu:gloo,brick:brick")
+    def collective_done(_=None):  # NCCL returns at enqueue: the time is to completion
+        if on_cuda:
+            torch.cuda.synchronize()
+            torch.brick.synchronize()
+
+    # On CUDA backing brick tensors go to NCCL: the baseline is then plain cuda tensors on NCCL.
+    on_cuda = torch_brickdev.backing_device_type() == "cuda"
+    dist.init_process_group("cpu:gloo,cuda:nccl,brick:brick" if on_cuda else "cpu:gloo,brick:brick")
     rank = dist.get_rank()
     torch.brick.set_device(rank % torch.brick.device_count())
     brick = torch.device("brick", rank % torch.brick.device_count())
+    plain = torch.device("cuda", rank % torch.cuda.device_count()) if on_cuda else torch.device("cpu")
+    if on_cuda:
+        torch.cuda.set_device(plain)
+    engine = "nccl" if on_cuda else "gloo"
     rows = []
     for nbytes in SIZES:
-        tensors = {d: torch.ones(nbytes // 4, device=d) for d in ("cpu", brick)}
+        tensors = {"plain": torch.ones(nbytes // 4, device=plain),
+                   "brick": torch.ones(nbytes // 4, device=brick)}
         repeats = max(2, min(200, (8 << 20) // nbytes))
-        samples = {"cpu": [], "brick": []}
-        for d, t in tensors.items():  # warm-up (connections, buffers)
+        samples = {"plain": [], "brick": []}
+        for t in tensors.values():  # warm-up (connections, buffers)
             dist.all_reduce(t)
         for _ in range(rounds):
-            for key, d in (("cpu", "cpu"), ("brick", brick)):
+            for key, t in tensors.items():
                 dist.barrier()
-                samples[key].append(time_per_call(lambda: dist.all_reduce(tensors[d]), repeats))
-        rows.append((nbytes, statistics.median(samples["cpu"]), statistics.median(samples["brick"])))
+                samples[key].append(time_per_call(lambda t=t: collective_done(dist.all_reduce(t)),
+                                                  repeats))
+        rows.append((nbytes, statistics.median(samples["plain"]),
+                     statistics.median(samples["brick"])))
 
     # Brick's own cost per collective, without a peer to wait for: a 1 KiB all_reduce on a
     # one-rank group (the same backends), brick tensor vs CPU tensor.
     solo = [dist.new_group([r]) for r in range(dist.get_world_size())][rank]
-    solo_tensors = {"cpu": torch.ones(256), "brick": torch.ones(256, device=brick)}
-    solo_samples = {"cpu": [], "brick": []}
+    solo_tensors = {"plain": torch.ones(256, device=plain), "brick": torch.ones(256, device=brick)}
+    solo_samples = {"plain": [], "brick": []}
     for key, t in solo_tensors.items():
         time_per_call(lambda t=t: dist.all_reduce(t, group=solo), 200)
     for _ in range(rounds):
         for key, t in solo_tensors.items():
             solo_samples[key].append(time_per_call(lambda t=t: dist.all_reduce(t, group=solo), 2000))
+            collective_done()
 
     def ddp_step(device):
         torch.manual_seed(0)
@@ -71,28 +89,31 @@ def worker(rounds: int) -> None:
             opt.step()
         return step
 
-    steps = {"cpu": ddp_step(torch.device("cpu")), "brick": ddp_step(brick)}
+    steps = {"plain": ddp_step(plain), "brick": ddp_step(brick)}
     for s in steps.values():
         s()
-    ddp_samples = {"cpu": [], "brick": []}
+    ddp_samples = {"plain": [], "brick": []}
     for _ in range(rounds):
         for key, s in steps.items():
             dist.barrier()
-            ddp_samples[key].append(time_per_call(s, 5))
+            ddp_samples[key].append(time_per_call(lambda s=s: collective_done(s()), 5))
     if rank == 0:
         world = dist.get_world_size()
-        print(f"all_reduce, {world} ranks on loopback, gloo; median of {rounds} interleaved rounds")
-        print(f"{'bytes':>10} {'cpu us':>10} {'brick us':>10} {'cpu GB/s':>9} {'brick GB/s':>10} "
-              f"{'brick/cpu bw':>12}  (target >= 0.95)")
-        for nbytes, cpu_ns, brick_ns in rows:
-            print(f"{nbytes:>10} {cpu_ns / 1e3:>10.1f} {brick_ns / 1e3:>10.1f} {nbytes / cpu_ns:>9.3f} "
-                  f"{nbytes / brick_ns:>10.3f} {cpu_ns / brick_ns:>12.3f}")
-        cpu, brk = statistics.median(solo_samples["cpu"]), statistics.median(solo_samples["brick"])
-        print(f"brick's cost per collective (1 KiB all_reduce on a one-rank group): cpu "
-              f"{cpu / 1e3:.1f} us, brick {brk / 1e3:.1f} us, brick - cpu {(brk - cpu) / 1e3:.1f} us")
-        cpu, brk = statistics.median(ddp_samples["cpu"]), statistics.median(ddp_samples["brick"])
-        print(f"DDP step (MLP 256-1024-1024-256, batch 64): cpu {cpu / 1e3:.1f} us, brick "
-              f"{brk / 1e3:.1f} us, brick/cpu {brk / cpu:.3f}x (target <= 1.1)")
+        base = plain.type
+        print(f"all_reduce, {world} rank(s), {engine}; brick tensors vs {base} tensors; median of "
+              f"{rounds} interleaved rounds")
+        print(f"{'bytes':>10} {base + ' us':>10} {'brick us':>10} {base + ' GB/s':>9} "
+              f"{'brick GB/s':>10} {'brick/' + base + ' bw':>12}  (target >= 0.95)")
+        for nbytes, base_ns, brick_ns in rows:
+            print(f"{nbytes:>10} {base_ns / 1e3:>10.1f} {brick_ns / 1e3:>10.1f} "
+                  f"{nbytes / base_ns:>9.3f} {nbytes / brick_ns:>10.3f} {base_ns / brick_ns:>12.3f}")
+        base_ns, brk = (statistics.median(solo_samples[k]) for k in ("plain", "brick"))
+        print(f"brick's cost per collective (1 KiB all_reduce on a one-rank group): {base} "
+              f"{base_ns / 1e3:.1f} us, brick {brk / 1e3:.1f} us, brick - {base} "
+              f"{(brk - base_ns) / 1e3:.1f} us")
+        base_ns, brk = (statistics.median(ddp_samples[k]) for k in ("plain", "brick"))
+        print(f"DDP step (MLP 256-1024-1024-256, batch 64): {base} {base_ns / 1e3:.1f} us, brick "
+              f"{brk / 1e3:.1f} us, brick/{base} {brk / base_ns:.3f}x (target <= 1.1)")
     dist.destroy_process_group()
 
 

@@ -12,7 +12,8 @@
 #   scripts/run.sh gpu [STEP...]  on a machine with an NVIDIA GPU and a CUDA build of PyTorch (no
 #                            network needed): build with every core, then the CUDA GoogleTests,
 #                            the CUDA-backing tests, the whole pytest suite, the decode demo on
-#                            CUDA-backed brick in event/immediate/deferred mode and bench_cuda.py;
+#                            CUDA-backed brick in event/immediate/deferred mode, bench_cuda.py
+#                            and bench_distributed.py (NCCL);
 #                            each step bounded in time, its log in $BRICK_LOG_DIR (default
 #                            build/gpu-logs), one summary line per step. STEPs: build gtest cuda
 #                            pytest demo bench (default: all, in that order)
@@ -195,7 +196,11 @@ assert torch.cuda.is_available(), 'this PyTorch sees no CUDA GPU'" | tee -a "$lo
           gpu_step "demo-$mode" 200 "$PYTHON" -m torch_brickdev demo --sync-mode "$mode" --runs 3 \
             --no-progress -o "$logs/demo-$mode"
         done ;;
-      bench) gpu_step bench-cuda 400 "$PYTHON" benchmarks/bench_cuda.py ;;
+      bench)
+        gpu_step bench-cuda 400 "$PYTHON" benchmarks/bench_cuda.py
+        # NCCL on brick's memory vs plain cuda tensors: one rank per GPU.
+        gpu_step bench-distributed 300 "$PYTHON" benchmarks/bench_distributed.py \
+          --nproc "$(nvidia-smi -L | wc -l)" --rounds 7 ;;
       *) echo "gpu: unknown step $step (build gtest cuda pytest demo bench)" >&2; exit 2 ;;
     esac
   done

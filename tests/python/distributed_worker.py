@@ -254,6 +254,86 @@ def traced_steps():
     dist.destroy_process_group()
 
 
+def nccl_on_cuda_backing():
+    """CUDA backing: brick tensors' collectives run on NCCL, ordered with brick's current stream;
+    each result equals the same collective on plain cuda tensors (NCCL too), one rank per GPU."""
+    dist.init_process_group("cpu:gloo,cuda:nccl,brick:brick", timeout=TIMEOUT)
+    local = RANK % torch.cuda.device_count()
+    torch.cuda.set_device(local)
+    torch.brick.set_device(local)
+    brick, cuda = torch.device("brick", local), torch.device("cuda", local)
+
+    def base(d):
+        return (torch.arange(8, dtype=torch.float32) + 1 + RANK * 10).to(d)
+
+    def both(fn):
+        out = {}
+        for d in (brick, cuda):
+            values = fn(d)
+            values = values if isinstance(values, (list, tuple)) else [values]
+            assert all(v.device == d for v in values), [v.device for v in values]
+            out[d.type] = [v.cpu().tolist() for v in values]
+        return out
+
+    for name, op in (("SUM", dist.ReduceOp.SUM), ("MAX", dist.ReduceOp.MAX),
+                     ("AVG", dist.ReduceOp.AVG), ("PREMUL_SUM", dist.ReduceOp.PREMUL_SUM(0.5))):
+        def all_reduce(d, op=op):
+            t = base(d) * 3  # made on the current stream just before: NCCL must order after it
+            dist.all_reduce(t, op=op)
+            return t
+        results[f"all_reduce_{name}"] = both(all_reduce)
+
+    def async_all_reduce(d):
+        t = base(d)
+        work = dist.all_reduce(t, async_op=True)
+        work.wait()
+        value = work.get_future().wait()[0]
+        assert value.device == d and value.data_ptr() == t.data_ptr()
+        return t
+    results["all_reduce_async"] = both(async_all_reduce)
+
+    def broadcast(d):
+        t = base(d)
+        dist.broadcast(t, src=0)
+        return t
+    results["broadcast"] = both(broadcast)
+
+    def all_gather_into_tensor(d):
+        out = torch.empty(8 * WORLD, device=d)
+        dist.all_gather_into_tensor(out, base(d))
+        return out
+    results["all_gather_into_tensor"] = both(all_gather_into_tensor)
+
+    def reduce_scatter_tensor(d):
+        out = torch.empty(8, device=d)
+        dist.reduce_scatter_tensor(out, base(d).repeat(WORLD))
+        return out
+    results["reduce_scatter_tensor"] = both(reduce_scatter_tensor)
+    dist.barrier()
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    def ddp_losses(d):
+        torch.manual_seed(0)
+        model = DistributedDataParallel(nn.Sequential(nn.Linear(16, 32), nn.GELU(),
+                                                      nn.Linear(32, 4)).to(d))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        data = torch.Generator().manual_seed(100 + RANK)
+        losses = []
+        for _ in range(3):
+            x, y = torch.randn(8, 16, generator=data).to(d), torch.randn(8, 4, generator=data).to(d)
+            loss = ((model(x) - y) ** 2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        return torch.tensor(losses, device=d)
+    results["ddp_losses"] = both(ddp_losses)
+    torch.brick.synchronize()
+    results["counters"] = torch_brickdev.distributed.collective_counters()
+    dist.destroy_process_group()
+
+
 def _outlive_the_failed_rank():
     # torchrun sends SIGTERM to the other ranks once one fails: this rank must still record
     # what its collective raised (it ends in well under a second; the test bounds the launch).
@@ -282,6 +362,7 @@ def dead_rank():
 
 
 {"collectives": collectives, "training": training, "traced_steps": traced_steps,
+ "nccl_on_cuda_backing": nccl_on_cuda_backing,
  "bad_input": bad_input,
  "mismatched": mismatched, "dead_rank": dead_rank}[SCENARIO]()
 partial = os.path.join(OUT, f".rank{RANK}.json.partial")

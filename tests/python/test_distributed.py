@@ -26,10 +26,10 @@ host_only = pytest.mark.skipif(torch_brickdev.backing_device_type() != "cpu",
                                reason="the gloo-backed engine is the host runtime's")
 
 
-def torchrun(*args, timeout=180):
+def torchrun(*args, timeout=180, nproc=2):
     """``torchrun --standalone --nproc-per-node 2 *args``; the completed process."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", "2", *args]
+               "--nproc-per-node", str(nproc), *args]
     try:
         return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as expired:
@@ -37,12 +37,12 @@ def torchrun(*args, timeout=180):
                     f"{(expired.stderr or b'')[-2000:]!r}")
 
 
-def scenario(name, tmp_path, expect_rc=0, *args):
-    out = torchrun(WORKER, name, str(tmp_path), *map(str, args))
+def scenario(name, tmp_path, expect_rc=0, *args, nproc=2):
+    out = torchrun(WORKER, name, str(tmp_path), *map(str, args), nproc=nproc)
     if expect_rc is not None:
         assert out.returncode == expect_rc, out.stderr[-4000:]
     ranks = {}
-    for rank in (0, 1):
+    for rank in range(nproc):
         path = tmp_path / f"rank{rank}.json"
         if path.exists():
             ranks[rank] = json.loads(path.read_text())
@@ -250,3 +250,20 @@ def test_train_nproc_runs_ddp_on_brick_beside_the_cpu_and_merges_the_profiles(tm
     bad = subprocess.run([sys.executable, "-m", "torch_brickdev", "train", "--nproc", "0"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--nproc: expected a positive integer, got 0" in bad.stderr
+
+
+@pytest.mark.skipif(torch_brickdev.backing_device_type() != "cuda",
+                    reason="NCCL is the engine of CUDA-backed brick")
+def test_nccl_collectives_and_ddp_on_cuda_backed_brick_equal_plain_cuda(tmp_path):
+    # One rank per GPU: NCCL refuses two ranks on one device.
+    nproc = min(2, torch.cuda.device_count())
+    ranks, _ = scenario("nccl_on_cuda_backing", tmp_path, 0, nproc=nproc)
+    assert set(ranks) == set(range(nproc))
+    for rank, results in ranks.items():
+        counters = results.pop("counters")
+        for name, both in results.items():
+            assert both["brick"] == both["cuda"], (rank, name, both)
+        assert counters["all_reduce"]["calls"] >= 5 and counters["all_reduce"]["group_size"] == nproc
+        assert counters["all_reduce"]["timed_calls"] == counters["all_reduce"]["calls"]
+    expected = [3.0 * sum(i + 1 + r * 10 for r in range(nproc)) for i in range(8)]
+    assert ranks[0]["all_reduce_SUM"]["brick"][0] == expected
