@@ -28,10 +28,10 @@ def error_of(fn):
     return "no error"
 
 
-def on_both(fn):
-    """fn(device) on brick (this rank's device) and on the CPU: both as lists."""
+def on_both(fn, baseline=torch.device("cpu")):
+    """fn(device) on brick (this rank's device) and on `baseline`: both as lists, by device type."""
     out = {}
-    for device in (torch.device("brick", RANK % torch.brick.device_count()), torch.device("cpu")):
+    for device in (torch.device("brick", RANK % torch.brick.device_count()), baseline):
         value = fn(device)
         values = value if isinstance(value, (list, tuple)) else [value]
         assert all(v.device == device for v in values), [v.device for v in values]
@@ -261,19 +261,13 @@ def nccl_on_cuda_backing():
     local = RANK % torch.cuda.device_count()
     torch.cuda.set_device(local)
     torch.brick.set_device(local)
-    brick, cuda = torch.device("brick", local), torch.device("cuda", local)
+    cuda = torch.device("cuda", local)
 
     def base(d):
         return (torch.arange(8, dtype=torch.float32) + 1 + RANK * 10).to(d)
 
     def both(fn):
-        out = {}
-        for d in (brick, cuda):
-            values = fn(d)
-            values = values if isinstance(values, (list, tuple)) else [values]
-            assert all(v.device == d for v in values), [v.device for v in values]
-            out[d.type] = [v.cpu().tolist() for v in values]
-        return out
+        return on_both(fn, baseline=cuda)
 
     for name, op in (("SUM", dist.ReduceOp.SUM), ("MAX", dist.ReduceOp.MAX),
                      ("AVG", dist.ReduceOp.AVG), ("PREMUL_SUM", dist.ReduceOp.PREMUL_SUM(0.5))):

@@ -56,6 +56,7 @@ from .trace_analysis import late_collective_stragglers, trace_analysis
 
 __all__ = [
     "BrickStats",
+    "MergedReport",
     "Report",
     "ReportError",
     "SyncMode",
@@ -74,6 +75,7 @@ __all__ = [
     "late_collective_stragglers",
     "load_report",
     "mark",
+    "merge_reports",
     "profile",
     "range_pop",
     "range_push",

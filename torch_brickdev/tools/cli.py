@@ -13,7 +13,6 @@ Commands:
 import argparse
 import copy
 import sys
-import time
 
 import torch
 
