@@ -434,6 +434,38 @@ for value, error, pattern in [
     TABLE.append(bad(bp.export_chrome_trace, "rank", value, error, pattern, keyword=True,
                      path=os.path.join(tempfile.gettempdir(), "never.json"), **EXPORT))
 
+TRACE_DIR_TYPE = r"trace_dir must be a str or an os\.PathLike path, got "
+TABLE += [
+    bad(bp.trace_analysis, "trace_dir", None, TypeError, TRACE_DIR_TYPE + "None"),
+    bad(bp.trace_analysis, "trace_dir", 3, TypeError, TRACE_DIR_TYPE + "int"),
+    bad(bp.trace_analysis, "trace_dir", "", ValueError, r"trace_dir must be a non-empty path, got ''"),
+    bad(bp.trace_analysis, "trace_dir", NEVER_WRITTEN, FileNotFoundError, r"no such folder: ",
+        received=re.escape(NEVER_WRITTEN)),
+]
+STRAGGLER_DF = r"df must be HTA's trace DataFrame \(columns dur, iteration, name, rank, stream, ts\), got "
+TABLE += [
+    bad(bp.late_collective_stragglers, "df", None, TypeError, STRAGGLER_DF + "None",
+        symbol_table=None),
+    bad(bp.late_collective_stragglers, "df", types.SimpleNamespace(columns=["rank", "ts"]), TypeError,
+        STRAGGLER_DF + "SimpleNamespace", received="SimpleNamespace", symbol_table=None),
+    bad(bp.late_collective_stragglers, "symbol_table", {}, TypeError,
+        r"symbol_table must be HTA's TraceSymbolTable, got dict", before=(named("trace_frame"),)),
+    bad(bp.late_collective_stragglers, "n_stragglers", 0, ValueError, r"n_stragglers must be >= 1, got 0",
+        before=(named("trace_frame"), named("symbol_table"))),
+    bad(bp.late_collective_stragglers, "n_stragglers", 1.5, TypeError,
+        r"n_stragglers must be an int, got float", before=(named("trace_frame"), named("symbol_table"))),
+    bad(bp.late_collective_stragglers, "min_normalized_duration", 1.5, ValueError,
+        r"min_normalized_duration must be a fraction of an iteration in \[0, 1\), got 1\.5",
+        keyword=True, before=(named("trace_frame"), named("symbol_table"))),
+]
+MERGE_SOURCES = r"sources must be a list of report paths or reports, got "
+TABLE += [
+    bad(bp.merge_reports, "sources", None, TypeError, MERGE_SOURCES + "None"),
+    bad(bp.merge_reports, "sources", "out/rank0/report.json", TypeError, MERGE_SOURCES + "str"),
+    bad(bp.merge_reports, "sources", [], ValueError, r"no reports to merge; expected one report\.json per rank",
+        received="no reports"),
+]
+
 # -- torch_brickdev.tools.demo -----------------------------------------------------------------
 
 
@@ -702,6 +734,10 @@ def shared_objects():
     with plugin.profile():
         torch.ones(2, device="brick") * 2
     SHARED["brick_profile"] = plugin
+    # What HTA hands a straggler metric, as far as brick's checks look (its columns; a table).
+    SHARED["trace_frame"] = types.SimpleNamespace(
+        columns=["rank", "iteration", "stream", "name", "ts", "dur"])
+    SHARED["symbol_table"] = types.SimpleNamespace(get_sym_id_map=dict)
     yield
     clear = sum(TRIED.values())
     print(f"\nbad input: {len(TRIED)} calls tried, {clear} clear")
@@ -782,6 +818,7 @@ EXEMPT = {
     "torch_brickdev.profiler.kineto_stats": NO_ARGUMENTS,
     "torch_brickdev.profiler.BrickStats": "a frozen record that stats() builds from the native "
                                           "registry; not an input",
+    "torch_brickdev.profiler.MergedReport": "a record that merge_reports() builds; not an input",
     "torch_brickdev.tools.demo.DecodeResult": "a record that decode() returns; not an input",
     "torch_brickdev.tools.demo.DecodeConfigTypeError": "an exception class",
     "torch_brickdev.runtime_note": NO_ARGUMENTS,

@@ -140,10 +140,11 @@ def merge_reports(sources: Sequence[Union[str, os.PathLike, dict, Report]]) -> M
     its ``metadata.distributed.rank`` (its position in ``sources`` when it has none); two reports
     of one rank, or reports of different world sizes, are refused."""
     if isinstance(sources, (str, bytes, os.PathLike)) or not isinstance(sources, Sequence):
-        raise TypeError(f"brick merge: sources must be a list of report paths or reports, "
+        raise TypeError(f"brick merge_reports(): sources must be a list of report paths or reports, "
                         f"got {describe(sources)}")
     if not sources:
-        raise ValueError("brick merge: no reports to merge; expected one report.json per rank")
+        raise ValueError("brick merge_reports(): sources holds no reports to merge; expected one "
+                         "report.json per rank")
     loaded = []
     for position, source in enumerate(sources):
         label = os.fspath(source) if isinstance(source, (str, os.PathLike)) else f"sources[{position}]"

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import re
 
-from ..argcheck import check_path
+from ..argcheck import check_int, check_path, describe
 
 __all__ = ["BRICK_COLLECTIVE_PATTERN", "late_collective_stragglers", "recognise_brick_collectives",
            "trace_analysis"]
@@ -63,21 +63,35 @@ def late_collective_stragglers(df, symbol_table, n_stragglers: int = 2, visualiz
     varies most across ranks; a rank that starts it late made the others wait), computed over
     brick's collectives and NCCL's kernels. Returns, per rank, how many iterations found it
     among the ``n_stragglers`` latest."""
+    where = "brick profiler: late_collective_stragglers()"
+    columns = {"rank", "iteration", "stream", "name", "ts", "dur"}
+    if not columns <= set(getattr(df, "columns", ())):
+        raise TypeError(f"{where}: df must be HTA's trace DataFrame (columns "
+                        f"{', '.join(sorted(columns))}), got {describe(df)}")
+    if not callable(getattr(symbol_table, "get_sym_id_map", None)):
+        raise TypeError(f"{where}: symbol_table must be HTA's TraceSymbolTable, got "
+                        f"{describe(symbol_table)}")
+    n_stragglers = check_int(n_stragglers, "n_stragglers", where, low=1)
+    if isinstance(min_normalized_duration, bool) or \
+            not isinstance(min_normalized_duration, (int, float)) or \
+            not 0 <= min_normalized_duration < 1:
+        raise ValueError(f"{where}: min_normalized_duration must be a fraction of an iteration in "
+                         f"[0, 1), got {min_normalized_duration!r}")
     from hta.analyzers.straggler import _get_top_k_stragglers_with_metric
 
     ids = [sym_id for name, sym_id in symbol_table.get_sym_id_map().items()
            if _COLLECTIVE_NAMES.match(name)]
     iterations = [i for i in df["iteration"].unique() if i > 0]
     if not iterations:
-        raise ValueError("brick profiler: late_collective_stragglers(): the traces have no "
-                         "profiler steps (ProfilerStep#N, from torch.profiler's step())")
+        raise ValueError(f"{where}: the traces have no profiler steps (ProfilerStep#N, from "
+                         "torch.profiler's step())")
     t_min = df["ts"].min()
     mean_iteration = ((df["ts"] + df["dur"]).max() - t_min) / len(iterations)
     long = df.loc[df["stream"].gt(0) & df["iteration"].isin(iterations)
                   & df["dur"].ge(mean_iteration * min_normalized_duration) & df["name"].isin(ids)]
     if long.empty:
-        raise ValueError("brick profiler: late_collective_stragglers(): no collective of at least "
-                         f"{min_normalized_duration:.0%} of an iteration in the traces")
+        raise ValueError(f"{where}: no collective of at least {min_normalized_duration:.0%} of an "
+                         "iteration in the traces")
     last = long.groupby(["rank", "stream", "iteration", "name"], as_index=False).last()
     last["normalized_start_time"] = (last["ts"] - t_min) / mean_iteration
     last["duration"] = last["dur"] / mean_iteration
