@@ -8,6 +8,7 @@
 
 #include <array>
 #include <fstream>
+#include <new>
 #include <string>
 #include <string_view>
 
@@ -165,12 +166,53 @@ struct AdoptedContext {
   c10::DeviceIndex device;
 };
 
+// Every op result gets an AdoptedContext, and most die soon after on the same thread: a few
+// freed ones are kept per thread for the next results, sparing the heap an allocation and a free
+// per op. A context freed on another thread joins that thread's cache.
+struct AdoptedContextCache {
+  static constexpr size_t kCapacity = 32;
+  std::array<void*, kCapacity> free_blocks{};
+  size_t count = 0;
+  ~AdoptedContextCache();
+};
+[[gnu::tls_model("initial-exec")]] constinit thread_local AdoptedContextCache* t_context_cache =
+    nullptr;
+// Set once the thread's cache is gone (thread exit): later frees go straight to the heap.
+[[gnu::tls_model("initial-exec")]] constinit thread_local bool t_context_cache_gone = false;
+
+AdoptedContextCache::~AdoptedContextCache() {
+  t_context_cache = nullptr;
+  t_context_cache_gone = true;
+  for (size_t i = 0; i < count; ++i) ::operator delete(free_blocks[i]);
+}
+
+[[gnu::noinline]] AdoptedContextCache* create_context_cache() {
+  if (t_context_cache_gone) return nullptr;
+  thread_local AdoptedContextCache cache;
+  t_context_cache = &cache;
+  return &cache;
+}
+
+AdoptedContext* new_adopted_context(c10::DataPtr original, size_t nbytes, c10::DeviceIndex device) {
+  AdoptedContextCache* cache =
+      t_context_cache != nullptr ? t_context_cache : create_context_cache();
+  void* block = cache != nullptr && cache->count > 0 ? cache->free_blocks[--cache->count]
+                                                     : ::operator new(sizeof(AdoptedContext));
+  return new (block) AdoptedContext{std::move(original), nbytes, device};
+}
+
 void delete_adopted(void* ctx) {
   auto* adopted = static_cast<AdoptedContext*>(ctx);
   report_to_profiler(adopted->original.get(), -static_cast<int64_t>(adopted->nbytes),
                      adopted->device);
   rt().release_adopted(adopted->device, adopted->nbytes);
-  delete adopted;  // frees the memory through the backing allocator's own deleter
+  adopted->~AdoptedContext();  // frees the memory through the backing allocator's own deleter
+  AdoptedContextCache* cache = t_context_cache;
+  if (cache != nullptr && cache->count < AdoptedContextCache::kCapacity) {
+    cache->free_blocks[cache->count++] = adopted;
+  } else {
+    ::operator delete(adopted);
+  }
 }
 
 }  // namespace
@@ -235,7 +277,7 @@ void record_stream_use(const c10::DataPtr& data_ptr, c10::DeviceIndex device,
 c10::DataPtr adopt_data_ptr(c10::DataPtr original, size_t nbytes, c10::DeviceIndex device) {
   void* data = original.get();
   if (data == nullptr) return c10::DataPtr(nullptr, c10::Device(kBrick, device));
-  auto* ctx = new AdoptedContext{std::move(original), nbytes, device};
+  auto* ctx = new_adopted_context(std::move(original), nbytes, device);
   rt().record_adopted(device, nbytes);
   report_to_profiler(data, static_cast<int64_t>(nbytes), device);
   return c10::DataPtr(data, ctx, &delete_adopted, c10::Device(kBrick, device));
