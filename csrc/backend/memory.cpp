@@ -23,6 +23,7 @@
 #include "backend/backend.h"
 #include "backend/backing.h"
 #include "backend/errors.h"
+#include "runtime/per_thread.h"
 
 namespace brick::backend {
 
@@ -173,29 +174,14 @@ struct AdoptedContextCache {
   static constexpr size_t kCapacity = 32;
   std::array<void*, kCapacity> free_blocks{};
   size_t count = 0;
-  ~AdoptedContextCache();
+  ~AdoptedContextCache() {
+    for (size_t i = 0; i < count; ++i) ::operator delete(free_blocks[i]);
+  }
 };
-[[gnu::tls_model("initial-exec")]] constinit thread_local AdoptedContextCache* t_context_cache =
-    nullptr;
-// Set once the thread's cache is gone (thread exit): later frees go straight to the heap.
-[[gnu::tls_model("initial-exec")]] constinit thread_local bool t_context_cache_gone = false;
-
-AdoptedContextCache::~AdoptedContextCache() {
-  t_context_cache = nullptr;
-  t_context_cache_gone = true;
-  for (size_t i = 0; i < count; ++i) ::operator delete(free_blocks[i]);
-}
-
-[[gnu::noinline]] AdoptedContextCache* create_context_cache() {
-  if (t_context_cache_gone) return nullptr;
-  thread_local AdoptedContextCache cache;
-  t_context_cache = &cache;
-  return &cache;
-}
+using ContextCache = runtime::PerThread<AdoptedContextCache>;
 
 AdoptedContext* new_adopted_context(c10::DataPtr original, size_t nbytes, c10::DeviceIndex device) {
-  AdoptedContextCache* cache =
-      t_context_cache != nullptr ? t_context_cache : create_context_cache();
+  AdoptedContextCache* cache = ContextCache::get();  // none after thread exit: the heap
   void* block = cache != nullptr && cache->count > 0 ? cache->free_blocks[--cache->count]
                                                      : ::operator new(sizeof(AdoptedContext));
   return new (block) AdoptedContext{std::move(original), nbytes, device};
@@ -207,7 +193,7 @@ void delete_adopted(void* ctx) {
                      adopted->device);
   rt().release_adopted(adopted->device, adopted->nbytes);
   adopted->~AdoptedContext();  // frees the memory through the backing allocator's own deleter
-  AdoptedContextCache* cache = t_context_cache;
+  AdoptedContextCache* cache = ContextCache::get_if_made();
   if (cache != nullptr && cache->count < AdoptedContextCache::kCapacity) {
     cache->free_blocks[cache->count++] = adopted;
   } else {
@@ -351,16 +337,6 @@ struct AliasPool {
   std::array<c10::intrusive_ptr<c10::TensorImpl>, kSize> aliases;
   size_t next = 0;  // the slot a new alias replaces when none is free
 };
-// The calling thread's pool once it has one: initial-exec, a direct %fs access even inside a
-// dlopen()ed module (the pool itself lives in a thread_local of its own, outside static TLS).
-[[gnu::tls_model("initial-exec")]] constinit thread_local AliasPool* t_alias_pool = nullptr;
-
-[[gnu::noinline]] AliasPool& create_alias_pool() {
-  thread_local AliasPool pool;
-  t_alias_pool = &pool;
-  return pool;
-}
-
 bool is_free(const c10::intrusive_ptr<c10::TensorImpl>& alias) {
   // Only the pool holds the alias, and only the alias its storage (a kernel may keep either).
   return alias && alias.use_count() == 1 && alias.weak_use_count() == 1 &&
@@ -370,9 +346,12 @@ bool is_free(const c10::intrusive_ptr<c10::TensorImpl>& alias) {
 }  // namespace
 
 at::Tensor make_reused_backing_alias(const at::Tensor& brick_tensor) {
-  AliasPool& pool = t_alias_pool != nullptr ? *t_alias_pool : create_alias_pool();
+  AliasPool* pool = runtime::PerThread<AliasPool>::get();
+  if (pool == nullptr) [[unlikely]] {
+    return make_backing_alias(brick_tensor);  // the thread is exiting: its pool is gone
+  }
   const c10::StorageImpl* brick_storage = brick_tensor.storage().unsafeGetStorageImpl();
-  for (auto& alias : pool.aliases) {
+  for (auto& alias : pool->aliases) {
     if (!is_free(alias)) continue;
     c10::StorageImpl* storage = alias->unsafe_storage().unsafeGetStorageImpl();
     storage->set_data_ptr_noswap(c10::DataPtr(brick_storage->data_ptr().get(),
@@ -392,8 +371,8 @@ at::Tensor make_reused_backing_alias(const at::Tensor& brick_tensor) {
     return at::Tensor(alias);
   }
   at::Tensor fresh = make_backing_alias(brick_tensor);
-  pool.aliases[pool.next] = fresh.getIntrusivePtr();
-  pool.next = (pool.next + 1) % AliasPool::kSize;
+  pool->aliases[pool->next] = fresh.getIntrusivePtr();
+  pool->next = (pool->next + 1) % AliasPool::kSize;
   return fresh;
 }
 

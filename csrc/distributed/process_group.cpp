@@ -63,19 +63,18 @@ int64_t steady_ns() noexcept {
 // functional collectives get brick tensors back.
 class BrickWork final : public c10d::Work {
  public:
-  BrickWork(c10::intrusive_ptr<c10d::Work> inner, std::vector<at::Tensor> outputs,
-            std::optional<c10::DeviceIndex> brick_device, int rank, std::string where)
+  // `inner_future`: the engine Work's future, null for a Work without one (getFuture() then
+  // says so when asked).
+  BrickWork(c10::intrusive_ptr<c10d::Work> inner,
+            const c10::intrusive_ptr<c10::ivalue::Future>& inner_future,
+            std::vector<at::Tensor> outputs, std::optional<c10::DeviceIndex> brick_device, int rank,
+            std::string where)
       : Work(rank, inner->retrieveOpType()),
         inner_(std::move(inner)),
         outputs_(std::move(outputs)),
         brick_device_(brick_device),
         where_(std::move(where)) {
-    c10::intrusive_ptr<c10::ivalue::Future> inner_future;
-    try {
-      inner_future = inner_->getFuture();
-    } catch (const c10::Error&) {
-      return;  // an engine Work without a future: getFuture() says so when asked
-    }
+    if (!inner_future) return;
     future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors());
     inner_future->addCallback([future = future_, outputs = outputs_](c10::ivalue::Future& done) {
       if (done.hasError()) {
@@ -329,7 +328,7 @@ struct BrickProcessGroup::Call {
     }
     track_in_flight(work, timed);
     if (!on_brick) return work;
-    return c10::make_intrusive<BrickWork>(std::move(work), std::move(results),
+    return c10::make_intrusive<BrickWork>(std::move(work), future, std::move(results),
                                           std::optional<c10::DeviceIndex>(brick_device),
                                           pg.getRank(), where());
   }

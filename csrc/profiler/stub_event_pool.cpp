@@ -11,6 +11,7 @@
 
 #include "profiler/event_pool.h"
 #include "profiler/fork.h"
+#include "runtime/per_thread.h"
 
 namespace brick::profiler {
 
@@ -169,14 +170,7 @@ struct ThreadCache {
   }
 };
 
-// The calling thread's cache once it has one: a direct TLS access even inside a dlopen()ed module.
-[[gnu::tls_model("initial-exec")]] constinit thread_local ThreadCache* t_slot_cache = nullptr;
-// Set when the thread's cache has been destroyed (thread exit): later releases go to the depot.
-[[gnu::tls_model("initial-exec")]] constinit thread_local bool t_slot_cache_gone = false;
-
 ThreadCache::~ThreadCache() {
-  t_slot_cache = nullptr;
-  t_slot_cache_gone = true;
   for (auto& slots : free) {
     try {
       depot().give(slots, slots.size());
@@ -186,13 +180,9 @@ ThreadCache::~ThreadCache() {
   }
 }
 
-ThreadCache* this_thread_cache() {
-  if (t_slot_cache != nullptr) return t_slot_cache;
-  if (t_slot_cache_gone) return nullptr;
-  thread_local ThreadCache cache;
-  t_slot_cache = &cache;
-  return &cache;
-}
+// The calling thread's cache; none once it was destroyed (thread exit): releases then go to the
+// depot.
+ThreadCache* this_thread_cache() { return runtime::PerThread<ThreadCache>::get(); }
 
 [[gnu::noinline]] StubSlot* acquire_slow(int device) {
   if (ThreadCache* cache = this_thread_cache()) {
@@ -232,7 +222,7 @@ ThreadCache* this_thread_cache() {
 }  // namespace
 
 StubSlot* acquire_stub_slot(int device) {
-  ThreadCache* cache = t_slot_cache;
+  ThreadCache* cache = runtime::PerThread<ThreadCache>::get_if_made();
   if (cache != nullptr && device < static_cast<int>(cache->free.size())) [[likely]] {
     auto& slots = cache->free[device];
     if (!slots.empty()) [[likely]] {
@@ -245,7 +235,7 @@ StubSlot* acquire_stub_slot(int device) {
 }
 
 void release_stub_slot(StubSlot* slot) noexcept {
-  ThreadCache* cache = t_slot_cache;
+  ThreadCache* cache = runtime::PerThread<ThreadCache>::get_if_made();
   if (cache != nullptr && slot->device < static_cast<int>(cache->free.size())) [[likely]] {
     auto& slots = cache->free[slot->device];
     if (slots.size() < kMaxCached) [[likely]] {

@@ -39,6 +39,39 @@ def on_both(fn, baseline=torch.device("cpu")):
     return out
 
 
+def common_collectives(base, numel, run_on_both, broadcast_src):
+    """The collectives both engines' scenarios check, each run by ``run_on_both`` on brick and its
+    baseline: an async all_reduce (its future answers with the caller's tensor), a broadcast, an
+    all_gather_into_tensor and a reduce_scatter_tensor of ``base(device)`` (``numel`` elements)."""
+    def all_reduce_async(d):
+        t = base(d)
+        work = dist.all_reduce(t, async_op=True)
+        work.wait()
+        value = work.get_future().wait()[0]
+        assert value.device == d and value.data_ptr() == t.data_ptr()
+        return t
+
+    def broadcast(d):
+        t = base(d)
+        dist.broadcast(t, src=broadcast_src)
+        return t
+
+    def all_gather_into_tensor(d):
+        out = torch.empty(numel * WORLD, device=d)
+        dist.all_gather_into_tensor(out, base(d))
+        return out
+
+    def reduce_scatter_tensor(d):
+        out = torch.empty(numel, device=d)
+        dist.reduce_scatter_tensor(out, base(d).repeat(WORLD))
+        return out
+
+    return {name: run_on_both(fn) for name, fn in (
+        ("all_reduce_async", all_reduce_async), ("broadcast", broadcast),
+        ("all_gather_into_tensor", all_gather_into_tensor),
+        ("reduce_scatter_tensor", reduce_scatter_tensor))}
+
+
 def collectives():
     dist.init_process_group("cpu:gloo,brick:brick", timeout=TIMEOUT)
     torch.brick.set_device(RANK % torch.brick.device_count())
@@ -56,20 +89,7 @@ def collectives():
             return t
         results[f"all_reduce_{op}"] = on_both(bitwise)
 
-    def async_all_reduce(d):
-        t = base(d)
-        work = dist.all_reduce(t, async_op=True)
-        work.wait()
-        future_value = work.get_future().wait()[0]
-        assert future_value.device == d and future_value.data_ptr() == t.data_ptr()
-        return t
-    results["all_reduce_async"] = on_both(async_all_reduce)
-
-    def broadcast(d):
-        t = base(d)
-        dist.broadcast(t, src=1)
-        return t
-    results["broadcast"] = on_both(broadcast)
+    results.update(common_collectives(base, 6, on_both, broadcast_src=1))
 
     def reduce(d):
         t = base(d)
@@ -83,12 +103,6 @@ def collectives():
         return outs
     results["all_gather"] = on_both(all_gather)
 
-    def all_gather_into_tensor(d):
-        out = torch.empty(6 * WORLD, device=d)
-        dist.all_gather_into_tensor(out, base(d))
-        return out
-    results["all_gather_into_tensor"] = on_both(all_gather_into_tensor)
-
     def gather(d):
         outs = [torch.empty(6, device=d) for _ in range(WORLD)] if RANK == 0 else None
         dist.gather(base(d), outs, dst=0)
@@ -101,12 +115,6 @@ def collectives():
         dist.scatter(out, chunks, src=0)
         return out
     results["scatter"] = on_both(scatter)
-
-    def reduce_scatter_tensor(d):
-        out = torch.empty(6 // WORLD * 1, device=d) if 6 % WORLD == 0 else None
-        dist.reduce_scatter_tensor(out, base(d))
-        return out
-    results["reduce_scatter_tensor"] = on_both(reduce_scatter_tensor)
 
     def all_to_all_single(d):
         out = torch.empty(2 * WORLD, device=d)
@@ -277,32 +285,7 @@ def nccl_on_cuda_backing():
             return t
         results[f"all_reduce_{name}"] = both(all_reduce)
 
-    def async_all_reduce(d):
-        t = base(d)
-        work = dist.all_reduce(t, async_op=True)
-        work.wait()
-        value = work.get_future().wait()[0]
-        assert value.device == d and value.data_ptr() == t.data_ptr()
-        return t
-    results["all_reduce_async"] = both(async_all_reduce)
-
-    def broadcast(d):
-        t = base(d)
-        dist.broadcast(t, src=0)
-        return t
-    results["broadcast"] = both(broadcast)
-
-    def all_gather_into_tensor(d):
-        out = torch.empty(8 * WORLD, device=d)
-        dist.all_gather_into_tensor(out, base(d))
-        return out
-    results["all_gather_into_tensor"] = both(all_gather_into_tensor)
-
-    def reduce_scatter_tensor(d):
-        out = torch.empty(8, device=d)
-        dist.reduce_scatter_tensor(out, base(d).repeat(WORLD))
-        return out
-    results["reduce_scatter_tensor"] = both(reduce_scatter_tensor)
+    results.update(common_collectives(base, 8, both, broadcast_src=0))
     dist.barrier()
 
     from torch.nn.parallel import DistributedDataParallel

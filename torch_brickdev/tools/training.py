@@ -1,7 +1,9 @@
 """The training demo's model and loop, shared by ``python -m torch_brickdev train`` (one process,
 brick beside the CPU) and its ``--nproc`` form (DistributedDataParallel under torchrun)."""
 
+import contextlib
 import time
+from typing import Optional
 
 import torch
 
@@ -24,14 +26,14 @@ def residual_mlp(width: int, depth: int, classes: int) -> torch.nn.Module:
     )
 
 
-def train_steps(model, data, targets, steps: int, step_range: str = None):
+def train_steps(model, data, targets, steps: int, step_range: Optional[str] = None):
     """``steps`` AdamW steps on one batch; the losses and each step's seconds. ``step_range``
     names a ``record_function`` range around each step (for the profiler's report)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     losses, times = [], []
     for _ in range(steps):
         start = time.perf_counter()
-        with torch.profiler.record_function(step_range) if step_range else _nothing():
+        with torch.profiler.record_function(step_range) if step_range else contextlib.nullcontext():
             optimizer.zero_grad()
             loss = torch.nn.functional.cross_entropy(model(data), targets)
             loss.backward()
@@ -39,14 +41,6 @@ def train_steps(model, data, targets, steps: int, step_range: str = None):
         losses.append(loss.item())  # .item() waits for the device
         times.append(time.perf_counter() - start)
     return losses, times
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def steady_ratio(times_a, times_b) -> float:
