@@ -226,6 +226,33 @@ def test_holistic_trace_analysis_runs_its_multi_rank_analyses_on_brick_traces(tm
         bp.trace_analysis(str(tmp_path / "absent"))
 
 
+def test_late_collective_stragglers_compares_the_ranks_at_one_collective():
+    """The straggler arrives last at each step's second collective, which is therefore brief on
+    it (below the 1 % significance bar) and long on the rank that waits. Comparing each rank's
+    last long collective would set the straggler's first collective against the other rank's
+    second and blame the waiting rank; matched by order, the ranks are compared at the second."""
+    pd = pytest.importorskip("pandas")
+    pytest.importorskip("hta.analyzers.straggler")
+    names = {"brick::gloo:all_reduce": 7, "aten::mm": 8, "ProfilerStep#1": 9}
+    symbols = type("Symbols", (), {"get_sym_id_map": lambda self: names})()
+    rows = []
+    for iteration in (1, 2, 3):
+        step = iteration * 100.0
+        for rank, second_start, second_dur in ((0, 30.0, 40.0), (1, 69.0, 0.5)):
+            rows += [(rank, iteration, 20, 7, step + 5, 20.0),  # first all_reduce, both long
+                     (rank, iteration, 7, 8, step + 26, 3.0),  # compute
+                     (rank, iteration, 20, 7, step + second_start, second_dur)]
+    df = pd.DataFrame(rows, columns=["rank", "iteration", "stream", "name", "ts", "dur"])
+    found = bp.late_collective_stragglers(df, symbols, n_stragglers=1)
+    assert dict(found) == {0: 0, 1: 3}  # the straggler, in each of the 3 steps
+    # Without rank 1's second collective, the last one every rank has is the first.
+    lone = df.loc[~((df["rank"] == 1) & (df["ts"] % 100 == 69))].copy()
+    lone.loc[(lone["rank"] == 0) & (lone["ts"] % 100 == 5), "ts"] += 2
+    assert dict(bp.late_collective_stragglers(lone, symbols, n_stragglers=1)) == {0: 3, 1: 0}
+    with pytest.raises(ValueError, match="no collective of at least 50%"):
+        bp.late_collective_stragglers(df, symbols, min_normalized_duration=0.5)
+
+
 @host_only
 def test_train_nproc_runs_ddp_on_brick_beside_the_cpu_and_merges_the_profiles(tmp_path):
     out = tmp_path / "train"

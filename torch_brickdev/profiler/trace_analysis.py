@@ -10,7 +10,8 @@ breakdowns, critical path) read brick's collectives as they read NCCL's kernels.
 
 HTA's default straggler metric looks for kernels named ``ncclKernel*`` only (a name NCCL itself
 stopped using: its kernels are ``ncclDevKernel_*`` now). :func:`late_collective_stragglers`
-computes the same metric over brick's collectives and both generations of NCCL names; pass it to
+computes that metric over brick's collectives and both generations of NCCL names, with the ranks'
+collectives matched by order; pass it to
 ``get_potential_stragglers(straggler_identification_impl=...)``.
 """
 
@@ -58,11 +59,18 @@ def trace_analysis(trace_dir: str, **kwargs):
 
 def late_collective_stragglers(df, symbol_table, n_stragglers: int = 2, visualize: bool = False,
                                min_normalized_duration: float = 0.01):
-    """A straggler metric for HTA's ``get_potential_stragglers``: HTA's own (the normalized start
-    of each rank's last significant collective per iteration, on the collective whose duration
-    varies most across ranks; a rank that starts it late made the others wait), computed over
-    brick's collectives and NCCL's kernels. Returns, per rank, how many iterations found it
-    among the ``n_stragglers`` latest."""
+    """A straggler metric for HTA's ``get_potential_stragglers``: the normalized start of the last
+    significant collective of each iteration (a rank that starts it late made the others wait),
+    computed over brick's collectives and NCCL's kernels. Returns, per rank, how many iterations
+    found it among the ``n_stragglers`` latest.
+
+    HTA's own metric keeps each rank's rows of at least ``min_normalized_duration`` of an
+    iteration, then compares every rank's last such row. A collective is short on the rank that
+    arrives last and long on those that wait for it, so on the straggler that filter can drop the
+    very collective it was late to, and the ranks are then compared at different collectives.
+    Here the ranks' collectives are matched first, by their order within the iteration (every
+    rank of a group issues them in one order), and a collective is significant when it lasts that
+    long on any rank; the ranks are compared at the last one that every rank has."""
     where = "brick profiler: late_collective_stragglers()"
     columns = {"rank", "iteration", "stream", "name", "ts", "dur"}
     if not columns <= set(getattr(df, "columns", ())):
@@ -87,16 +95,21 @@ def late_collective_stragglers(df, symbol_table, n_stragglers: int = 2, visualiz
                          "torch.profiler's step())")
     t_min = df["ts"].min()
     mean_iteration = ((df["ts"] + df["dur"]).max() - t_min) / len(iterations)
-    long = df.loc[df["stream"].gt(0) & df["iteration"].isin(iterations)
-                  & df["dur"].ge(mean_iteration * min_normalized_duration) & df["name"].isin(ids)]
-    if long.empty:
+    collectives = df.loc[df["stream"].gt(0) & df["iteration"].isin(iterations)
+                         & df["name"].isin(ids)].sort_values(["rank", "ts"])
+    collectives = collectives.assign(
+        order=collectives.groupby(["rank", "iteration"]).cumcount())
+    instance = ["iteration", "order", "name"]
+    per_instance = collectives.groupby(instance).agg(ranks=("rank", "nunique"),
+                                                     longest=("dur", "max"))
+    n_ranks = collectives["rank"].nunique()
+    significant = per_instance.loc[per_instance["ranks"].eq(n_ranks) & per_instance["longest"].ge(
+        mean_iteration * min_normalized_duration)].reset_index()
+    if significant.empty:
         raise ValueError(f"{where}: no collective of at least {min_normalized_duration:.0%} of an "
-                         "iteration in the traces")
-    last = long.groupby(["rank", "stream", "iteration", "name"], as_index=False).last()
-    last["normalized_start_time"] = (last["ts"] - t_min) / mean_iteration
-    last["duration"] = last["dur"] / mean_iteration
-    spread = last.groupby(["stream", "iteration", "name"])["duration"].std()
-    stream, name = spread.groupby(["stream", "name"]).mean().idxmax()
-    candidates = last.loc[last["stream"].eq(stream) & last["name"].eq(name)]
+                         "iteration on every rank's trace")
+    last = significant.sort_values("order").groupby("iteration").last().reset_index()[instance]
+    candidates = collectives.merge(last, on=instance)
+    candidates = candidates.assign(normalized_start_time=(candidates["ts"] - t_min) / mean_iteration)
     return _get_top_k_stragglers_with_metric(candidates, "normalized_start_time",
                                              n_stragglers=n_stragglers, visualize=visualize)
