@@ -2,11 +2,15 @@
 //
 // With torch.autograd.profiler.profile(use_device="brick"), PyTorch calls record() at the start
 // and end of every op and range it observes and elapsed() on each pair when it builds its
-// events. record() puts a pooled timing event on the current brick stream and logs the call on
-// the device timeline, so a trace can place every op's device interval on a per-stream track; on
-// its common path it takes no lock and allocates nothing (the event, and the std::shared_ptr
-// that hands it to PyTorch, come from a per-thread pool; the log is the thread's own). No
-// exception may escape record(): PyTorch does not catch one there, and it would break the op.
+// events. record() logs the call on the device timeline, so a trace can place every op's device
+// interval on a per-stream track. On an asynchronous runtime it also puts a pooled timing event
+// on the current brick stream; on a synchronous one an op's device work is done when the call
+// that issued it returns, so the record's CPU time is its device time and the event handed to
+// PyTorch is that time itself, carried in the pointer of a std::shared_ptr that owns nothing.
+// On its common path record() takes no lock and allocates nothing (events, and the shared_ptr
+// control blocks that hand them to PyTorch, come from a per-thread pool; the log is the
+// thread's own). No exception may escape record(): PyTorch does not catch one there, and it
+// would break the op.
 #include <ATen/record_function.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/ApproximateClock.h>
@@ -14,6 +18,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <new>
@@ -29,17 +34,13 @@ namespace brick::profiler {
 
 namespace {
 
-// What PyTorch holds for one record(): the pooled event and, while its device time was not
-// known at record(), where the timeline awaits it.
+// What PyTorch holds for one record() on an asynchronous runtime: the pooled event and, while
+// its device time was not known at record(), where the timeline awaits it.
 struct StubEvent {
   StubSlot* slot;
   TimelineLog::Handle pending;
-  // On a synchronous runtime, when the record was made (c10::getTime()); the slot's event is
-  // then unused. -1 on an asynchronous one.
-  int64_t recorded_cpu_ns;
 
-  StubEvent(StubSlot* s, TimelineLog::Handle p, int64_t cpu_ns) noexcept
-      : slot(s), pending(p), recorded_cpu_ns(cpu_ns) {}
+  StubEvent(StubSlot* s, TimelineLog::Handle p) noexcept : slot(s), pending(p) {}
   StubEvent(const StubEvent&) = delete;
   StubEvent& operator=(const StubEvent&) = delete;
   // Runs before the slot (its event included) goes back to the pool for reuse.
@@ -73,6 +74,22 @@ struct SlotAllocator {
 
 std::atomic<uint64_t> g_record_failures{0};
 
+// A synchronous runtime's stub event: the record's time (c10::getTime(), positive) as the pointer
+// of a shared_ptr made by the aliasing constructor over an empty owner. It has no control block
+// (use_count() 0), so making, copying and dropping it touch no memory; PyTorch only tests it for
+// null and hands it back to elapsed().
+torch::profiler::impl::ProfilerVoidEventStub time_as_event(int64_t cpu_ns) noexcept {
+  return {std::shared_ptr<void>(), reinterpret_cast<void*>(static_cast<uintptr_t>(cpu_ns))};
+}
+
+bool is_time_event(const torch::profiler::impl::ProfilerVoidEventStub& event) noexcept {
+  return event.use_count() == 0;  // a pooled StubEvent always has an owner
+}
+
+int64_t time_of(const torch::profiler::impl::ProfilerVoidEventStub& event) noexcept {
+  return static_cast<int64_t>(reinterpret_cast<uintptr_t>(event.get()));
+}
+
 class BrickProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
  public:
   void record(c10::DeviceIndex* device, torch::profiler::impl::ProfilerVoidEventStub* event,
@@ -85,15 +102,12 @@ class BrickProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
       const runtime::StreamId stream = rt.current_stream(index);
       if (device != nullptr) *device = static_cast<c10::DeviceIndex>(index);
       if (!async_runtime()) {
-        StubSlot* slot = acquire_stub_slot(index);
         const int64_t now = c10::getTime();
         if (cpu_ns != nullptr) *cpu_ns = now;
         process_timeline().append(
             StubRecord{at::RecordFunction::currentThreadId(), now, kDeviceAtCpuTime, index, stream},
             nullptr);
-        auto stub = std::allocate_shared<StubEvent>(SlotAllocator<StubEvent>(slot), slot,
-                                                    TimelineLog::Handle{}, now);
-        if (event != nullptr) *event = std::move(stub);
+        if (event != nullptr) *event = time_as_event(now);
         return;
       }
       if (rt.is_capturing(index, stream)) [[unlikely]] {
@@ -120,8 +134,7 @@ class BrickProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
           StubRecord{at::RecordFunction::currentThreadId(), now, device_ns, index, stream},
           device_ns < 0 ? slot->event : nullptr);
       auto stub = std::allocate_shared<StubEvent>(SlotAllocator<StubEvent>(slot), slot,
-                                                  device_ns < 0 ? logged : TimelineLog::Handle{},
-                                                  int64_t{-1});
+                                                  device_ns < 0 ? logged : TimelineLog::Handle{});
       if (event != nullptr) *event = std::move(stub);
     } catch (...) {
       g_record_failures.fetch_add(1, std::memory_order_relaxed);
@@ -133,12 +146,13 @@ class BrickProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
   float elapsed(const torch::profiler::impl::ProfilerVoidEventStub* start,
                 const torch::profiler::impl::ProfilerVoidEventStub* end) const override {
     if (start == nullptr || end == nullptr || !*start || !*end) return 0.0f;
-    auto* a = static_cast<StubEvent*>(start->get());
-    auto* b = static_cast<StubEvent*>(end->get());
-    if (a->recorded_cpu_ns >= 0 && b->recorded_cpu_ns >= 0) {  // a synchronous runtime
-      return static_cast<float>(static_cast<double>(b->recorded_cpu_ns - a->recorded_cpu_ns) /
+    if (is_time_event(*start) || is_time_event(*end)) {  // a synchronous runtime
+      if (!is_time_event(*start) || !is_time_event(*end)) return 0.0f;
+      return static_cast<float>(static_cast<double>(time_of(*end) - time_of(*start)) /
                                 1000.0);  // us
     }
+    auto* a = static_cast<StubEvent*>(start->get());
+    auto* b = static_cast<StubEvent*>(end->get());
     auto& rt = runtime::get();
     rt.synchronize_event(a->slot->event);
     rt.synchronize_event(b->slot->event);

@@ -7,6 +7,7 @@ Every test starts and ends with the registry disabled and in the default (event)
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -14,6 +15,8 @@ import time
 
 import pytest
 import torch
+
+import torch_brickdev
 
 from profiler_helpers import (  # noqa: F401  (clean_profiler is a fixture)
     SPIN_TRUTH_NS,
@@ -820,6 +823,28 @@ def test_legacy_profiler_gets_device_time():
     for column in ("Self BRICK", "BRICK total", "BRICK time avg"):
         assert column in table
     assert "aten::mm" in table
+
+
+@pytest.mark.skipif(torch_brickdev.backing_device_type() != "cpu"
+                    or os.environ.get("BRICK_HOST_COMPLETION") == "deferred",
+                    reason="a synchronous runtime's stub events are the record's time itself")
+def test_legacy_profiler_device_time_is_the_cpu_interval_on_a_synchronous_runtime():
+    # The stubs hand PyTorch each record's time as its event: every op's device time is then
+    # its own CPU interval (PyTorch truncates device times to whole µs; its CPU stamps pass
+    # through an approximate clock, hence the small tolerance), and a range's covers its ops.
+    a = torch.randn(64, 64, device="brick")
+    with legacy_profile() as prof:
+        with record_function("Steps"):
+            for _ in range(20):
+                torch.mm(a, a).relu_()
+    timed = [e for e in prof.function_events if e.kernels]
+    assert sum(e.name == "aten::mm" for e in timed) == 20
+    for event in timed:
+        cpu_us = event.time_range.elapsed_us()
+        assert abs(event.kernels[0].duration - cpu_us) <= 1 + 1e-3 * cpu_us, event
+    steps = next(e for e in timed if e.name == "Steps")
+    assert steps.kernels[0].duration >= sum(e.kernels[0].duration for e in timed
+                                            if e.name == "aten::mm")
 
 
 def test_legacy_profiler_with_all_options():
