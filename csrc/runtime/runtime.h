@@ -164,7 +164,11 @@ class Runtime {
   void release_adopted(DeviceIndex device, size_t nbytes) noexcept;
 
   // Throws Error naming the device and the valid range when `device` is not a brick device.
-  void check_device(DeviceIndex device) const;
+  // Inline: every stream and event call checks its device, the profiler's per-op ones included.
+  void check_device(DeviceIndex device) const {
+    if (device < 0 || device >= device_count()) [[unlikely]]
+      throw_device_out_of_range(device);
+  }
 
  protected:
   MemoryTracker& tracker(DeviceIndex device) noexcept { return trackers_[device]; }
@@ -173,6 +177,8 @@ class Runtime {
                   size_t nbytes) const;
 
  private:
+  [[noreturn, gnu::cold]] void throw_device_out_of_range(DeviceIndex device) const;
+
   MemoryTracker trackers_[kMaxDevices];
 };
 
