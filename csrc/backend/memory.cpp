@@ -337,6 +337,15 @@ struct AliasPool {
   std::array<c10::intrusive_ptr<c10::TensorImpl>, kSize> aliases;
   size_t next = 0;  // the slot a new alias replaces when none is free
 };
+// Element by element, inline: a tensor has few dims, and memcmp's call costs more than the loop.
+bool same_values(c10::IntArrayRef a, c10::IntArrayRef b) noexcept {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] != b[i]) return false;
+  }
+  return true;
+}
+
 bool is_free(const c10::intrusive_ptr<c10::TensorImpl>& alias) {
   // Only the pool holds the alias, and only the alias its storage (a kernel may keep either).
   return alias && alias.use_count() == 1 && alias.weak_use_count() == 1 &&
@@ -356,18 +365,19 @@ at::Tensor make_reused_backing_alias(const at::Tensor& brick_tensor) {
     c10::StorageImpl* storage = alias->unsafe_storage().unsafeGetStorageImpl();
     storage->set_data_ptr_noswap(c10::DataPtr(brick_storage->data_ptr().get(),
                                               backing_device(brick_storage->device().index())));
-    storage->set_nbytes(brick_storage->nbytes());
+    if (storage->nbytes() != brick_storage->nbytes()) storage->set_nbytes(brick_storage->nbytes());
     if (alias->dtype() != brick_tensor.dtype()) {
       alias->set_storage_and_dtype(alias->unsafe_storage(), brick_tensor.dtype());
     }
     // A loop's ops see the same shapes again and again: the alias often has them already.
-    if (alias->sizes() != brick_tensor.sizes() || alias->strides() != brick_tensor.strides() ||
+    if (!same_values(alias->sizes(), brick_tensor.sizes()) ||
+        !same_values(alias->strides(), brick_tensor.strides()) ||
         alias->storage_offset() != brick_tensor.storage_offset()) {
       alias->set_sizes_and_strides(brick_tensor.sizes(), brick_tensor.strides(),
                                    brick_tensor.storage_offset());
     }
-    alias->_set_conj(brick_tensor.is_conj());
-    alias->_set_neg(brick_tensor.is_neg());
+    if (alias->is_conj() != brick_tensor.is_conj()) alias->_set_conj(brick_tensor.is_conj());
+    if (alias->is_neg() != brick_tensor.is_neg()) alias->_set_neg(brick_tensor.is_neg());
     return at::Tensor(alias);
   }
   at::Tensor fresh = make_backing_alias(brick_tensor);
