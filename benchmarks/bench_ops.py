@@ -2,7 +2,8 @@
 
 Each case runs both sides interleaved in rounds; the figure is the median per-call time over
 rounds, and the ratio is brick / cpu. Targets (from the hot-path issue):
-  tiny elementwise ops (<= 1k elements):                 brick <= 1.2x cpu
+  tiny elementwise ops (<= 1k elements), and a decoding
+  loop's small ops (index_select, isin, argmax):         brick <= 1.2x cpu
   a transformers decoder's greedy generate() (Qwen2-style,
   small random config, sdpa; skipped without transformers): brick <= 1.1x cpu
   1024x1024 matmul, small MLP forward:                   brick <= 1.05x cpu
@@ -53,6 +54,20 @@ def cases():
     ]
     for name, fn in tiny:
         yield name, "tiny", 1.2, 20000, (lambda fn=fn: fn(a, b)), (lambda fn=fn: fn(ab, bb))
+    # A decoding loop's own small ops: token lookup, stopping criteria, the greedy choice.
+    table, rows = torch.randn(256, 64, generator=g), torch.tensor([3, 7, 9])
+    ids, stop = torch.randint(0, 256, (1, 24), generator=g), torch.tensor([2])
+    logits = torch.randn(1, 256, generator=g)
+    on_brick = [t.to("brick") for t in (table, rows, ids, stop, logits)]
+    decode = [
+        ("index_select (3 of 256 rows)", lambda t, r, i, s, l: t.index_select(0, r)),
+        ("isin (24 ids)", lambda t, r, i, s, l: torch.isin(i, s)),
+        ("argmax (256 logits)", lambda t, r, i, s, l: l.argmax(-1)),
+    ]
+    cpu_args = (table, rows, ids, stop, logits)
+    for name, fn in decode:
+        yield (name, "tiny", 1.2, 20000, (lambda fn=fn: fn(*cpu_args)),
+               (lambda fn=fn: fn(*on_brick)))
     m = torch.randn(1024, 1024, generator=g)
     mb = m.to("brick")
     yield "matmul 1024x1024", "large", 1.05, 5, (lambda: m @ m), (lambda: mb @ mb)

@@ -239,6 +239,14 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   register_direct<at::_ops::bmm>(m);
   register_direct<at::_ops::addmm>(m);
   register_direct<at::_ops::cat>(m);
+  // Decoding loops (generate(): token lookup, stopping criteria, greedy choice).
+  register_direct<at::_ops::index_select>(m);
+  register_direct<at::_ops::isin_Tensor_Tensor>(m);
+  register_direct<at::_ops::argmax>(m);
+  register_direct<at::_ops::max>(m);
+  register_direct<at::_ops::any>(m);
+  register_direct<at::_ops::all>(m);
+  register_direct<at::_ops::bitwise_and_Tensor>(m);
   // In place.
   register_direct<at::_ops::add__Tensor>(m);
   register_direct<at::_ops::mul__Tensor>(m);
