@@ -5,7 +5,7 @@
 // backing device. Brick's stub asks the backing device's own choice, on aliases of the inputs:
 //   - on the host runtime the CPU's answer (its fused flash kernel, or math) is PyTorch's CPU
 //     path, whose ops (`_scaled_dot_product_flash_attention_for_cpu` and its backward) run on
-//     brick through the fallback;
+//     brick through direct kernels (direct_kernels.cpp);
 //   - on CUDA backing cuDNN, memory-efficient and math attention go the same way; CUDA's flash
 //     kernel is reached by device type in PyTorch, so brick answers `overrideable` and runs it
 //     below, padding the head dimension to a multiple of 8 as PyTorch's CUDA path does.

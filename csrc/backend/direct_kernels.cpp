@@ -21,7 +21,9 @@
 #include <array>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -38,7 +40,7 @@ using Bare = std::remove_cv_t<std::remove_reference_t<T>>;
 // Tensor arguments the direct kernels do not convert (none of the listed ops has one).
 template <typename T>
 constexpr bool kIsUnsupportedTensorArgument =
-    std::is_same_v<Bare<T>, std::optional<at::Tensor>> || std::is_same_v<Bare<T>, at::TensorList> ||
+    std::is_same_v<Bare<T>, at::TensorList> ||
     std::is_same_v<Bare<T>, c10::List<std::optional<at::Tensor>>>;
 
 // What the arguments of one call hold: the brick device they are all on, and their storages.
@@ -71,6 +73,9 @@ class ArgumentCheck {
   void see(const at::ITensorListRef& tensors) {
     for (const at::Tensor& tensor : tensors) see(tensor);
   }
+  void see(const std::optional<at::Tensor>& tensor) {
+    if (tensor.has_value()) see(*tensor);
+  }
   template <typename T>
   void see(const T& /*not a tensor*/) {}
 
@@ -101,6 +106,10 @@ at::Tensor backing(const at::Tensor& tensor) {
   return tensor.defined() && tensor.device().type() == kBrick ? make_reused_backing_alias(tensor)
                                                               : tensor;
 }
+std::optional<at::Tensor> backing(const std::optional<at::Tensor>& tensor) {
+  if (!tensor.has_value()) return std::nullopt;
+  return backing(*tensor);
+}
 BackingList backing(const at::ITensorListRef& tensors) {
   BackingList list;
   list.tensors.reserve(tensors.size());
@@ -114,6 +123,23 @@ const T& backing(const T& value) {
   return value;
 }
 
+// An op's results, taken from the end of the stack the boxed fallback leaves.
+template <typename Return>
+struct BoxedResults {
+  static Return take(torch::jit::Stack& stack) { return std::move(stack.back()).toTensor(); }
+};
+template <typename... Tensors>
+struct BoxedResults<std::tuple<Tensors...>> {
+  static std::tuple<Tensors...> take(torch::jit::Stack& stack) {
+    return take(stack, std::index_sequence_for<Tensors...>());
+  }
+  template <size_t... I>
+  static std::tuple<Tensors...> take(torch::jit::Stack& stack, std::index_sequence<I...>) {
+    const size_t first = stack.size() - sizeof...(Tensors);
+    return {std::move(stack[first + I]).toTensor()...};
+  }
+};
+
 // The boxed fallback for `Op`'s arguments, for the unusual calls.
 template <typename Op, typename Return, typename... Args>
 Return call_boxed(Args... args) {
@@ -121,7 +147,7 @@ Return call_boxed(Args... args) {
       c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
   torch::jit::Stack stack = c10::impl::boxArgs<Args...>(args...);
   run_boxed_fallback(op, &stack);
-  return std::move(stack.back()).toTensor();
+  return BoxedResults<Return>::take(stack);
 }
 
 template <typename Op, typename Schema = typename Op::schema>
@@ -150,6 +176,35 @@ struct Direct<Op, at::Tensor(Args...)> {
       throw;
     }
     return adopt_result(std::move(result), device);
+  }
+};
+
+// An op with several fresh results (attention's output and log-sum-exp, its gradients).
+template <typename Op, typename... Results, typename... Args>
+struct Direct<Op, std::tuple<Results...>(Args...)> {
+  static_assert((std::is_same_v<Results, at::Tensor> && ...), "a result that is not a tensor");
+  static_assert(!(kIsUnsupportedTensorArgument<Args> || ...), "an argument kind not converted");
+
+  static std::tuple<Results...> call(Args... args) {
+    ArgumentCheck check;
+    (check.see(args), ...);
+    if (!check.usual(/*in_place=*/false)) [[unlikely]] {
+      return call_boxed<Op, std::tuple<Results...>, Args...>(args...);
+    }
+    const c10::DeviceIndex device = check.device();
+    LaunchScope launch(Op::name, runtime::LaunchKind::Kernel);
+    BackingScope scope(device);
+    launch.queue(device);
+    std::tuple<Results...> results;
+    try {
+      results = Op::redispatch(backing_dispatch_key_set(), backing(args)...);
+    } catch (c10::Error& error) {
+      add_backing_failure_context(error, Op::name, Op::overload_name, device);
+      throw;
+    }
+    std::apply([&](auto&... result) { ((result = adopt_result(std::move(result), device)), ...); },
+               results);
+    return results;
   }
 };
 
@@ -247,6 +302,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   register_direct<at::_ops::any>(m);
   register_direct<at::_ops::all>(m);
   register_direct<at::_ops::bitwise_and_Tensor>(m);
+  // The CPU's fused attention, which brick's SDPA choice picks on the host runtime.
+  register_direct<at::_ops::_scaled_dot_product_flash_attention_for_cpu>(m);
+  register_direct<at::_ops::_scaled_dot_product_flash_attention_for_cpu_backward>(m);
   // In place.
   register_direct<at::_ops::add__Tensor>(m);
   register_direct<at::_ops::mul__Tensor>(m);

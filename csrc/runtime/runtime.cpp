@@ -123,9 +123,9 @@ void MemoryTracker::reset_accumulated() noexcept {
 
 void Runtime::throw_device_out_of_range(DeviceIndex device) const {
   const int count = device_count();
-  throw Error("brick: device index " + std::to_string(device) + " is out of range: this " +
-              name() + " runtime has " + std::to_string(count) +
-              " brick device(s), valid indices are 0.." + std::to_string(count - 1));
+  throw Error("brick: device index " + std::to_string(device) + " is out of range: this " + name() +
+              " runtime has " + std::to_string(count) + " brick device(s), valid indices are 0.." +
+              std::to_string(count - 1));
 }
 
 void Runtime::check_copy(void* dst, DeviceIndex dst_device, const void* src, DeviceIndex src_device,

@@ -5,6 +5,8 @@ import io
 import pytest
 import torch
 
+import torch_brickdev
+
 DTYPES = [
     torch.float32,
     torch.float64,
@@ -246,3 +248,26 @@ def test_scaled_dot_product_attention_matches_cpu():
     torch.testing.assert_close(
         out.cpu(), torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
     )
+
+
+@pytest.mark.skipif(torch_brickdev.backing_device_type() != "cpu",
+                    reason="the CPU's fused attention kernel is the host runtime's choice")
+def test_cpu_flash_attention_with_a_mask_equals_the_cpu_forward_and_backward():
+    # Two results, an optional mask: the attention kernel's direct path (and, for a mask left on
+    # the CPU, the fallback's device error).
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    q, k, v = (torch.randn(1, 2, 5, 8, requires_grad=True) for _ in range(3))
+    mask = torch.randn(5, 5)
+    qb, kb, vb = (t.detach().to("brick").requires_grad_() for t in (q, k, v))
+    out, logsumexp = flash(q, k, v, attn_mask=mask)
+    out_b, logsumexp_b = flash(qb, kb, vb, attn_mask=mask.to("brick"))
+    assert out_b.device.type == "brick" and logsumexp_b.device.type == "brick"
+    torch.testing.assert_close(out_b.cpu(), out, rtol=0, atol=0)
+    torch.testing.assert_close(logsumexp_b.cpu(), logsumexp, rtol=0, atol=0)
+    out.sum().backward()
+    out_b.sum().backward()
+    for cpu_leaf, brick_leaf in ((q, qb), (k, kb), (v, vb)):
+        assert brick_leaf.grad.device.type == "brick"
+        torch.testing.assert_close(brick_leaf.grad.cpu(), cpu_leaf.grad, rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="attn_mask"):
+        flash(qb, kb, vb, attn_mask=mask)
