@@ -153,58 +153,49 @@ Return call_boxed(Args... args) {
 template <typename Op, typename Schema = typename Op::schema>
 struct Direct;
 
-// A functional op: a fresh result.
-template <typename Op, typename... Args>
-struct Direct<Op, at::Tensor(Args...)> {
+// What a functional op may return: a fresh tensor, or a tuple of them (attention's output and
+// log-sum-exp, its gradients).
+template <typename T>
+constexpr bool kIsFreshResults = std::is_same_v<T, at::Tensor>;
+template <typename... Tensors>
+constexpr bool kIsFreshResults<std::tuple<Tensors...>> = (std::is_same_v<Tensors, at::Tensor> &&
+                                                          ...);
+
+// The backing kernel's results, made brick tensors of `device`.
+at::Tensor adopt_results(at::Tensor result, c10::DeviceIndex device) {
+  return adopt_result(std::move(result), device);
+}
+template <typename... Tensors>
+std::tuple<Tensors...> adopt_results(std::tuple<Tensors...> results, c10::DeviceIndex device) {
+  std::apply([&](auto&... result) { ((result = adopt_result(std::move(result), device)), ...); },
+             results);
+  return results;
+}
+
+// A functional op: fresh results.
+template <typename Op, typename Return, typename... Args>
+struct Direct<Op, Return(Args...)> {
+  static_assert(kIsFreshResults<Return>, "a result that is not a fresh tensor");
   static_assert(!(kIsUnsupportedTensorArgument<Args> || ...), "an argument kind not converted");
 
-  static at::Tensor call(Args... args) {
+  static Return call(Args... args) {
     ArgumentCheck check;
     (check.see(args), ...);
     if (!check.usual(/*in_place=*/false)) [[unlikely]] {
-      return call_boxed<Op, at::Tensor, Args...>(args...);
+      return call_boxed<Op, Return, Args...>(args...);
     }
     const c10::DeviceIndex device = check.device();
     LaunchScope launch(Op::name, runtime::LaunchKind::Kernel);
     BackingScope scope(device);
     launch.queue(device);
-    at::Tensor result;
-    try {
-      result = Op::redispatch(backing_dispatch_key_set(), backing(args)...);
-    } catch (c10::Error& error) {
-      add_backing_failure_context(error, Op::name, Op::overload_name, device);
-      throw;
-    }
-    return adopt_result(std::move(result), device);
-  }
-};
-
-// An op with several fresh results (attention's output and log-sum-exp, its gradients).
-template <typename Op, typename... Results, typename... Args>
-struct Direct<Op, std::tuple<Results...>(Args...)> {
-  static_assert((std::is_same_v<Results, at::Tensor> && ...), "a result that is not a tensor");
-  static_assert(!(kIsUnsupportedTensorArgument<Args> || ...), "an argument kind not converted");
-
-  static std::tuple<Results...> call(Args... args) {
-    ArgumentCheck check;
-    (check.see(args), ...);
-    if (!check.usual(/*in_place=*/false)) [[unlikely]] {
-      return call_boxed<Op, std::tuple<Results...>, Args...>(args...);
-    }
-    const c10::DeviceIndex device = check.device();
-    LaunchScope launch(Op::name, runtime::LaunchKind::Kernel);
-    BackingScope scope(device);
-    launch.queue(device);
-    std::tuple<Results...> results;
+    Return results;
     try {
       results = Op::redispatch(backing_dispatch_key_set(), backing(args)...);
     } catch (c10::Error& error) {
       add_backing_failure_context(error, Op::name, Op::overload_name, device);
       throw;
     }
-    std::apply([&](auto&... result) { ((result = adopt_result(std::move(result), device)), ...); },
-               results);
-    return results;
+    return adopt_results(std::move(results), device);
   }
 };
 

@@ -146,8 +146,9 @@ class BrickProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
   float elapsed(const torch::profiler::impl::ProfilerVoidEventStub* start,
                 const torch::profiler::impl::ProfilerVoidEventStub* end) const override {
     if (start == nullptr || end == nullptr || !*start || !*end) return 0.0f;
-    if (is_time_event(*start) || is_time_event(*end)) {  // a synchronous runtime
-      if (!is_time_event(*start) || !is_time_event(*end)) return 0.0f;
+    const bool synchronous = is_time_event(*start);
+    if (synchronous != is_time_event(*end)) return 0.0f;  // cannot happen: one runtime per process
+    if (synchronous) {
       return static_cast<float>(static_cast<double>(time_of(*end) - time_of(*start)) /
                                 1000.0);  // us
     }
