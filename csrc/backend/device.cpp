@@ -24,26 +24,22 @@
 
 namespace brick::backend {
 
-bool cuda_backing() {
-  static const bool is_cuda = rt().backing_kind() == runtime::BackingKind::Cuda;
+namespace detail {
+
+std::atomic<int8_t> g_cuda_backing{-1};
+
+bool decide_cuda_backing() {
+  const bool is_cuda = rt().backing_kind() == runtime::BackingKind::Cuda;
+  g_cuda_backing.store(is_cuda ? 1 : 0, std::memory_order_relaxed);
   return is_cuda;
 }
 
-c10::DeviceType backing_device_type() {
-  return cuda_backing() ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
-}
-
-c10::Device backing_device(c10::DeviceIndex brick_index) {
-  if (!cuda_backing()) return c10::Device(c10::DeviceType::CPU);
+c10::Device backing_cuda_device(c10::DeviceIndex brick_index) {
   return c10::Device(c10::DeviceType::CUDA,
                      static_cast<c10::DeviceIndex>(rt().backing_device_index(brick_index)));
 }
 
-c10::DispatchKeySet backing_dispatch_key_set() {
-  static const c10::DispatchKeySet key_set(
-      c10::computeDispatchKey(std::nullopt, c10::kStrided, backing_device_type()));
-  return key_set;
-}
+}  // namespace detail
 
 void check_device_index(c10::DeviceIndex index, const char* op) {
   const int count = rt().device_count();
@@ -57,6 +53,20 @@ c10::DeviceIndex resolve_device_index(c10::DeviceIndex index) {
   if (index < 0) return static_cast<c10::DeviceIndex>(rt().current_device());
   check_device_index(index);
   return index;
+}
+
+c10::DeviceIndex factory_device_index(std::optional<c10::Device> device, const char* op) {
+  if (!device.has_value() || device->index() < 0) {
+    return static_cast<c10::DeviceIndex>(rt().current_device());
+  }
+  TORCH_CHECK(device->type() == kBrick, "brick: ", op, " expected a brick device, got ", *device);
+  check_device_index(device->index(), op);
+  return device->index();
+}
+
+void check_strided_layout(std::optional<c10::Layout> layout, const char* op) {
+  TORCH_CHECK(!layout.has_value() || *layout == c10::kStrided, "brick: ", op,
+              " supports only the strided layout, got ", *layout);
 }
 
 namespace {

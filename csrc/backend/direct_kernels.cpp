@@ -16,6 +16,7 @@
 #include <ATen/Operators.h>
 #include <ATen/core/boxing/impl/boxing.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/_to_copy_native.h>
 #include <torch/library.h>
 
 #include <array>
@@ -228,12 +229,108 @@ struct Direct<Op, at::Tensor&(at::Tensor&, Rest...)> {
   }
 };
 
+// A factory op (arange, scalar_tensor): the backing device's factory makes the tensor, which
+// becomes brick memory. Cheaper than PyTorch's composite path on brick (an empty brick tensor,
+// then an out= or fill kernel on an alias of it). The op's `Device?` argument names the brick
+// device; its `bool?` argument is pin_memory, which brick memory ignores (as brick's empty does).
+template <typename Op, typename Schema = typename Op::schema>
+struct Factory;
+
+template <typename Op, typename... Args>
+struct Factory<Op, at::Tensor(Args...)> {
+  static_assert((std::is_same_v<Bare<Args>, std::optional<c10::Device>> || ...),
+                "a factory without a device argument");
+
+  static at::Tensor call(Args... args) {
+    c10::DeviceIndex device = -1;
+    (find_device(args, &device), ...);
+    LaunchScope launch(Op::name, runtime::LaunchKind::Kernel);
+    BackingScope scope(device);
+    launch.queue(device);
+    at::Tensor result;
+    try {
+      result = Op::redispatch(backing_dispatch_key_set(), on_backing(args, device)...);
+    } catch (c10::Error& error) {
+      add_backing_failure_context(error, Op::name, Op::overload_name, device);
+      throw;
+    }
+    return adopt_result(std::move(result), device);
+  }
+
+ private:
+  static void find_device(const std::optional<c10::Device>& device, c10::DeviceIndex* index) {
+    *index = factory_device_index(device, Op::name);
+  }
+  static void find_device(const std::optional<c10::Layout>& layout, c10::DeviceIndex* /*index*/) {
+    check_strided_layout(layout, Op::name);
+  }
+  template <typename T>
+  static void find_device(const T& /*not the device*/, c10::DeviceIndex* /*index*/) {}
+
+  static std::optional<c10::Device> on_backing(const std::optional<c10::Device>& /*brick*/,
+                                               c10::DeviceIndex device) {
+    return backing_device(device);
+  }
+  static std::optional<bool> on_backing(const std::optional<bool>& /*pin_memory*/,
+                                        c10::DeviceIndex /*device*/) {
+    return std::nullopt;
+  }
+  template <typename T>
+  static const T& on_backing(const T& value, c10::DeviceIndex /*device*/) {
+    return value;
+  }
+};
+
+// A copy on one brick device, converting dtype or memory format (`.to(dtype)`, `.float()`):
+// the backing device's copy on an alias, its result adopted. Copies between devices, into
+// pinned memory or another layout take PyTorch's own path (an empty tensor there, then copy_).
+at::Tensor to_copy(const at::Tensor& self, std::optional<c10::ScalarType> dtype,
+                   std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                   std::optional<bool> pin_memory, bool non_blocking,
+                   std::optional<c10::MemoryFormat> memory_format) {
+  const bool same_brick_device =
+      self.device().type() == kBrick &&
+      (!device.has_value() ||
+       (device->type() == kBrick && (!device->has_index() || *device == self.device())));
+  // A device without an index means the current one, which need not be self's.
+  const bool current_is_self =
+      !device.has_value() || device->has_index() || self.device().index() == rt().current_device();
+  if (!same_brick_device || !current_is_self || (layout.has_value() && *layout != c10::kStrided) ||
+      pin_memory.value_or(false)) {
+    return at::native::_to_copy(self, dtype, layout, device, pin_memory, non_blocking,
+                                memory_format);
+  }
+  const c10::DeviceIndex index = self.device().index();
+  LaunchScope launch(at::_ops::_to_copy::name, runtime::LaunchKind::Kernel);
+  BackingScope scope(index);
+  launch.queue(index);
+  at::Tensor result;
+  try {
+    result =
+        at::_ops::_to_copy::redispatch(backing_dispatch_key_set(), backing(self), dtype, layout,
+                                       std::nullopt, std::nullopt, non_blocking, memory_format);
+  } catch (c10::Error& error) {
+    add_backing_failure_context(error, at::_ops::_to_copy::name, "", index);
+    throw;
+  }
+  return adopt_result(std::move(result), index);
+}
+
+// `Op`'s name as TORCH_LIBRARY_IMPL(aten, ...) registers it: "add.Tensor" for aten::add.Tensor.
+template <typename Op>
+std::string registration_name() {
+  const std::string overload = Op::overload_name;
+  return std::string(Op::name).substr(6) + (overload.empty() ? "" : "." + overload);
+}
+
 template <typename Op>
 void register_direct(torch::Library& library) {
-  const std::string overload = Op::overload_name;
-  const std::string name =
-      std::string(Op::name).substr(6) + (overload.empty() ? "" : "." + overload);
-  library.impl(name.c_str(), TORCH_FN(Direct<Op>::call));
+  library.impl(registration_name<Op>().c_str(), TORCH_FN(Direct<Op>::call));
+}
+
+template <typename Op>
+void register_factory(torch::Library& library) {
+  library.impl(registration_name<Op>().c_str(), TORCH_FN(Factory<Op>::call));
 }
 
 }  // namespace
@@ -293,6 +390,13 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   register_direct<at::_ops::any>(m);
   register_direct<at::_ops::all>(m);
   register_direct<at::_ops::bitwise_and_Tensor>(m);
+  // Copies and factories (clone, .to(dtype), positions, scalars for where()).
+  register_direct<at::_ops::clone>(m);
+  m.impl("_to_copy", TORCH_FN(to_copy));
+  register_factory<at::_ops::arange>(m);
+  register_factory<at::_ops::arange_start>(m);
+  register_factory<at::_ops::arange_start_step>(m);
+  register_factory<at::_ops::scalar_tensor>(m);
   // The CPU's fused attention, which brick's SDPA choice picks on the host runtime.
   register_direct<at::_ops::_scaled_dot_product_flash_attention_for_cpu>(m);
   register_direct<at::_ops::_scaled_dot_product_flash_attention_for_cpu_backward>(m);
@@ -302,6 +406,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   register_direct<at::_ops::div__Tensor>(m);
   register_direct<at::_ops::sub__Tensor>(m);
   register_direct<at::_ops::fill__Scalar>(m);
+  register_direct<at::_ops::zero_>(m);
 }
 
 }  // namespace brick::backend

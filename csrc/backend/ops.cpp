@@ -25,26 +25,12 @@ namespace brick::backend {
 
 namespace {
 
-c10::DeviceIndex target_device(std::optional<c10::Device> device, const char* op) {
-  if (!device.has_value() || device->index() < 0) {
-    return static_cast<c10::DeviceIndex>(rt().current_device());
-  }
-  TORCH_CHECK(device->type() == kBrick, "brick: ", op, " expected a brick device, got ", *device);
-  check_device_index(device->index(), op);
-  return device->index();
-}
-
-void check_strided(std::optional<c10::Layout> layout, const char* op) {
-  TORCH_CHECK(!layout.has_value() || *layout == c10::kStrided, "brick: ", op,
-              " supports only the strided layout, got ", *layout);
-}
-
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
                                std::optional<c10::Layout> layout, std::optional<c10::Device> device,
                                std::optional<bool> /*pin_memory*/,
                                std::optional<c10::MemoryFormat> memory_format) {
-  check_strided(layout, "empty");
-  const auto index = target_device(device, "aten::empty");
+  check_strided_layout(layout, "aten::empty");
+  const auto index = factory_device_index(device, "aten::empty");
   DeviceScope scope(index);
   return at::detail::empty_generic(size, brick_allocator(),
                                    c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
@@ -54,8 +40,8 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarT
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
                          std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
                          std::optional<c10::Device> device, std::optional<bool> /*pin_memory*/) {
-  check_strided(layout, "empty_strided");
-  const auto index = target_device(device, "aten::empty_strided");
+  check_strided_layout(layout, "aten::empty_strided");
+  const auto index = factory_device_index(device, "aten::empty_strided");
   DeviceScope scope(index);
   return at::detail::empty_strided_generic(size, stride, brick_allocator(),
                                            c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
@@ -151,8 +137,8 @@ void order_after(const c10::Stream& first, const c10::Stream& then) {
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   TORCH_CHECK(self.defined() && dst.defined(), "brick: copy_ got an undefined tensor");
   LaunchScope launch("aten::_copy_from", runtime::LaunchKind::Memcpy);
-  const at::Tensor source = self.is_privateuseone() ? make_backing_alias(self) : self;
-  const at::Tensor target = dst.is_privateuseone() ? make_backing_alias(dst) : dst;
+  const at::Tensor source = self.is_privateuseone() ? make_reused_backing_alias(self) : self;
+  const at::Tensor target = dst.is_privateuseone() ? make_reused_backing_alias(dst) : dst;
   const auto device = dst.is_privateuseone() ? dst.device().index() : self.device().index();
   if (!cuda_backing()) {
     DeviceScope scope(device);

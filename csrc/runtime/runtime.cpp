@@ -236,6 +236,7 @@ Chosen& chosen() {
     RuntimeChoice choice = make_runtime_from_env();
     auto* made = new Chosen{choice.runtime.release(), std::move(choice.note)};
     g_created_in_pid.store(static_cast<int>(getpid()), std::memory_order_release);
+    detail::g_runtime.store(made->runtime, std::memory_order_release);
     return made;
   }();
   return *instance;
@@ -279,7 +280,10 @@ RuntimeChoice make_runtime_from_env() {
           "BRICK_RUNTIME=auto chose the host runtime because " + unavailable};
 }
 
-Runtime& get() { return *chosen().runtime; }
+namespace detail {
+std::atomic<Runtime*> g_runtime{nullptr};
+Runtime& create_runtime() { return *chosen().runtime; }
+}  // namespace detail
 
 void set_cuda_backing_check(CudaBackingCheck check) {
   g_cuda_backing_check.store(check, std::memory_order_release);

@@ -188,7 +188,17 @@ class Runtime {
 //                       the host runtime otherwise (runtime_choice_note() says why);
 //   host                the host runtime;
 //   cuda                the CUDA runtime, or Error saying why it cannot be had.
-Runtime& get();
+// Once created, a load and a compare: every brick op asks for it several times.
+namespace detail {
+extern std::atomic<Runtime*> g_runtime;
+Runtime& create_runtime();
+}  // namespace detail
+inline Runtime& get() {
+  Runtime* runtime = detail::g_runtime.load(std::memory_order_acquire);
+  if (runtime != nullptr) [[likely]]
+    return *runtime;
+  return detail::create_runtime();
+}
 
 // Whether the layer above can run CUDA kernels on brick memory (a CPU-only PyTorch cannot):
 // nothing when it can, else the reason, shown to users. Asked when the runtime is chosen, not

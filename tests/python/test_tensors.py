@@ -271,3 +271,82 @@ def test_cpu_flash_attention_with_a_mask_equals_the_cpu_forward_and_backward():
         torch.testing.assert_close(brick_leaf.grad.cpu(), cpu_leaf.grad, rtol=0, atol=0)
     with pytest.raises(RuntimeError, match="attn_mask"):
         flash(qb, kb, vb, attn_mask=mask)
+
+
+@pytest.mark.filterwarnings("ignore:Casting complex values to real")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.complex64],
+                         ids=str)
+def test_same_device_copies_equal_the_cpu_and_leave_the_source_alone(dtype):
+    # clone, .to(dtype) and zero_ run the backing device's kernel on the source's memory.
+    cpu = sample(dtype, (2, 3, 4, 5))
+    source = cpu.to("brick:1")
+    for make in (
+        lambda t: t.clone(),
+        lambda t: t.clone(memory_format=torch.channels_last),
+        lambda t: t.transpose(1, 3).clone(),
+        lambda t: t.to(torch.float64),
+        lambda t: t.to(torch.float16, memory_format=torch.channels_last),
+        lambda t: t[:, 1].to(torch.int32),
+    ):
+        expected, got = make(cpu), make(source)
+        assert got.device == torch.device("brick:1")
+        assert got.dtype == expected.dtype and got.stride() == expected.stride()
+        assert got.untyped_storage().data_ptr() != source.untyped_storage().data_ptr()
+        torch.testing.assert_close(got.cpu(), expected, rtol=0, atol=0)
+    assert torch.equal(source.cpu(), cpu)
+    conj = torch.randn(3, dtype=torch.complex64)
+    torch.testing.assert_close(conj.to("brick").conj().clone().cpu(), conj.conj().clone())
+    zeroed = source[:, :, 1:3].zero_()
+    cpu[:, :, 1:3].zero_()
+    assert torch.equal(source.cpu(), cpu) and zeroed.device == source.device
+
+
+def test_to_copies_between_devices_keep_their_path():
+    # .to() that leaves the device (another brick device, the CPU, the current device without
+    # an index) takes PyTorch's own path; pinned and other layouts too.
+    cpu = torch.randn(4, 5)
+    on_1 = cpu.to("brick:1")
+    for target, dtype in (("brick:0", torch.float64), ("cpu", torch.float16), ("brick:1", None)):
+        moved = on_1.to(target, dtype=dtype)
+        assert moved.device == torch.device(target)
+        torch.testing.assert_close(moved.cpu(), cpu.to(dtype or cpu.dtype), rtol=0, atol=0)
+    with torch.brick.device(0):
+        current = on_1.to("brick", dtype=torch.float64)  # no index: the current device, brick:0
+    assert current.device == torch.device("brick:0")
+    assert torch.equal(current.cpu(), cpu.double())
+    with torch.brick.device(1):
+        same = on_1.to("brick", dtype=torch.float64)
+    assert same.device == torch.device("brick:1")
+    assert torch.equal(same.cpu(), cpu.double())
+    grad_source = on_1.clone().requires_grad_()
+    (grad_source.to(torch.float64) * 2).sum().backward()
+    assert torch.equal(grad_source.grad.cpu(), torch.full((4, 5), 2.0))
+    assert grad_source.grad.device == torch.device("brick:1")
+
+
+def test_arange_and_scalar_tensor_are_brick_tensors_equal_to_the_cpu():
+    for args, kwargs in (((7,), {}), ((2, 9), {}), ((1, 2, 0.25), {}), ((10, 0, -3), {}),
+                         ((5,), {"dtype": torch.bfloat16}), ((3,), {"pin_memory": False})):
+        got = torch.arange(*args, device="brick:1", **kwargs)
+        expected = torch.arange(*args, **kwargs)
+        assert got.device == torch.device("brick:1") and got.dtype == expected.dtype
+        assert torch.equal(got.cpu(), expected)
+    with torch.brick.device(1):
+        assert torch.arange(3, device="brick").device == torch.device("brick:1")
+    scalar = torch.scalar_tensor(2.5, dtype=torch.float64, device="brick")
+    assert scalar.device == torch.device("brick:0") and scalar.dim() == 0
+    assert scalar.item() == 2.5 and scalar.dtype == torch.float64
+    mask = torch.tensor([True, False, True])
+    values = torch.tensor([1.0, 2.0, 3.0])
+    where = torch.where(mask.to("brick"), values.to("brick"), -1.0)  # a scalar_tensor inside
+    assert torch.equal(where.cpu(), torch.where(mask, values, -1.0))
+
+
+def test_factories_name_a_bad_device_and_the_failing_op():
+    with pytest.raises(RuntimeError, match=r"aten::arange.*device index 7 is out of range"):
+        torch.arange(3, device="brick:7")
+    with pytest.raises(RuntimeError, match=r"aten::scalar_tensor.*device index 2 is out of range"):
+        torch.scalar_tensor(1.0, device="brick:2")
+    # The backing device's own checks, with the op and the brick device named.
+    with pytest.raises(RuntimeError, match=r"(?s)step must be nonzero.*aten::arange.*brick:0"):
+        torch.arange(0, 3, 0, device="brick")
