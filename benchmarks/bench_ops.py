@@ -3,7 +3,8 @@
 Each case runs both sides interleaved in rounds; the figure is the median per-call time over
 rounds, and the ratio is brick / cpu. Targets (from the hot-path issue):
   tiny elementwise ops (<= 1k elements), and a decoding
-  loop's small ops (index_select, isin, argmax):         brick <= 1.2x cpu
+  loop's small ops (index_select, isin, argmax, a dtype
+  cast, positions, item()):                              brick <= 1.2x cpu
   a transformers decoder's greedy generate() (Qwen2-style,
   small random config, sdpa; skipped without transformers): brick <= 1.1x cpu
   1024x1024 matmul, small MLP forward:                   brick <= 1.05x cpu
@@ -63,6 +64,9 @@ def cases():
         ("index_select (3 of 256 rows)", lambda t, r, i, s, l: t.index_select(0, r)),
         ("isin (24 ids)", lambda t, r, i, s, l: torch.isin(i, s)),
         ("argmax (256 logits)", lambda t, r, i, s, l: l.argmax(-1)),
+        ("to(float32) (64 bf16)", lambda t, r, i, s, l: l[0, :64].to(torch.bfloat16).float()),
+        ("arange (24 positions)", lambda t, r, i, s, l: torch.arange(24, device=l.device)),
+        ("item() (1 id)", lambda t, r, i, s, l: r[0].item()),
     ]
     cpu_args = (table, rows, ids, stop, logits)
     for name, fn in decode:

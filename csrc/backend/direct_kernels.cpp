@@ -129,6 +129,10 @@ template <typename Return>
 struct BoxedResults {
   static Return take(torch::jit::Stack& stack) { return std::move(stack.back()).toTensor(); }
 };
+template <>
+struct BoxedResults<c10::Scalar> {
+  static c10::Scalar take(torch::jit::Stack& stack) { return stack.back().toScalar(); }
+};
 template <typename... Tensors>
 struct BoxedResults<std::tuple<Tensors...>> {
   static std::tuple<Tensors...> take(torch::jit::Stack& stack) {
@@ -155,9 +159,9 @@ template <typename Op, typename Schema = typename Op::schema>
 struct Direct;
 
 // What a functional op may return: a fresh tensor, or a tuple of them (attention's output and
-// log-sum-exp, its gradients).
+// log-sum-exp, its gradients), or a number read from the device (`.item()`).
 template <typename T>
-constexpr bool kIsFreshResults = std::is_same_v<T, at::Tensor>;
+constexpr bool kIsFreshResults = std::is_same_v<T, at::Tensor> || std::is_same_v<T, c10::Scalar>;
 template <typename... Tensors>
 constexpr bool kIsFreshResults<std::tuple<Tensors...>> = (std::is_same_v<Tensors, at::Tensor> &&
                                                           ...);
@@ -166,6 +170,7 @@ constexpr bool kIsFreshResults<std::tuple<Tensors...>> = (std::is_same_v<Tensors
 at::Tensor adopt_results(at::Tensor result, c10::DeviceIndex device) {
   return adopt_result(std::move(result), device);
 }
+c10::Scalar adopt_results(c10::Scalar value, c10::DeviceIndex /*device*/) { return value; }
 template <typename... Tensors>
 std::tuple<Tensors...> adopt_results(std::tuple<Tensors...> results, c10::DeviceIndex device) {
   std::apply([&](auto&... result) { ((result = adopt_result(std::move(result), device)), ...); },
@@ -397,6 +402,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   register_factory<at::_ops::arange_start>(m);
   register_factory<at::_ops::arange_start_step>(m);
   register_factory<at::_ops::scalar_tensor>(m);
+  register_direct<at::_ops::_local_scalar_dense>(m);  // .item()
   // The CPU's fused attention, which brick's SDPA choice picks on the host runtime.
   register_direct<at::_ops::_scaled_dot_product_flash_attention_for_cpu>(m);
   register_direct<at::_ops::_scaled_dot_product_flash_attention_for_cpu_backward>(m);
