@@ -117,8 +117,8 @@ c10::DataPtr to_brick_data_ptr(c10::DataPtr data_ptr, size_t nbytes, c10::Device
 c10::Storage make_backing_storage(const c10::Storage& brick_storage);
 at::Tensor make_backing_tensor(const at::Tensor& brick_tensor, c10::Storage backing_storage);
 at::Tensor make_backing_alias(const at::Tensor& brick_tensor);
-// The same, reusing one of the calling thread's earlier aliases that nothing references any more
-// (for kernels that drop their aliases when they return: nothing else may keep the alias).
+// The same, reusing one of the calling thread's earlier aliases that nothing uses any more
+// (alias_pool.h; `LentAliases` lends them to one call without copying).
 at::Tensor make_reused_backing_alias(const at::Tensor& brick_tensor);
 // The alias of an optional argument; undefined for none (or an undefined tensor).
 at::Tensor make_backing_alias(const std::optional<at::Tensor>& brick_tensor);

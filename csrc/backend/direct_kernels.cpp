@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/alias_pool.h"
 #include "backend/backend.h"
 #include "backend/backing.h"
 #include "backend/launch.h"
@@ -66,7 +67,8 @@ class ArgumentCheck {
     } else if (index != device_) {
       usual_ = false;
     }
-    c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+    c10::StorageImpl* storage =
+        tensor.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
     for (size_t i = 0; i < count_; ++i)
       shared_storage_ = shared_storage_ || storages_[i] == storage;
     storages_[count_++] = storage;
@@ -101,17 +103,16 @@ struct BackingList {
   operator at::ITensorListRef() const { return at::ITensorListRef(tensors); }
 };
 
-// The backing-device argument for a brick argument.
-at::Tensor backing(const at::Tensor& tensor) {
+// The backing-device argument for a brick argument: an alias lent for the call.
+const at::Tensor& backing(LentAliases& aliases, const at::Tensor& tensor) {
   // A CPU scalar goes as it is.
-  return tensor.defined() && tensor.device().type() == kBrick ? make_reused_backing_alias(tensor)
-                                                              : tensor;
+  return tensor.defined() && tensor.device().type() == kBrick ? aliases(tensor) : tensor;
 }
-std::optional<at::Tensor> backing(const std::optional<at::Tensor>& tensor) {
+std::optional<at::Tensor> backing(LentAliases& aliases, const std::optional<at::Tensor>& tensor) {
   if (!tensor.has_value()) return std::nullopt;
-  return backing(*tensor);
+  return backing(aliases, *tensor);
 }
-BackingList backing(const at::ITensorListRef& tensors) {
+BackingList backing(LentAliases& /*aliases*/, const at::ITensorListRef& tensors) {
   BackingList list;
   list.tensors.reserve(tensors.size());
   for (const at::Tensor& tensor : tensors) {
@@ -120,7 +121,7 @@ BackingList backing(const at::ITensorListRef& tensors) {
   return list;
 }
 template <typename T>
-const T& backing(const T& value) {
+const T& backing(LentAliases& /*aliases*/, const T& value) {
   return value;
 }
 
@@ -194,9 +195,10 @@ struct Direct<Op, Return(Args...)> {
     LaunchScope launch(Op::name, runtime::LaunchKind::Kernel);
     BackingScope scope(device);
     launch.queue(device);
+    LentAliases aliases;
     Return results;
     try {
-      results = Op::redispatch(backing_dispatch_key_set(), backing(args)...);
+      results = Op::redispatch(backing_dispatch_key_set(), backing(aliases, args)...);
     } catch (c10::Error& error) {
       add_backing_failure_context(error, Op::name, Op::overload_name, device);
       throw;
@@ -223,9 +225,10 @@ struct Direct<Op, at::Tensor&(at::Tensor&, Rest...)> {
     LaunchScope launch(Op::name, runtime::LaunchKind::Kernel);
     BackingScope scope(device);
     launch.queue(device);
-    at::Tensor self_backing = backing(self);
+    LentAliases aliases;
+    at::Tensor& self_backing = self.device().type() == kBrick ? aliases(self) : self;
     try {
-      Op::redispatch(backing_dispatch_key_set(), self_backing, backing(rest)...);
+      Op::redispatch(backing_dispatch_key_set(), self_backing, backing(aliases, rest)...);
     } catch (c10::Error& error) {
       add_backing_failure_context(error, Op::name, Op::overload_name, device);
       throw;
@@ -309,11 +312,12 @@ at::Tensor to_copy(const at::Tensor& self, std::optional<c10::ScalarType> dtype,
   LaunchScope launch(at::_ops::_to_copy::name, runtime::LaunchKind::Kernel);
   BackingScope scope(index);
   launch.queue(index);
+  LentAliases aliases;
   at::Tensor result;
   try {
-    result =
-        at::_ops::_to_copy::redispatch(backing_dispatch_key_set(), backing(self), dtype, layout,
-                                       std::nullopt, std::nullopt, non_blocking, memory_format);
+    result = at::_ops::_to_copy::redispatch(backing_dispatch_key_set(), backing(aliases, self),
+                                            dtype, layout, std::nullopt, std::nullopt, non_blocking,
+                                            memory_format);
   } catch (c10::Error& error) {
     add_backing_failure_context(error, at::_ops::_to_copy::name, "", index);
     throw;

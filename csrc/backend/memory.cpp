@@ -20,6 +20,7 @@
 #define BRICK_HAS_DEVICE_ALLOCATOR 0
 #endif
 
+#include "backend/alias_pool.h"
 #include "backend/backend.h"
 #include "backend/backing.h"
 #include "backend/errors.h"
@@ -329,14 +330,6 @@ at::Tensor make_backing_alias(const at::Tensor& brick_tensor) {
 
 namespace {
 
-// The calling thread's backing aliases kept for reuse: an alias that nothing references once its
-// op is done is pointed at the next call's brick tensor instead of being freed and made anew
-// (two objects allocated, constructed, destroyed and freed per tensor argument per op).
-struct AliasPool {
-  static constexpr size_t kSize = 8;
-  std::array<c10::intrusive_ptr<c10::TensorImpl>, kSize> aliases;
-  size_t next = 0;  // the slot a new alias replaces when none is free
-};
 // Element by element, inline: a tensor has few dims, and memcmp's call costs more than the loop.
 bool same_values(c10::IntArrayRef a, c10::IntArrayRef b) noexcept {
   if (a.size() != b.size()) return false;
@@ -346,44 +339,84 @@ bool same_values(c10::IntArrayRef a, c10::IntArrayRef b) noexcept {
   return true;
 }
 
-bool is_free(const c10::intrusive_ptr<c10::TensorImpl>& alias) {
-  // Only the pool holds the alias, and only the alias its storage (a kernel may keep either).
-  return alias && alias.use_count() == 1 && alias.weak_use_count() == 1 &&
-         alias->unsafe_storage().use_count() == 1;
+// The first slot whose alias nothing uses: not lent to a running call, referenced by the pool
+// alone and the only user of its storage (a kernel may keep either); -1 for none.
+int free_slot(const AliasPool& pool) noexcept {
+  for (size_t i = 0; i < AliasPool::kSize; ++i) {
+    const at::Tensor& alias = pool.aliases[i];
+    if ((pool.lent >> i) & 1u || !alias.defined()) continue;
+    if (alias.use_count() == 1 && alias.weak_use_count() == 1 &&
+        alias.unsafeGetTensorImpl()->unsafe_storage().use_count() == 1) {
+      return static_cast<int>(i);
+    }
+  }
+  return -1;
+}
+
+// Points the pool's alias at `brick_tensor`: its bytes, dtype, geometry and conj/neg bits.
+void point_alias(const at::Tensor& alias, const at::Tensor& brick_tensor) {
+  c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
+  const c10::StorageImpl* brick_storage =
+      brick_tensor.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+  c10::StorageImpl* storage = impl->unsafe_storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(c10::DataPtr(brick_storage->data_ptr().get(),
+                                            backing_device(brick_storage->device().index())));
+  if (storage->nbytes() != brick_storage->nbytes()) storage->set_nbytes(brick_storage->nbytes());
+  if (impl->dtype() != brick_tensor.dtype()) {
+    impl->set_storage_and_dtype(impl->unsafe_storage(), brick_tensor.dtype());
+  }
+  // A loop's ops see the same shapes again and again: the alias often has them already.
+  if (!same_values(impl->sizes(), brick_tensor.sizes()) ||
+      !same_values(impl->strides(), brick_tensor.strides()) ||
+      impl->storage_offset() != brick_tensor.storage_offset()) {
+    impl->set_sizes_and_strides(brick_tensor.sizes(), brick_tensor.strides(),
+                                brick_tensor.storage_offset());
+  }
+  if (impl->is_conj() != brick_tensor.is_conj()) impl->_set_conj(brick_tensor.is_conj());
+  if (impl->is_neg() != brick_tensor.is_neg()) impl->_set_neg(brick_tensor.is_neg());
+}
+
+// The slot a new alias replaces: the next one round robin that is not lent; -1 when all are.
+int slot_to_replace(AliasPool& pool) noexcept {
+  for (size_t tries = 0; tries < AliasPool::kSize; ++tries) {
+    const size_t slot = pool.next;
+    pool.next = (pool.next + 1) % AliasPool::kSize;
+    if (((pool.lent >> slot) & 1u) == 0) return static_cast<int>(slot);
+  }
+  return -1;
 }
 
 }  // namespace
 
 at::Tensor make_reused_backing_alias(const at::Tensor& brick_tensor) {
-  AliasPool* pool = runtime::PerThread<AliasPool>::get();
+  AliasPool* pool = AliasPool::get();
   if (pool == nullptr) [[unlikely]] {
     return make_backing_alias(brick_tensor);  // the thread is exiting: its pool is gone
   }
-  const c10::StorageImpl* brick_storage = brick_tensor.storage().unsafeGetStorageImpl();
-  for (auto& alias : pool->aliases) {
-    if (!is_free(alias)) continue;
-    c10::StorageImpl* storage = alias->unsafe_storage().unsafeGetStorageImpl();
-    storage->set_data_ptr_noswap(c10::DataPtr(brick_storage->data_ptr().get(),
-                                              backing_device(brick_storage->device().index())));
-    if (storage->nbytes() != brick_storage->nbytes()) storage->set_nbytes(brick_storage->nbytes());
-    if (alias->dtype() != brick_tensor.dtype()) {
-      alias->set_storage_and_dtype(alias->unsafe_storage(), brick_tensor.dtype());
-    }
-    // A loop's ops see the same shapes again and again: the alias often has them already.
-    if (!same_values(alias->sizes(), brick_tensor.sizes()) ||
-        !same_values(alias->strides(), brick_tensor.strides()) ||
-        alias->storage_offset() != brick_tensor.storage_offset()) {
-      alias->set_sizes_and_strides(brick_tensor.sizes(), brick_tensor.strides(),
-                                   brick_tensor.storage_offset());
-    }
-    if (alias->is_conj() != brick_tensor.is_conj()) alias->_set_conj(brick_tensor.is_conj());
-    if (alias->is_neg() != brick_tensor.is_neg()) alias->_set_neg(brick_tensor.is_neg());
-    return at::Tensor(alias);
+  if (const int slot = free_slot(*pool); slot >= 0) {
+    point_alias(pool->aliases[slot], brick_tensor);
+    return pool->aliases[slot];  // a copy: the slot is not free while the caller holds it
   }
   at::Tensor fresh = make_backing_alias(brick_tensor);
-  pool->aliases[pool->next] = fresh.getIntrusivePtr();
-  pool->next = (pool->next + 1) % AliasPool::kSize;
+  if (const int slot = slot_to_replace(*pool); slot >= 0) pool->aliases[slot] = fresh;
   return fresh;
+}
+
+at::Tensor& LentAliases::operator()(const at::Tensor& brick_tensor) {
+  if (pool_ != nullptr) [[likely]] {
+    int slot = free_slot(*pool_);
+    if (slot >= 0) {
+      point_alias(pool_->aliases[slot], brick_tensor);
+    } else if (slot = slot_to_replace(*pool_); slot >= 0) {
+      pool_->aliases[slot] = make_backing_alias(brick_tensor);
+    }
+    if (slot >= 0) {
+      pool_->lent |= 1u << slot;
+      return pool_->aliases[slot];
+    }
+  }
+  if (!own_) own_ = std::make_unique<std::deque<at::Tensor>>();
+  return own_->emplace_back(make_backing_alias(brick_tensor));
 }
 
 at::Tensor make_backing_alias(const std::optional<at::Tensor>& brick_tensor) {
@@ -409,8 +442,11 @@ void adopt_storage_in_place(c10::StorageImpl* storage, c10::DeviceIndex device) 
 at::Tensor adopt_result(at::Tensor result, c10::DeviceIndex device) {
   if (!result.defined()) return result;
   c10::TensorImpl* impl = result.unsafeGetTensorImpl();
-  adopt_storage_in_place(impl->storage().unsafeGetStorageImpl(), device);
-  impl->set_storage_keep_dtype(impl->storage());
+  adopt_storage_in_place(impl->unsafe_storage().unsafeGetStorageImpl(), device);
+  // Refreshes the tensor's cached device from its storage. The storage is moved out and back in
+  // rather than copied: no reference count moves. (A fresh result is this call's alone: if the
+  // metadata check throws, the tensor is dropped with its storage.)
+  impl->set_storage_keep_dtype(std::move(const_cast<c10::Storage&>(impl->unsafe_storage())));
   impl->_change_backend_component_keys(c10::Device(kBrick, device));
   return result;
 }

@@ -16,6 +16,7 @@
 
 #include <optional>
 
+#include "backend/alias_pool.h"
 #include "backend/backend.h"
 #include "backend/backing.h"
 #include "backend/errors.h"
@@ -137,8 +138,9 @@ void order_after(const c10::Stream& first, const c10::Stream& then) {
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   TORCH_CHECK(self.defined() && dst.defined(), "brick: copy_ got an undefined tensor");
   LaunchScope launch("aten::_copy_from", runtime::LaunchKind::Memcpy);
-  const at::Tensor source = self.is_privateuseone() ? make_reused_backing_alias(self) : self;
-  const at::Tensor target = dst.is_privateuseone() ? make_reused_backing_alias(dst) : dst;
+  LentAliases aliases;
+  const at::Tensor& source = self.is_privateuseone() ? aliases(self) : self;
+  const at::Tensor& target = dst.is_privateuseone() ? aliases(dst) : dst;
   const auto device = dst.is_privateuseone() ? dst.device().index() : self.device().index();
   if (!cuda_backing()) {
     DeviceScope scope(device);

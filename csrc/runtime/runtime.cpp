@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -62,7 +63,7 @@ MemoryTracker::Live MemoryTracker::live() const noexcept {
           allocations_made_.load(std::memory_order_acquire) - frees};
 }
 
-void MemoryTracker::on_alloc(int64_t nbytes) noexcept {
+void MemoryTracker::count_alloc(int64_t nbytes) noexcept {
   const int64_t made = allocations_made_.fetch_add(1, std::memory_order_acq_rel) + 1;
   const int64_t bytes_made =
       allocated_bytes_made_.fetch_add(nbytes, std::memory_order_acq_rel) + nbytes;
@@ -71,20 +72,24 @@ void MemoryTracker::on_alloc(int64_t nbytes) noexcept {
   raise_max(peak_allocations_, made - frees_.load(std::memory_order_acquire));
 }
 
-void MemoryTracker::on_free(int64_t nbytes) noexcept {
+void MemoryTracker::count_free(int64_t nbytes) noexcept {
   frees_.fetch_add(1, std::memory_order_acq_rel);
   freed_bytes_.fetch_add(nbytes, std::memory_order_acq_rel);
 }
 
-void MemoryTracker::on_adopt(int64_t nbytes) noexcept {
-  adopted_bytes_.fetch_add(nbytes, std::memory_order_relaxed);
-  on_alloc(nbytes);
+void MemoryTracker::on_alloc(int64_t nbytes) noexcept {
+  count_alloc(nbytes);
+  own_bytes_.fetch_add(nbytes, std::memory_order_relaxed);
 }
 
-void MemoryTracker::on_release_adopted(int64_t nbytes) noexcept {
-  adopted_bytes_.fetch_sub(nbytes, std::memory_order_relaxed);
-  on_free(nbytes);
+void MemoryTracker::on_free(int64_t nbytes) noexcept {
+  own_bytes_.fetch_sub(nbytes, std::memory_order_relaxed);
+  count_free(nbytes);
 }
+
+void MemoryTracker::on_adopt(int64_t nbytes) noexcept { count_alloc(nbytes); }
+
+void MemoryTracker::on_release_adopted(int64_t nbytes) noexcept { count_free(nbytes); }
 
 MemoryStats MemoryTracker::snapshot() const noexcept {
   MemoryStats s;
@@ -101,7 +106,9 @@ MemoryStats MemoryTracker::snapshot() const noexcept {
                             allocated_bytes_base_.load(std::memory_order_relaxed);
   s.freed_bytes_total = freed_bytes_.load(std::memory_order_relaxed) -
                         freed_bytes_base_.load(std::memory_order_relaxed);
-  s.adopted_bytes = adopted_bytes_.load(std::memory_order_relaxed);
+  // Read apart from the live bytes: an allocation racing the snapshot may show in one and not
+  // the other (as in any figure of a snapshot taken while other threads allocate).
+  s.adopted_bytes = std::max<int64_t>(0, now.bytes - own_bytes_.load(std::memory_order_relaxed));
   return s;
 }
 

@@ -63,6 +63,8 @@ class MemoryTracker {
     int64_t allocations;
   };
   Live live() const noexcept;
+  void count_alloc(int64_t nbytes) noexcept;
+  void count_free(int64_t nbytes) noexcept;
   // Monotonic since the tracker was made: an allocation or a free is two atomic additions.
   std::atomic<int64_t> allocations_made_{0};
   std::atomic<int64_t> allocated_bytes_made_{0};
@@ -75,7 +77,9 @@ class MemoryTracker {
   std::atomic<int64_t> freed_bytes_base_{0};
   std::atomic<int64_t> peak_allocated_bytes_{0};
   std::atomic<int64_t> peak_allocations_{0};
-  std::atomic<int64_t> adopted_bytes_{0};
+  // Live bytes of the runtime's own allocations. Adopted bytes (op results, the common case) are
+  // the rest of the live bytes: adoption costs no third atomic addition.
+  std::atomic<int64_t> own_bytes_{0};
 };
 
 // An event owned by a runtime. Opaque to callers: each runtime derives its own event type from

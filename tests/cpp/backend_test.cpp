@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/alias_pool.h"
 #include "test_util.h"
 
 namespace {
@@ -665,6 +666,87 @@ TEST_F(BackendTest, DeviceIndexOutOfRangeThrows) {
     EXPECT_CONTAINS(message, "0.." + std::to_string(count - 1));
   }
   EXPECT_EQ(rt().current_device(), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backing aliases lent from the thread's pool (direct kernels, copies)
+
+// True when `alias` is a backing-device view of exactly `brick_tensor`'s elements.
+void expect_aliases(const at::Tensor& alias, const at::Tensor& brick_tensor) {
+  EXPECT_EQ(alias.device(), brick::backend::backing_device(brick_tensor.device().index()));
+  EXPECT_EQ(alias.data_ptr(), brick_tensor.data_ptr());
+  EXPECT_EQ(alias.sizes(), brick_tensor.sizes());
+  EXPECT_EQ(alias.strides(), brick_tensor.strides());
+  EXPECT_EQ(alias.storage_offset(), brick_tensor.storage_offset());
+  EXPECT_EQ(alias.dtype(), brick_tensor.dtype());
+}
+
+TEST_F(BackendTest, LentAliasesAreDistinctViewsOfTheirTensors) {
+  const at::Tensor x = cpu_values({4, 6}).to(brick(0));
+  const at::Tensor y = cpu_values({3, 5}, 1.0).to(brick(0), at::kDouble).t();  // strided
+  const at::Tensor z = x.narrow(1, 2, 3);                                      // offset
+  brick::backend::LentAliases aliases;
+  const at::Tensor& ax = aliases(x);
+  const at::Tensor& ay = aliases(y);
+  const at::Tensor& az = aliases(z);
+  EXPECT_NE(ax.unsafeGetTensorImpl(), ay.unsafeGetTensorImpl());
+  EXPECT_NE(ax.unsafeGetTensorImpl(), az.unsafeGetTensorImpl());
+  expect_aliases(ax, x);
+  expect_aliases(ay, y);
+  expect_aliases(az, z);
+  at::Tensor& mutable_x = aliases(x);
+  mutable_x.add_(1.0);  // writes land in the brick tensor's memory
+  EXPECT_TRUE(at::allclose(x.cpu(), cpu_values({4, 6}) + 1.0));
+}
+
+TEST_F(BackendTest, NestedLentAliasesNeverShareOne) {
+  const at::Tensor x = cpu_values({8}).to(brick(0));
+  const at::Tensor y = cpu_values({2, 2}).to(brick(0));
+  brick::backend::LentAliases outer;
+  const at::Tensor& ax = outer(x);
+  {
+    brick::backend::LentAliases inner;  // a kernel running inside another on this thread
+    const at::Tensor& ay = inner(y);
+    const at::Tensor& ax_again = inner(x);
+    EXPECT_NE(ay.unsafeGetTensorImpl(), ax.unsafeGetTensorImpl());
+    EXPECT_NE(ax_again.unsafeGetTensorImpl(), ax.unsafeGetTensorImpl());
+    expect_aliases(ay, y);
+  }
+  expect_aliases(ax, x);  // the inner scope's end left the outer's alias alone
+  brick::backend::LentAliases after;
+  EXPECT_NE(after(y).unsafeGetTensorImpl(), ax.unsafeGetTensorImpl());
+  expect_aliases(ax, x);
+}
+
+TEST_F(BackendTest, MoreLentAliasesThanThePoolHoldsStayValid) {
+  std::vector<at::Tensor> tensors;
+  for (int i = 0; i < 3 * static_cast<int>(brick::backend::AliasPool::kSize); ++i) {
+    tensors.push_back(cpu_values({i + 1}, i).to(brick(0)));
+  }
+  brick::backend::LentAliases aliases;
+  std::vector<const at::Tensor*> lent;
+  for (const at::Tensor& tensor : tensors) lent.push_back(&aliases(tensor));
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    SCOPED_TRACE(i);
+    expect_aliases(*lent[i], tensors[i]);  // none was repointed by a later one
+    EXPECT_TRUE(at::equal(*lent[i], tensors[i].cpu()));
+  }
+}
+
+TEST_F(BackendTest, AnAliasAKernelKeepsIsNotReused) {
+  const at::Tensor x = cpu_values({5}).to(brick(0));
+  const at::Tensor y = cpu_values({7}, 3.0).to(brick(0));
+  at::Tensor kept;
+  {
+    brick::backend::LentAliases aliases;
+    kept = aliases(x);  // as a kernel that returns or saves its input would
+  }
+  for (int i = 0; i < 2 * static_cast<int>(brick::backend::AliasPool::kSize); ++i) {
+    brick::backend::LentAliases aliases;
+    expect_aliases(aliases(y), y);
+    expect_aliases(brick::backend::make_reused_backing_alias(y), y);
+  }
+  expect_aliases(kept, x);
 }
 
 // ---------------------------------------------------------------------------------------------
