@@ -237,6 +237,11 @@ case "$job" in
     ;;
   bench)
     setup_system; setup_python; build 0
+    # valgrind counts instructions beside the times (bench_ops, bench_profiler); optional.
+    if ! command -v valgrind >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null ||
+        echo "could not install valgrind; instruction counts will be skipped" >&2
+    fi
     log "benchmarks: brick vs CPU per op"
     "$PYTHON" benchmarks/bench_ops.py
     log "benchmarks: profiler overhead"
