@@ -234,7 +234,7 @@ struct DeviceState {
 
 class CudaRuntime final : public Runtime {
  public:
-  CudaRuntime() : id_(detail::next_runtime_id()) {
+  CudaRuntime() {
     int count = 0;
     const cudaError_t status = cudaGetDeviceCount(&count);
     if (status != cudaSuccess) {
@@ -279,8 +279,6 @@ class CudaRuntime final : public Runtime {
   const char* name() const noexcept override { return "cuda"; }
   int device_count() const noexcept override { return device_count_; }
   int backing_device_index(DeviceIndex device) const noexcept override { return device; }
-
-  DeviceIndex current_device() const noexcept override { return detail::current_device_of(id_); }
 
   void set_current_device(DeviceIndex device) override {
     check_device(device);
@@ -678,7 +676,6 @@ class CudaRuntime final : public Runtime {
     return std::llround(static_cast<double>(ms) * 1e6);
   }
 
-  const uint64_t id_;
   int device_count_ = 0;
   std::unique_ptr<DeviceState[]> devices_;
 };

@@ -47,9 +47,7 @@ int64_t now_ns() noexcept {
 class HostRuntime final : public Runtime {
  public:
   HostRuntime(int device_count, HostCompletion completion)
-      : id_(detail::next_runtime_id()),
-        device_count_(device_count),
-        deferred_(completion == HostCompletion::Deferred) {
+      : device_count_(device_count), deferred_(completion == HostCompletion::Deferred) {
     if (device_count < 1 || device_count > kMaxDevices) {
       throw Error("brick: a host runtime needs 1 to " + std::to_string(kMaxDevices) +
                   " devices, got " + std::to_string(device_count));
@@ -63,8 +61,6 @@ class HostRuntime final : public Runtime {
   const char* name() const noexcept override { return "host"; }
   int device_count() const noexcept override { return device_count_; }
   int backing_device_index(DeviceIndex) const noexcept override { return -1; }
-
-  DeviceIndex current_device() const noexcept override { return detail::current_device_of(id_); }
 
   void set_current_device(DeviceIndex device) override {
     check_device(device);
@@ -240,7 +236,6 @@ class HostRuntime final : public Runtime {
     }
   }
 
-  const uint64_t id_;
   const int device_count_;
   const bool deferred_;
   // Deferred completion: when each device last had an event recorded (what a sync waits for).

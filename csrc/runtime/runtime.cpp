@@ -128,6 +128,8 @@ void MemoryTracker::reset_accumulated() noexcept {
   freed_bytes_base_.store(freed_bytes_.load(std::memory_order_relaxed), std::memory_order_relaxed);
 }
 
+DeviceIndex Runtime::current_device_slow() const noexcept { return detail::current_device_of(id_); }
+
 void Runtime::throw_device_out_of_range(DeviceIndex device) const {
   const int count = device_count();
   throw Error("brick: device index " + std::to_string(device) + " is out of range: this " + name() +

@@ -90,6 +90,27 @@ struct Event {
   ~Event() = default;
 };
 
+namespace detail {
+
+// The calling thread's current device and its current stream on every device, for one runtime
+// instance (`owner`: runtimes are told apart by a process-unique id, never by address, so a new
+// runtime at a dead one's address inherits no thread state). Managed in thread_state.h; here
+// because Runtime::current_device() reads it inline.
+struct ThreadState {
+  uint64_t owner = 0;
+  DeviceIndex device = 0;
+  StreamId streams[kMaxDevices] = {};
+};
+
+// The most recently used state of the calling thread: one compare on the hot path.
+// initial-exec: a direct %fs access even inside a dlopen()ed module (8 bytes of static TLS).
+extern constinit thread_local ThreadState* tls_last_thread_state [[gnu::tls_model("initial-exec")]];
+
+// A process-unique id for a new runtime instance.
+uint64_t next_runtime_id() noexcept;
+
+}  // namespace detail
+
 class Runtime {
  public:
   virtual ~Runtime() = default;
@@ -103,8 +124,13 @@ class Runtime {
   // Index of the backing device that runs brick device `device` (-1 for the host).
   virtual int backing_device_index(DeviceIndex device) const noexcept = 0;
 
-  // Current device of the calling thread.
-  virtual DeviceIndex current_device() const noexcept = 0;
+  // Current device of the calling thread. Inline, not virtual: every op asks, several times.
+  DeviceIndex current_device() const noexcept {
+    const detail::ThreadState* last = detail::tls_last_thread_state;
+    if (last != nullptr && last->owner == id_) [[likely]]
+      return last->device;
+    return current_device_slow();
+  }
   virtual void set_current_device(DeviceIndex device) = 0;
 
   // Memory. The host runtime serves brick memory: `allocate(device, 0)` returns nullptr, and
@@ -175,13 +201,18 @@ class Runtime {
   }
 
  protected:
+  Runtime() : id_(detail::next_runtime_id()) {}
+
   MemoryTracker& tracker(DeviceIndex device) noexcept { return trackers_[device]; }
   // Throws Error unless copy()'s arguments are what it takes (see there).
   void check_copy(void* dst, DeviceIndex dst_device, const void* src, DeviceIndex src_device,
                   size_t nbytes) const;
 
+  const uint64_t id_;  // keys this runtime's per-thread state
+
  private:
   [[noreturn, gnu::cold]] void throw_device_out_of_range(DeviceIndex device) const;
+  DeviceIndex current_device_slow() const noexcept;
 
   MemoryTracker trackers_[kMaxDevices];
 };

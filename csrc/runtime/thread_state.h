@@ -1,5 +1,6 @@
-// Per-thread state shared by the runtime implementations: the calling thread's current device
-// and its current stream on every device, kept apart per runtime instance.
+// Per-thread state shared by the runtime implementations (detail::ThreadState, runtime.h): the
+// calling thread's current device and its current stream on every device, kept apart per runtime
+// instance.
 //
 // Internal to csrc/runtime; the backend never includes this.
 #pragma once
@@ -10,20 +11,6 @@
 #include "runtime/runtime.h"
 
 namespace brick::runtime::detail {
-
-struct ThreadState {
-  uint64_t owner = 0;  // id of the runtime this state belongs to
-  DeviceIndex device = 0;
-  StreamId streams[kMaxDevices] = {};
-};
-
-// A process-unique id for a new runtime instance. Runtimes are told apart by this id, never by
-// address: a new runtime at a dead one's address must not inherit its thread state.
-uint64_t next_runtime_id() noexcept;
-
-// The most recently used state of the calling thread: one compare on the hot path.
-// initial-exec: a direct %fs access even inside a dlopen()ed module (8 bytes of static TLS).
-extern constinit thread_local ThreadState* tls_last_thread_state [[gnu::tls_model("initial-exec")]];
 
 // Finds or creates the calling thread's state for runtime `owner`. Throws std::bad_alloc.
 ThreadState& thread_state_slow(uint64_t owner);
