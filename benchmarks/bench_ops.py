@@ -217,7 +217,8 @@ def main() -> int:
     if counts is None and not args.no_instructions:
         print("\n(instruction counts skipped: valgrind is not installed)")
     elif counts is not None:
-        print("\ninstructions per call (callgrind; the same on any machine of this build)")
+        print("\ninstructions per call (callgrind: independent of load; ops that allocate vary by "
+              "a few hundred with the heap's state)")
         print(f"{'case':<32} {'cpu':>10} {'brick':>10} {'brick adds':>11}")
         for row in rows:
             if row["case"] in counts:
