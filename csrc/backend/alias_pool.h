@@ -12,7 +12,6 @@
 #include <array>
 #include <cstdint>
 #include <deque>
-#include <memory>
 
 #include "runtime/per_thread.h"
 
@@ -34,6 +33,8 @@ class LentAliases {
   LentAliases() noexcept : pool_(AliasPool::get()), lent_before_(pool_ ? pool_->lent : 0) {}
   ~LentAliases() {
     if (pool_ != nullptr) pool_->lent = lent_before_;
+    if (own_ != nullptr) [[unlikely]]
+      delete own_;  // checked inline: a unique_ptr destructor was an out-of-line call per op
   }
   LentAliases(const LentAliases&) = delete;
   LentAliases& operator=(const LentAliases&) = delete;
@@ -46,7 +47,7 @@ class LentAliases {
   AliasPool* pool_;  // none while the thread exits
   uint32_t lent_before_;
   // Aliases made for this call alone: when the thread has no pool, or every slot is lent.
-  std::unique_ptr<std::deque<at::Tensor>> own_;
+  std::deque<at::Tensor>* own_ = nullptr;
 };
 
 }  // namespace brick::backend

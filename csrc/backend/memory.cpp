@@ -415,7 +415,7 @@ at::Tensor& LentAliases::operator()(const at::Tensor& brick_tensor) {
       return pool_->aliases[slot];
     }
   }
-  if (!own_) own_ = std::make_unique<std::deque<at::Tensor>>();
+  if (own_ == nullptr) own_ = new std::deque<at::Tensor>();
   return own_->emplace_back(make_backing_alias(brick_tensor));
 }
 
