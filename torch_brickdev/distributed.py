@@ -72,7 +72,7 @@ def _drain_autograd_device_threads() -> None:
     it drop that trivial task too, which carries the same thread-local state."""
     import time
 
-    for index in range(torch.brick.device_count()):
+    for index in _C._devices_in_use():  # (a context is never made on an unused GPU)
         try:
             x = torch.zeros((), device=torch.device(BACKEND, index), requires_grad=True)
             x.sum().backward()

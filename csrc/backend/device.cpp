@@ -1,5 +1,6 @@
 // PrivateUse1 registration: the device guard, the generator and the hooks.
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <ATen/core/Generator.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
@@ -30,6 +31,12 @@ std::atomic<int8_t> g_cuda_backing{-1};
 
 bool decide_cuda_backing() {
   const bool is_cuda = rt().backing_kind() == runtime::BackingKind::Cuda;
+  // PyTorch's CUDA side (its caching allocator above all) must be initialized before brick
+  // allocates through it: c10::GetAllocator(CUDA)->allocate() on an uninitialized device fails
+  // ("Allocator not initialized for device N: did you call init?"). torch.cuda does the same
+  // lazily (torch.cuda.init, CUDAHooks::init); it runs once per process, before the answer is
+  // published, so no brick op can reach CUDA first.
+  if (is_cuda) at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
   g_cuda_backing.store(is_cuda ? 1 : 0, std::memory_order_relaxed);
   return is_cuda;
 }

@@ -1,31 +1,44 @@
 // The device-activity recorder. Per launch, on the launching thread: three clock reads, on an
 // asynchronous runtime two pooled runtime events as well (no allocation once the pools are
-// warm), and one uncontended lock of the thread's own buffer to append the record; collect() is
-// the only other taker of that lock.
+// warm), and one uncontended lock of the thread's own buffer to append the record (every
+// kResolveEvery launches the thread also resolves its records whose events completed, so the
+// events held stay bounded); collect() is the only other taker of that lock.
 #include "profiler/device_activity.h"
 
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <memory>
 #include <mutex>
+
+#include "profiler/event_pool.h"
 
 namespace brick::profiler {
 
 namespace {
 
 struct PendingActivity {
-  DeviceActivity activity;  // device times filled in by collect()
-  runtime::Event* start_event;
+  DeviceActivity activity;      // device times filled in once its events have completed
+  runtime::Event* start_event;  // null once resolved (or timed on the host clock)
   runtime::Event* end_event;
+  bool failed = false;  // its events could not be read: dropped and counted by collect()
 };
+
+// A thread resolves its records whose events completed every kResolveEvery launches, and waits
+// for the oldest ones once more than kMaxOutstanding are unresolved, so the events a recording
+// holds stay bounded however long it runs (collect() would otherwise be the only release).
+constexpr size_t kResolveEvery = 256;
+constexpr size_t kMaxOutstanding = 4096;
 
 // One per thread that launched while recording; the registry keeps it (and its records) after
 // the thread exits, until collect() has drained it.
 struct ThreadBuffer {
   std::mutex mutex;
   std::vector<PendingActivity> records;
+  size_t resolved_upto = 0;  // records before this index hold no event
+  size_t unresolved = 0;     // records holding events
   std::atomic<bool> thread_exited{false};
 };
 
@@ -71,7 +84,7 @@ struct ThreadState {
       std::lock_guard<std::mutex> lock(r.mutex);
       if (device < static_cast<int>(r.free_events.size())) pool.swap(r.free_events[device]);
     }
-    if (pool.empty()) return runtime::get().create_event(device, /*enable_timing=*/true);
+    if (pool.empty()) return create_timing_event(device);
     runtime::Event* event = pool.back();
     pool.pop_back();
     return event;
@@ -91,6 +104,70 @@ struct ThreadState {
 };
 
 thread_local ThreadState tls_state;
+
+// The device interval of a launch on the steady clock: its start placed by the runtime
+// (event_host_time_ns, -1 until the event completed) and its end the start plus the device's own
+// measure of the interval between the two events (elapsed_ms), so the duration is the device's
+// even when the runtime places two events against different clock references. False while the
+// end has not completed; throws what the runtime throws.
+bool device_interval(runtime::Runtime& rt, const PendingActivity& record, int64_t* start,
+                     int64_t* end) {
+  *start = rt.event_host_time_ns(record.start_event);
+  if (*start < 0 || !rt.query_event(record.end_event)) return false;
+  const double ms = rt.elapsed_ms(record.start_event, record.end_event);
+  *end = *start + static_cast<int64_t>(std::llround(ms * 1e6));
+  return true;
+}
+
+// Resolves `record` (holding events) into device times on the Unix clock, waiting for its end
+// when `wait`; its events go to `released`. False when it has not completed and `wait` is false.
+bool resolve(runtime::Runtime& rt, PendingActivity& record, bool wait, int64_t unix_offset,
+             std::vector<std::pair<int, runtime::Event*>>& released) {
+  int64_t start = -1;
+  int64_t end = -1;
+  try {
+    if (!device_interval(rt, record, &start, &end)) {
+      if (!wait) return false;
+      rt.synchronize_event(record.end_event);
+      if (!device_interval(rt, record, &start, &end)) start = -1;
+    }
+  } catch (...) {
+    start = -1;
+  }
+  released.emplace_back(record.activity.device, record.start_event);
+  released.emplace_back(record.activity.device, record.end_event);
+  record.start_event = record.end_event = nullptr;
+  if (start < 0 || end < start) {
+    record.failed = true;
+    return true;
+  }
+  record.activity.start_ns = start + unix_offset;
+  record.activity.end_ns = end + unix_offset;
+  return true;
+}
+
+// On the launching thread, `buffer` locked: resolves the records whose events completed, in
+// launch order, waiting for the oldest while more than kMaxOutstanding are unresolved.
+void resolve_completed(ThreadBuffer& buffer) {
+  runtime::Runtime& rt = runtime::get();
+  const int64_t offset = steady_to_unix_offset_ns();
+  std::vector<std::pair<int, runtime::Event*>> released;
+  auto& records = buffer.records;
+  while (buffer.resolved_upto < records.size()) {
+    PendingActivity& record = records[buffer.resolved_upto];
+    if (record.start_event != nullptr) {
+      if (!resolve(rt, record, buffer.unresolved > kMaxOutstanding, offset, released)) break;
+      --buffer.unresolved;
+    }
+    ++buffer.resolved_upto;
+  }
+  for (const auto& [device, event] : released) {
+    if (device >= static_cast<int>(tls_state.free_events.size())) {
+      tls_state.free_events.resize(device + 1);
+    }
+    tls_state.free_events[device].push_back(event);
+  }
+}
 
 }  // namespace
 
@@ -186,6 +263,9 @@ void ActivityRecorder::end(runtime::Launch& launch) noexcept {
     ThreadBuffer& buffer = tls_state.ensure_buffer();
     std::lock_guard<std::mutex> lock(buffer.mutex);
     buffer.records.push_back(PendingActivity{activity, launch.start_event, end_event});
+    if (end_event != nullptr && ++buffer.unresolved % kResolveEvery == 0) {
+      resolve_completed(buffer);
+    }
   } catch (...) {
     registry().failed.fetch_add(1, std::memory_order_relaxed);
   }
@@ -222,6 +302,8 @@ CollectedActivities ActivityRecorder::collect() {
     std::lock_guard<std::mutex> lock(buffer->mutex);
     pending.insert(pending.end(), buffer->records.begin(), buffer->records.end());
     buffer->records.clear();
+    buffer->resolved_upto = 0;
+    buffer->unresolved = 0;
   }
 
   CollectedActivities out;
@@ -230,36 +312,14 @@ CollectedActivities ActivityRecorder::collect() {
   out.activities.reserve(pending.size());
   runtime::Runtime& rt = runtime::get();
   const int64_t offset = steady_to_unix_offset_ns();
-  const auto device_time = [&](runtime::Event* event) -> int64_t {
-    int64_t steady = rt.event_host_time_ns(event);
-    if (steady < 0) {
-      rt.synchronize_event(event);
-      steady = rt.event_host_time_ns(event);
-    }
-    return steady < 0 ? -1 : steady + offset;
-  };
   std::vector<std::pair<int, runtime::Event*>> released;
-  released.reserve(pending.size() * 2);
   for (PendingActivity& record : pending) {
-    if (record.start_event == nullptr) {  // timed on the host clock when it ran
-      out.activities.push_back(record.activity);
-      continue;
-    }
-    int64_t start = -1;
-    int64_t end = -1;
-    try {
-      start = device_time(record.start_event);
-      end = device_time(record.end_event);
-    } catch (...) {
-    }
-    released.emplace_back(record.activity.device, record.start_event);
-    released.emplace_back(record.activity.device, record.end_event);
-    if (start < 0 || end < start) {
+    // Timed on the host clock when it ran, or resolved by its thread: times known.
+    if (record.start_event != nullptr) (void)resolve(rt, record, /*wait=*/true, offset, released);
+    if (record.failed) {
       ++out.failed;
       continue;
     }
-    record.activity.start_ns = start;
-    record.activity.end_ns = end;
     out.activities.push_back(record.activity);
   }
   std::lock_guard<std::mutex> lock(r.mutex);

@@ -1,6 +1,7 @@
 // A per-thread pool of timing events, so the op path never creates or destroys one.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <vector>
@@ -9,9 +10,10 @@
 
 namespace brick::profiler {
 
-// Device events the profiler holds, in every pool and in use: reported by health() so a long
-// run can show the figure stays bounded.
-inline std::atomic<int64_t> g_live_events{0};
+// Device events the profiler holds, in every pool and in use, per device: reported by health()
+// so a long run can show the figure stays bounded, and that a profile makes events (on CUDA,
+// contexts) only on the devices it records on.
+inline std::array<std::atomic<int64_t>, runtime::kMaxDevices> g_live_events{};
 
 // Whether the runtime runs work asynchronously (CUDA; the host runtime with deferred
 // completion): timing events may complete after the call that recorded them, and streams may be
@@ -27,13 +29,13 @@ inline std::atomic<uint64_t> g_capture_skipped{0};
 
 inline runtime::Event* create_timing_event(int device) {
   runtime::Event* event = runtime::get().create_event(device, /*enable_timing=*/true);
-  g_live_events.fetch_add(1, std::memory_order_relaxed);
+  g_live_events[device].fetch_add(1, std::memory_order_relaxed);
   return event;
 }
 
-inline void destroy_timing_event(runtime::Event* event) noexcept {
+inline void destroy_timing_event(int device, runtime::Event* event) noexcept {
   runtime::get().destroy_event(event);
-  g_live_events.fetch_sub(1, std::memory_order_relaxed);
+  g_live_events[device].fetch_sub(1, std::memory_order_relaxed);
 }
 
 class EventPool {
@@ -42,8 +44,10 @@ class EventPool {
   EventPool(const EventPool&) = delete;
   EventPool& operator=(const EventPool&) = delete;
   ~EventPool() {
-    for (auto& events : free_) {
-      for (runtime::Event* event : events) destroy_timing_event(event);
+    for (size_t device = 0; device < free_.size(); ++device) {
+      for (runtime::Event* event : free_[device]) {
+        destroy_timing_event(static_cast<int>(device), event);
+      }
     }
   }
 

@@ -184,6 +184,7 @@ struct ThreadState {
   // The innermost open brick, readable by other threads (see on_enter: autograd workers).
   std::atomic<NodeId> published_top{registry::kNoParent};
   EventPool events;
+  uint32_t unpushed = 0;  // enters whose frame could not be pushed (out of memory)
 };
 
 // The thread that enabled profiling: backward work that PyTorch's autograd engine runs on its
@@ -438,37 +439,60 @@ void finish_async_timing(ThreadState& state, runtime::Runtime& rt, const Frame& 
 }
 
 std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
+  ThreadState* state = nullptr;
   try {
-    ThreadState& state = thread_state();
+    state = &thread_state();
+  } catch (...) {
+    g_timing_failures.fetch_add(1, std::memory_order_relaxed);
+    return nullptr;  // no thread state: its exit finds none either (counted as unbalanced)
+  }
+  runtime::Runtime& rt = *g_runtime.load(std::memory_order_relaxed);
+  Frame frame{kIgnored, rt.current_device(), 0, nullptr};
+  try {
     const uint64_t session = g_session.load(std::memory_order_acquire);
-    if (state.session != session) [[unlikely]] {
-      drop_open_bricks(state);
-      state.session = session;
+    if (state->session != session) [[unlikely]] {
+      state->session = session;
+      state->unpushed = 0;
+      drop_open_bricks(*state);
     }
-    NodeId parent = state.stack.empty() ? top_level_parent(state, fn) : state.stack.back().node;
+    NodeId parent = state->stack.empty() ? top_level_parent(*state, fn) : state->stack.back().node;
     if (parent == kIgnored || parent == kSkippedInCapture) parent = registry::kNoParent;
-    runtime::Runtime& rt = *g_runtime.load(std::memory_order_relaxed);
-    Frame frame{kIgnored, rt.current_device(), 0, nullptr};
-    frame.node = node_for(state, fn, parent, frame.device);
+    frame.node = node_for(*state, fn, parent, frame.device);
     if (frame.node != kIgnored) {
       if (g_async.load(std::memory_order_relaxed)) [[unlikely]] {
-        start_async_timing(state, rt, frame);
+        start_async_timing(*state, rt, frame);
       } else {
         // A synchronous runtime: the brick is the work done before its end's clock read.
         frame.start_ns = registry::Registry::now_ns();
       }
     }
-    state.stack.push_back(frame);
-    publish_top(state);
   } catch (...) {
+    // The brick is dropped (counted), but its frame is still pushed: the exit that comes for
+    // this call must pop this frame, not its parent's (which would close the parent early and
+    // mis-parent every brick after it).
     g_timing_failures.fetch_add(1, std::memory_order_relaxed);
+    frame.node = kIgnored;
+    frame.start_event = nullptr;  // (start_async_timing returned it to the pool)
   }
+  try {
+    state->stack.push_back(frame);
+  } catch (...) {  // out of memory: the exit for this call is told to pop nothing
+    g_timing_failures.fetch_add(1, std::memory_order_relaxed);
+    if (frame.start_event != nullptr) state->events.release(frame.device, frame.start_event);
+    ++state->unpushed;
+    return nullptr;
+  }
+  publish_top(*state);
   return nullptr;
 }
 
 void on_exit(const at::RecordFunction& /*fn*/, at::ObserverContext* /*ctx*/) {
   try {
     ThreadState& state = thread_state();
+    if (state.unpushed > 0) [[unlikely]] {  // its enter could not push a frame
+      --state.unpushed;
+      return;
+    }
     if (state.stack.empty() || state.session != g_session.load(std::memory_order_acquire))
         [[unlikely]] {
       g_unbalanced_exits.fetch_add(1, std::memory_order_relaxed);
@@ -643,8 +667,19 @@ Health health() {
     }
   }
   h.capture_skipped = g_capture_skipped.load(std::memory_order_relaxed);
-  h.live_events = g_live_events.load(std::memory_order_relaxed);
+  h.stub_failures = stub_failures();
+  for (const int64_t events : live_events_by_device()) h.live_events += events;
   return h;
+}
+
+std::vector<int64_t> live_events_by_device() {
+  // (The device count is asked only of a runtime that exists: none, no event either.)
+  const int devices = runtime::runtime_created_in_pid() != -1 ? runtime::get().device_count() : 0;
+  std::vector<int64_t> out;
+  for (int device = 0; device < devices; ++device) {
+    out.push_back(g_live_events[device].load(std::memory_order_relaxed));
+  }
+  return out;
 }
 
 }  // namespace brick::profiler

@@ -35,13 +35,20 @@ struct Health {
   uint64_t pending_events = 0;    // event pairs recorded but not yet resolved
   int64_t live_events = 0;        // device events the profiler holds (pooled or in use)
   uint64_t capture_skipped = 0;   // bricks skipped: their stream was being captured (CUDA graph)
+  uint64_t stub_failures = 0;     // legacy-profiler records or elapsed times that failed (no
+                                  // device time for that op)
 };
 Health health();
+// Health::live_events per brick device (empty before the runtime exists): events are made only
+// on the devices the profilers record on.
+std::vector<int64_t> live_events_by_device();
 
 // ---- ProfilerStubs and the device timeline ------------------------------------------------
 
 // Registers brick's ProfilerStubs with PyTorch (once; the object lives for the process).
 void register_profiler_stubs();
+// Stub records and elapsed times that failed since the process (or forked child) started.
+uint64_t stub_failures() noexcept;
 
 // StubRecord::device_ns of a record made on a synchronous runtime: the device reached it when it
 // was made, at cpu_ns (one clock read per record; no conversion between clocks, so the device

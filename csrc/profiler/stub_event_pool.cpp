@@ -35,20 +35,20 @@ class Depot {
   // how many.
   size_t take(int device, std::vector<StubSlot*>& out) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!warmed_up_) [[unlikely]] {
-      // The first take of the process (the first record() of the first profile): a batch now,
-      // so that the ops right after it do not each create an event while the refill thread
-      // starts, and every device's supply filled in the background from now on.
-      warmed_up_ = true;
-      ensure_device(device);
+    ensure_device(device);
+    if (!warmed_up_[device]) [[unlikely]] {
+      // The first take for this device (its first record() of the process): a batch now, so
+      // that the ops right after it do not each create an event while the refill thread
+      // starts, and its supply filled in the background from now on. Only devices a profile
+      // records on get events: on CUDA an event on a device needs a context there (~0.5 GB per
+      // GPU and rank under torchrun, on GPUs the process never uses).
+      warmed_up_[device] = true;
       try {
         while (free_[device].size() < kBatch) free_[device].push_back(new_slot(device));
       } catch (...) {
         // The device cannot make more events now; record() creates them as needed instead.
       }
-      for (int d = 0; d < runtime::get().device_count(); ++d) request_refill(d);
     }
-    ensure_device(device);
     auto& free = free_[device];  // (after every resize of free_)
     const size_t n = std::min(kBatch, free.size());
     out.insert(out.end(), free.end() - n, free.end());
@@ -91,6 +91,7 @@ class Depot {
     if (device >= static_cast<int>(free_.size())) {
       free_.resize(device + 1);
       refill_wanted_.resize(device + 1, false);
+      warmed_up_.resize(device + 1, false);
     }
   }
 
@@ -141,8 +142,8 @@ class Depot {
   std::condition_variable wake_;
   std::vector<std::vector<StubSlot*>> free_;  // per device
   std::vector<bool> refill_wanted_;
+  std::vector<bool> warmed_up_;  // per device
   bool worker_started_ = false;
-  bool warmed_up_ = false;
 };
 
 Depot& depot() {

@@ -11,6 +11,7 @@
 // control blocks that hand them to PyTorch, come from a per-thread pool; the log is the
 // thread's own). No exception may escape record(): PyTorch does not catch one there, and it
 // would break the op.
+#include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/record_function.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/ApproximateClock.h>
@@ -72,7 +73,7 @@ struct SlotAllocator {
   }
 };
 
-std::atomic<uint64_t> g_record_failures{0};
+std::atomic<uint64_t> g_stub_failures{0};  // records and elapsed times that failed
 
 // A synchronous runtime's stub event: the record's time (c10::getTime(), positive) as the pointer
 // of a shared_ptr made by the aliasing constructor over an empty owner. It has no control block
@@ -137,7 +138,7 @@ class BrickProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
                                                   device_ns < 0 ? logged : TimelineLog::Handle{});
       if (event != nullptr) *event = std::move(stub);
     } catch (...) {
-      g_record_failures.fetch_add(1, std::memory_order_relaxed);
+      g_stub_failures.fetch_add(1, std::memory_order_relaxed);
       if (event != nullptr) event->reset();
       if (cpu_ns != nullptr) *cpu_ns = c10::getTime();
     }
@@ -152,12 +153,27 @@ class BrickProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
       return static_cast<float>(static_cast<double>(time_of(*end) - time_of(*start)) /
                                 1000.0);  // us
     }
-    auto* a = static_cast<StubEvent*>(start->get());
-    auto* b = static_cast<StubEvent*>(end->get());
-    auto& rt = runtime::get();
-    rt.synchronize_event(a->slot->event);
-    rt.synchronize_event(b->slot->event);
-    return static_cast<float>(rt.elapsed_ms(a->slot->event, b->slot->event) * 1000.0);  // us
+    // No exception may escape: PyTorch calls this while building the profile's events, where
+    // one would lose the user's whole profile. A failure gives the op no device time, counted.
+    try {
+      auto* a = static_cast<StubEvent*>(start->get());
+      auto* b = static_cast<StubEvent*>(end->get());
+      auto& rt = runtime::get();
+      rt.synchronize_event(a->slot->event);
+      rt.synchronize_event(b->slot->event);
+      if (a->slot->device == b->slot->device) {
+        return static_cast<float>(rt.elapsed_ms(a->slot->event, b->slot->event) * 1000.0);  // us
+      }
+      // An op whose current device changed between its records (the runtime times only pairs
+      // on one device): both events placed on the host clock.
+      const int64_t a_ns = rt.event_host_time_ns(a->slot->event);
+      const int64_t b_ns = rt.event_host_time_ns(b->slot->event);
+      if (a_ns >= 0 && b_ns >= a_ns)
+        return static_cast<float>(static_cast<double>(b_ns - a_ns) / 1000.0);
+    } catch (...) {
+    }
+    g_stub_failures.fetch_add(1, std::memory_order_relaxed);
+    return 0.0f;
   }
 
   void mark(const char* name) const override { brick::profiler::mark(name); }
@@ -168,9 +184,13 @@ class BrickProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
 
   bool enabled() const override { return true; }
 
+  // Both leave alone the devices this process has not used: on CUDA backing, making a GPU
+  // current (or synchronizing it) creates its context (~0.5 GB per GPU and rank under
+  // torchrun). The hooks answer: always used on the host, CUDA's primary context on CUDA.
   void onEachDevice(std::function<void(int)> op) const override {
     const int count = runtime::get().device_count();
     for (int index = 0; index < count; ++index) {
+      if (!device_in_use(index)) continue;
       c10::DeviceGuard guard(
           c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(index)));
       op(index);
@@ -179,7 +199,15 @@ class BrickProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
 
   void synchronize() const override {
     auto& rt = runtime::get();
-    for (int index = 0; index < rt.device_count(); ++index) rt.synchronize_device(index);
+    for (int index = 0; index < rt.device_count(); ++index) {
+      if (device_in_use(index)) rt.synchronize_device(index);
+    }
+  }
+
+ private:
+  static bool device_in_use(int index) {
+    return at::detail::getPrivateUse1Hooks().hasPrimaryContext(
+        static_cast<c10::DeviceIndex>(index));
   }
 };
 
@@ -196,6 +224,8 @@ void register_profiler_stubs() {
   (void)stubs;
 }
 
-void stubs_after_fork_in_child() { g_record_failures.store(0, std::memory_order_relaxed); }
+void stubs_after_fork_in_child() { g_stub_failures.store(0, std::memory_order_relaxed); }
+
+uint64_t stub_failures() noexcept { return g_stub_failures.load(std::memory_order_relaxed); }
 
 }  // namespace brick::profiler

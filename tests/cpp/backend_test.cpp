@@ -380,7 +380,24 @@ TEST_F(BackendTest, ConjugateAndNegativeViewsCopyResolved) {
   EXPECT_TRUE(at::equal(at::mul(conj, b).cpu(), at::mul(cpu.conj(), cpu)));
 }
 
+// cuDNN runs float32 convolutions in TF32 by default (allowTF32CuDNN), about 1e-3 relative
+// error; on CUDA backing the comparison with the CPU's IEEE float32 is made with TF32 off, like
+// with like. (The host runtime runs the CPU's kernel itself: no effect there.)
+class Ieee32Convolutions {
+ public:
+  Ieee32Convolutions() : previous_(at::globalContext().allowTF32CuDNN()) {
+    at::globalContext().setAllowTF32CuDNN(false);
+  }
+  ~Ieee32Convolutions() { at::globalContext().setAllowTF32CuDNN(previous_); }
+  Ieee32Convolutions(const Ieee32Convolutions&) = delete;
+  Ieee32Convolutions& operator=(const Ieee32Convolutions&) = delete;
+
+ private:
+  bool previous_;
+};
+
 TEST_F(BackendTest, Conv2dForwardAndBackwardMatchCpu) {
+  const Ieee32Convolutions ieee32;
   const at::Tensor input = cpu_values({2, 3, 8, 8});
   const at::Tensor weight = cpu_values({4, 3, 3, 3}, 0.5);
   const at::Tensor bias = cpu_values({4}, 1.5);

@@ -4,12 +4,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <map>
 #include <thread>
 #include <vector>
 
+#include "profiler/event_pool.h"
 #include "runtime/launch_observer.h"
 
 namespace {
@@ -198,6 +200,36 @@ TEST_F(DeviceActivityTest, TheClockOffsetMapsSteadyTimeOntoUnixTime) {
   EXPECT_LT(std::llabs(steady + offset - unix_now), 1'000'000) << "within 1 ms";
   EXPECT_LT(std::llabs(brick::profiler::steady_to_unix_offset_ns() - offset), 100'000)
       << "stable between two measurements";
+}
+
+// Run by CTest a second time with BRICK_HOST_COMPLETION=deferred (device_activity_deferred):
+// events complete after they are recorded, as on a GPU, so launches hold events until resolved.
+TEST_F(DeviceActivityTest, DeferredEventsHeldStayBoundedAndEveryLaunchIsResolved) {
+  if (!brick::runtime::get().asynchronous()) {
+    GTEST_SKIP() << "needs BRICK_HOST_COMPLETION=deferred (CTest: device_activity_deferred)";
+  }
+  ActivityRecorder& recorder = ActivityRecorder::instance();
+  constexpr int kLaunches = 20'000;
+  int64_t most_events = 0;
+  recorder.start();
+  for (int i = 0; i < kLaunches; ++i) {
+    launch("aten::add", 0, std::chrono::microseconds(0));
+    if (i % 1000 == 999)
+      most_events = std::max(most_events, brick::profiler::g_live_events[0].load());
+  }
+  recorder.stop();
+  const CollectedActivities collected = recorder.collect();
+  EXPECT_EQ(collected.failed, 0u);
+  ASSERT_EQ(collected.activities.size(), static_cast<size_t>(kLaunches));
+  for (const DeviceActivity& activity : collected.activities) {
+    ASSERT_LE(activity.start_ns, activity.end_ns);
+    ASSERT_LE(activity.launch_end_ns, activity.start_ns + 1'000'000)
+        << "placed on the launch's clock";
+  }
+  // Two events per launch until its thread resolves it: bounded by the outstanding limit (4096
+  // launches) and the resolution period, not by the number of launches.
+  EXPECT_GT(most_events, 0) << "the deferred path held events";
+  EXPECT_LT(most_events, 2 * (4096 + 2 * 256)) << "events held while recording";
 }
 
 }  // namespace

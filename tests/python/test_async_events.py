@@ -186,3 +186,46 @@ def test_other_sync_modes_on_an_asynchronous_device(mode):
     assert seen["add"] == 200
     assert seen["health"]["pending_events"] == 0
     assert seen["health"]["timing_failures"] == 0
+
+
+def test_profilers_make_events_only_on_the_devices_they_record_on():
+    """On CUDA an event on a GPU needs a context there (~0.5 GB per GPU and rank under torchrun):
+    the registry, the legacy profiler's stubs and torch.profiler's device activity must create
+    events only on the brick devices the program uses (here brick:0 of two)."""
+    seen = run("""
+        from torch.profiler import ProfilerActivity, profile
+        assert torch.brick.device_count() == 2
+        with bp.profile(sync_mode="event"):
+            for _ in range(50):
+                x.add_(1)
+        with torch.autograd.profiler.profile(use_device="brick"):
+            for _ in range(50):
+                x.add_(1)
+        activities = [ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]
+        with profile(activities=activities):
+            for _ in range(50):
+                x.add_(1)
+        time.sleep(0.5)  # the stub pool's background refill has run
+        print(json.dumps(torch_brickdev._C._profiler.live_events_by_device()))
+    """)
+    assert seen[0] > 0  # the asynchronous event paths really ran
+    assert seen[1] == 0, seen
+
+
+def test_legacy_profiler_times_a_range_whose_current_device_changed_inside_it():
+    """A range that starts on brick:0 and ends on brick:1 (set_device inside it) has its two
+    stub events on two devices: its device time comes from both placed on the host clock, and
+    nothing escapes into PyTorch's post-processing (which would lose the whole profile)."""
+    seen = run("""
+        torch.brick.set_device(0)
+        with torch.autograd.profiler.profile(use_device="brick") as prof:
+            with record_function("switch"):
+                x.add_(1)
+                time.sleep(0.002)
+                torch.brick.set_device(1)
+        torch.brick.set_device(0)
+        rows = {e.key: e.device_time_total for e in prof.key_averages()}
+        print(json.dumps({"switch_us": rows["switch"], "health": bp.health()}))
+    """)
+    assert seen["switch_us"] >= 2000
+    assert seen["health"]["stub_failures"] == 0

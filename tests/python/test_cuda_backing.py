@@ -3,6 +3,9 @@
 Run on a machine with a GPU and a CUDA build of PyTorch (``BRICK_RUNTIME=auto`` picks CUDA there).
 """
 
+import contextlib
+import subprocess
+import sys
 import time
 
 import pytest
@@ -22,6 +25,18 @@ TWO_GPUS = ON_CUDA and torch.brick.device_count() >= 2
 def big_matmul_inputs(n=4096, device="brick"):
     torch.manual_seed(0)
     return torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+
+
+def test_first_brick_allocation_of_a_fresh_process_works():
+    """Nothing else touches CUDA first here (no seeding, no torch.cuda call): brick itself must
+    initialize PyTorch's CUDA side (its caching allocator) before allocating through it."""
+    code = ("import torch, torch_brickdev\n"
+            "x = torch.empty(1024, device='brick')\n"
+            "x.fill_(2.0)\n"
+            "print(float((x * 3).sum().item()), torch_brickdev.backing_device_type())\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["6144.0", "cuda"], done.stdout
 
 
 def test_brick_is_backed_by_cuda_device_n():
@@ -259,6 +274,21 @@ def test_sdpa_takes_cudas_kernel_and_matches_plain_cuda(head_dim):
         torch.testing.assert_close(got.to("cuda"), want, rtol=1e-3, atol=1e-3)
 
 
+@contextlib.contextmanager
+def ieee_float32():
+    """Plain cuda runs LSTM/GRU through cuDNN, which uses TF32 for float32 by default
+    (torch.backends.cudnn.allow_tf32, ~1e-3 relative error); brick's cells run cuBLAS GEMMs in
+    full float32 (torch.backends.cuda.matmul.allow_tf32 is off by default). Like with like:
+    both sides in IEEE float32 for the comparison."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+@ieee_float32()
 def test_lstm_and_gru_match_plain_cuda():
     for cls in (torch.nn.LSTM, torch.nn.GRU):
         torch.manual_seed(0)

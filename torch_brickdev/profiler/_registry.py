@@ -216,7 +216,7 @@ class profile:
         from ..distributed import collective_counters, wait_for_collectives
 
         wait_for_collectives()  # earlier collectives end before: the region's counts are its own
-        for index in range(torch.brick.device_count()):
+        for index in _C._devices_in_use():  # no CUDA context made on an unused GPU
             torch.brick.synchronize(index)
         self._collectives_before = collective_counters()
         self._start = time.perf_counter_ns()
@@ -228,7 +228,7 @@ class profile:
 
         try:
             wait_for_collectives()  # collectives are device work too: their ranges end inside
-            for index in range(torch.brick.device_count()):
+            for index in _C._devices_in_use():
                 torch.brick.synchronize(index)
             self.wall_ns = time.perf_counter_ns() - self._start
         finally:

@@ -1,0 +1,63 @@
+// GoogleTest suite for the RecordFunction observer that feeds the registry: what happens to the
+// call tree when a brick cannot be timed.
+#include <ATen/record_function.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+
+#include "profiler/profiler.h"
+#include "registry/registry.h"
+
+namespace {
+
+namespace profiler = brick::profiler;
+namespace registry = brick::registry;
+
+std::map<std::string, uint64_t> counts_by_path() {
+  std::map<std::string, uint64_t> counts;
+  for (const auto& node : profiler::snapshot().nodes) counts[node.path] += node.count;
+  return counts;
+}
+
+// Fills the registry's node table, so that the next new brick name cannot be interned: its enter
+// fails inside the observer. Returns how many fillers it took.
+size_t fill_node_table() {
+  size_t added = 0;
+  for (;;) {
+    try {
+      (void)profiler::brick_registry().intern(
+          registry::kNoParent, "filler " + std::to_string(added), registry::Kind::Range, 0);
+      ++added;
+    } catch (const std::exception&) {
+      return added;
+    }
+  }
+}
+
+TEST(ObserverTest, ABrickWhoseStartFailsStillClosesItsOwnFrameNotItsParents) {
+  profiler::enable();
+  {
+    RECORD_USER_SCOPE("outer");
+    { RECORD_USER_SCOPE("inner"); }
+  }
+  ASSERT_GT(fill_node_table(), 0u);
+  const auto before = profiler::health();
+  {
+    RECORD_USER_SCOPE("outer");
+    { RECORD_USER_SCOPE("one name too many"); }  // cannot be interned: dropped, counted
+    { RECORD_USER_SCOPE("inner"); }              // still inside outer
+  }
+  const auto after = profiler::health();
+  const auto counts = counts_by_path();
+  profiler::disable();
+  profiler::reset();
+
+  EXPECT_EQ(after.timing_failures - before.timing_failures, 1u);
+  EXPECT_EQ(after.unbalanced_exits, before.unbalanced_exits);
+  EXPECT_EQ(counts.at("outer"), 2u);
+  EXPECT_EQ(counts.at("outer/inner"), 2u) << "a failed brick's exit closed its parent early";
+  EXPECT_EQ(counts.count("inner"), 0u);
+}
+
+}  // namespace
