@@ -92,11 +92,13 @@ BackingScope::~BackingScope() {
 }
 
 void BackingScope::enter_cuda(c10::DeviceIndex device) {
+  // Brick's runtime first: in a child forked after CUDA was used it refuses with brick's own
+  // message, before any CUDA call fails there with CUDA's.
+  const runtime::StreamId stream = runtime_call([&] { return rt().current_stream(device); });
   const auto& guard = cuda_guard();
   previous_device_ = guard.exchangeDevice(backing_device(device));
   try {
-    previous_stream_ = guard.exchangeStream(
-        backing_cuda_stream(device, runtime_call([&] { return rt().current_stream(device); })));
+    previous_stream_ = guard.exchangeStream(backing_cuda_stream(device, stream));
   } catch (...) {
     guard.uncheckedSetDevice(previous_device_);
     throw;

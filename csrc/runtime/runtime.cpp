@@ -1,5 +1,6 @@
 #include "runtime/runtime.h"
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -239,6 +240,15 @@ struct Chosen {
 
 std::atomic<int> g_created_in_pid{-1};
 
+// In a child forked after a CUDA runtime was created: CUDA cannot be used there, so the runtime
+// is replaced by one that refuses every device call with a clear error (the parent's is leaked:
+// its contexts do not exist in the child).
+void refuse_cuda_in_forked_child() {
+  Runtime* parent = detail::g_runtime.load(std::memory_order_acquire);
+  if (parent == nullptr || parent->backing_kind() != BackingKind::Cuda) return;
+  detail::g_runtime.store(make_forked_child_runtime(*parent).release(), std::memory_order_release);
+}
+
 Chosen& chosen() {
   // Leaked on purpose: tensors freed during interpreter shutdown still call into the runtime.
   static Chosen* instance = [] {
@@ -246,6 +256,9 @@ Chosen& chosen() {
     auto* made = new Chosen{choice.runtime.release(), std::move(choice.note)};
     g_created_in_pid.store(static_cast<int>(getpid()), std::memory_order_release);
     detail::g_runtime.store(made->runtime, std::memory_order_release);
+    if (made->runtime->backing_kind() == BackingKind::Cuda) {
+      (void)pthread_atfork(nullptr, nullptr, &refuse_cuda_in_forked_child);
+    }
     return made;
   }();
   return *instance;

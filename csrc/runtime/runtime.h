@@ -284,6 +284,11 @@ std::unique_ptr<Runtime> make_host_runtime(int device_count,
 // when no GPU is usable or this build has no CUDA support.
 std::unique_ptr<Runtime> make_cuda_runtime();
 
+// What a child process forked after a CUDA runtime was created gets instead of it (installed
+// by a fork handler): the same device count and names, and every device call refused with an
+// Error that says why and what to do (CUDA cannot be used after fork(), as for torch.cuda).
+std::unique_ptr<Runtime> make_forked_child_runtime(const Runtime& parent);
+
 // Whether make_cuda_runtime() can succeed: this build has CUDA support and cudaGetDeviceCount
 // reports at least one device. When not, and `why` is given, stores the reason in it.
 bool cuda_runtime_usable(std::string* why);

@@ -603,5 +603,26 @@ TYPED_TEST(RuntimeContractTest, DestroyNullEventIsANoOp) {
   EXPECT_NO_FATAL_FAILURE(this->rt().destroy_event(nullptr));
 }
 
+// What a child forked after a CUDA runtime was created gets (installed by a fork handler for the
+// CUDA runtime only): the parent's devices, and every device call refused with the reason and
+// the way out, never a failure deep inside CUDA.
+TEST(ForkedChildRuntime, KeepsTheDevicesAndRefusesEveryDeviceCallSayingWhy) {
+  const auto parent = runtime::make_host_runtime(2);
+  const auto child = runtime::make_forked_child_runtime(*parent);
+  EXPECT_EQ(child->device_count(), 2);
+  EXPECT_EQ(child->backing_kind(), parent->backing_kind());
+  EXPECT_STREQ(child->name(), parent->name());
+  const std::string message = error_message([&] { (void)child->current_stream(0); });
+  EXPECT_CONTAINS(message, "forked after brick used its host runtime");
+  EXPECT_CONTAINS(message, "'spawn'");
+  EXPECT_CONTAINS(error_message([&] { (void)child->allocate(0, 16); }), "allocating memory");
+  EXPECT_CONTAINS(error_message([&] { (void)child->create_event(0, true); }), "creating an event");
+  EXPECT_CONTAINS(error_message([&] { child->synchronize_device(1); }), "synchronizing a device");
+  EXPECT_CONTAINS(error_message([&] { child->set_current_device(1); }), "current device");
+  // What the child inherited is never freed there, and freeing it does not fail.
+  EXPECT_EQ(child->deallocate(reinterpret_cast<void*>(0x1000)).device, -1);
+  EXPECT_NO_FATAL_FAILURE(child->destroy_event(nullptr));
+}
+
 }  // namespace
 }  // namespace brick::test

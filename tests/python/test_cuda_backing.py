@@ -299,3 +299,32 @@ def test_lstm_and_gru_match_plain_cuda():
         x = torch.randn(5, 3, 16, device="cuda")
         torch.testing.assert_close(brick(x.to("brick"))[0].to("cuda"), cuda(x)[0],
                                    rtol=1e-4, atol=1e-5)
+
+
+def test_a_child_forked_after_cuda_backed_brick_was_used_is_a_bad_fork():
+    """As torch.cuda: CUDA cannot be used after fork(). The child knows it (_is_in_bad_fork) and
+    every brick op there fails with one clear error, never inside CUDA."""
+    import os
+
+    torch.ones(4, device="brick").add_(1)
+    torch.brick.synchronize()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, then leave without running the parent's exit handlers
+        try:
+            outcome = ["bad fork" if torch.brick._is_in_bad_fork() else "not a bad fork"]
+            try:
+                torch.ones(4, device="brick")
+                outcome.append("op ran")
+            except RuntimeError as error:
+                outcome.append(str(error).splitlines()[0])
+            os.write(write, "\n".join(outcome).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        lines = pipe.read().splitlines()
+    os.waitpid(pid, 0)
+    assert lines[0] == "bad fork", lines
+    assert "forked after brick used its cuda runtime" in lines[1] and "'spawn'" in lines[1], lines
+    assert not torch.brick._is_in_bad_fork()
