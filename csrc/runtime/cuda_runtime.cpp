@@ -27,6 +27,7 @@
 #include <new>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "runtime/runtime.h"
 #include "runtime/thread_state.h"
@@ -187,6 +188,10 @@ struct CudaEvent final : Event {
   DeviceIndex device = 0;
   bool timing = false;
   std::atomic<bool> recorded{false};
+  // Last recorded on a stream that was being captured into a CUDA graph: legal (it orders the
+  // capture's streams, as a side stream's fork and join do), but such an event cannot be
+  // queried, synchronized or timed until it is recorded again outside a capture.
+  std::atomic<bool> recorded_in_capture{false};
 };
 
 CudaEvent* as_cuda(Event* event) noexcept { return static_cast<CudaEvent*>(event); }
@@ -385,7 +390,21 @@ class CudaRuntime final : public Runtime {
   void synchronize_device(DeviceIndex device) override {
     check_device(device);
     DeviceGuard guard(device);
-    check(cudaDeviceSynchronize(), "synchronizing the device", device);
+    const std::vector<cudaStream_t> capturing = capturing_streams(device);
+    if (capturing.empty()) {
+      check(cudaDeviceSynchronize(), "synchronizing the device", device);
+      return;
+    }
+    // A CUDA graph is being captured on the device (perhaps by another thread): a device-wide
+    // synchronize would invalidate that capture. Every other stream brick knows is drained
+    // instead; the capturing ones run nothing until their graph is launched.
+    RelaxedCaptureMode relaxed;
+    const StreamId count = devices_[device].stream_count.load(std::memory_order_acquire);
+    for (StreamId id = 0; id < count; ++id) {
+      const cudaStream_t handle = stream_handle(device, id);
+      if (std::find(capturing.begin(), capturing.end(), handle) != capturing.end()) continue;
+      check(cudaStreamSynchronize(handle), "synchronizing stream " + std::to_string(id), device);
+    }
   }
 
   StreamId stream_from_native(DeviceIndex device, void* native) override {
@@ -456,19 +475,18 @@ class CudaRuntime final : public Runtime {
                   " but is being recorded on a stream of brick:" + std::to_string(device));
     }
     DeviceGuard guard(device);
-    if (capture_active(handle, device)) {
-      throw Error("brick: cannot record an event on stream " + std::to_string(stream) + " of " +
-                  device_label(device) +
-                  " while the stream is being captured into a CUDA graph: an event recorded in "
-                  "a capture cannot be queried, synchronized or timed");
-    }
+    // Recording inside a capture is legal and orders the capture's streams; what such an event
+    // cannot do (be queried, synchronized, timed) is refused when asked.
+    const bool in_capture = capture_active(handle, device);
     check(cudaEventRecord(event->handle, handle), "recording an event", device);
+    event->recorded_in_capture.store(in_capture, std::memory_order_release);
     event->recorded.store(true, std::memory_order_release);
   }
 
   bool query_event(Event* base) override {
     CudaEvent* event = as_cuda(base);
     if (!event->recorded.load(std::memory_order_acquire)) return true;  // as CUDA
+    refuse_if_recorded_in_capture(*event, "queried");
     // The guard keeps a thread with no context current from creating one on device 0.
     DeviceGuard guard(event->device);
     RelaxedCaptureMode relaxed;
@@ -484,6 +502,7 @@ class CudaRuntime final : public Runtime {
   void synchronize_event(Event* base) override {
     CudaEvent* event = as_cuda(base);
     if (!event->recorded.load(std::memory_order_acquire)) return;  // as CUDA
+    refuse_if_recorded_in_capture(*event, "synchronized");
     DeviceGuard guard(event->device);
     RelaxedCaptureMode relaxed;
     check(cudaEventSynchronize(event->handle), "synchronizing an event", event->device);
@@ -513,6 +532,8 @@ class CudaRuntime final : public Runtime {
       throw Error("brick: elapsed time needs both events on the same device, got brick:" +
                   std::to_string(start->device) + " and brick:" + std::to_string(end->device));
     }
+    refuse_if_recorded_in_capture(*start, "timed");
+    refuse_if_recorded_in_capture(*end, "timed");
     // Without the guard, a thread whose current device has no context would create one.
     DeviceGuard guard(start->device);
     RelaxedCaptureMode relaxed;
@@ -537,6 +558,7 @@ class CudaRuntime final : public Runtime {
   int64_t event_host_time_ns(Event* base) override {
     CudaEvent* event = as_cuda(base);
     if (!event->timing || !event->recorded.load(std::memory_order_acquire)) return -1;
+    refuse_if_recorded_in_capture(*event, "timed");
     const DeviceIndex device = event->device;
     DeviceGuard guard(device);
     RelaxedCaptureMode relaxed;
@@ -623,6 +645,27 @@ class CudaRuntime final : public Runtime {
     }
     check(error, "querying whether a stream is being captured", device);
     return status != cudaStreamCaptureStatusNone;
+  }
+
+  // The streams of `device` brick knows (its registered ones, the legacy default stream
+  // included) that are being captured into a CUDA graph now. Caller made the device current.
+  std::vector<cudaStream_t> capturing_streams(DeviceIndex device) const {
+    std::vector<cudaStream_t> capturing;
+    const StreamId count = devices_[device].stream_count.load(std::memory_order_acquire);
+    for (StreamId id = 0; id < count; ++id) {
+      const cudaStream_t handle = stream_handle(device, id);
+      if (capture_active(handle, device)) capturing.push_back(handle);
+    }
+    return capturing;
+  }
+
+  static void refuse_if_recorded_in_capture(const CudaEvent& event, const char* what) {
+    if (event.recorded_in_capture.load(std::memory_order_acquire)) {
+      throw Error(std::string("brick: an event recorded while its stream was being captured "
+                              "into a CUDA graph cannot be ") +
+                  what + " (record it again outside the capture); on " +
+                  device_label(event.device));
+    }
   }
 
   static void refuse_if_capturing(cudaStream_t handle, DeviceIndex device, StreamId stream,

@@ -52,8 +52,10 @@ class ForkedChildRuntime final : public Runtime {
 
  private:
   [[noreturn]] void refuse(const char* what) const {
-    throw Error(std::string("brick: ") + what + " on a brick device is not possible in a process "
-                "forked after brick used its " + name_ + " runtime: " + name_ +
+    throw Error(std::string("brick: ") + what +
+                " on a brick device is not possible in a process "
+                "forked after brick used its " +
+                name_ + " runtime: " + name_ +
                 " cannot be used after fork(), as with torch.cuda. Start child processes with "
                 "the 'spawn' or 'forkserver' method (multiprocessing.set_start_method('spawn'), "
                 "DataLoader(multiprocessing_context='spawn')), or use brick only after forking");

@@ -258,8 +258,10 @@ TEST_F(CudaRuntimeTest, CaptureIsDetectedAndGuardsIllegalCalls) {
     CaptureEnder ender{handle, &end_status};
     EXPECT_TRUE(rt().is_capturing(0, s));
     EXPECT_FALSE(rt().is_capturing(0, kDefaultStream)) << "a non-blocking capture is private";
-    EXPECT_CONTAINS(error_message([&] { rt().record_event(event.get(), 0, s); }),
-                    ("being captured into a CUDA graph"));
+    // Recording inside a capture is legal; what such an event cannot do is refused.
+    EXPECT_NO_THROW(rt().record_event(event.get(), 0, s));
+    EXPECT_CONTAINS(error_message([&] { rt().query_event(event.get()); }), ("captured"));
+    EXPECT_CONTAINS(error_message([&] { rt().synchronize_event(event.get()); }), ("captured"));
     EXPECT_CONTAINS(error_message([&] { rt().synchronize_stream(0, s); }), ("captured"));
     EXPECT_CONTAINS(error_message([&] { rt().query_stream(0, s); }), ("captured"));
     rt().set_current_stream(0, s);
@@ -273,6 +275,47 @@ TEST_F(CudaRuntimeTest, CaptureIsDetectedAndGuardsIllegalCalls) {
   EXPECT_FALSE(rt().is_capturing(0, s));
   EXPECT_NO_THROW(rt().record_event(event.get(), 0, s));
   rt().synchronize_event(event.get());
+}
+
+TEST_F(CudaRuntimeTest, ASideStreamForksAndJoinsInsideACaptureThroughEvents) {
+  const StreamId main_stream = new_stream(0);
+  const StreamId side = new_stream(0);
+  auto fork = make_event(0, false);
+  auto join = make_event(0, false);
+  ASSERT_CUDA(cudaSetDevice(0));
+  ASSERT_CUDA(cudaStreamBeginCapture(native(0, main_stream), cudaStreamCaptureModeGlobal));
+  cudaError_t end_status = cudaErrorUnknown;
+  {
+    CaptureEnder ender{native(0, main_stream), &end_status};
+    EXPECT_NO_THROW(rt().record_event(fork.get(), 0, main_stream));
+    EXPECT_NO_THROW(rt().stream_wait_event(0, side, fork.get()));  // the side joins the capture
+    EXPECT_TRUE(rt().is_capturing(0, side));
+    EXPECT_NO_THROW(rt().record_event(join.get(), 0, side));
+    EXPECT_NO_THROW(rt().stream_wait_event(0, main_stream, join.get()));
+  }
+  EXPECT_EQ(end_status, cudaSuccess) << cudaGetErrorName(end_status);
+  // Recorded again outside a capture, the events are ordinary again.
+  rt().record_event(fork.get(), 0, main_stream);
+  rt().synchronize_event(fork.get());
+  EXPECT_TRUE(rt().query_event(fork.get()));
+}
+
+TEST_F(CudaRuntimeTest, SynchronizingTheDeviceLeavesAnotherStreamsCaptureIntact) {
+  const StreamId capturing = new_stream(0);
+  const StreamId busy = new_stream(0);
+  std::atomic<int64_t> done{0};
+  ASSERT_CUDA(cudaSetDevice(0));
+  ASSERT_CUDA(enqueue_sleep(native(0, busy), 20));
+  ASSERT_CUDA(cudaLaunchHostFunc(native(0, busy), stamp_host_fn, &done));
+  ASSERT_CUDA(cudaStreamBeginCapture(native(0, capturing), cudaStreamCaptureModeGlobal));
+  cudaError_t end_status = cudaErrorUnknown;
+  {
+    CaptureEnder ender{native(0, capturing), &end_status};
+    EXPECT_NO_THROW(rt().synchronize_device(0));  // (as immediate mode does around every brick)
+    EXPECT_NE(done.load(), 0) << "the other streams' work was waited for";
+  }
+  EXPECT_EQ(end_status, cudaSuccess)
+      << "the synchronize invalidated the capture: " << cudaGetErrorName(end_status);
 }
 
 TEST_F(CudaRuntimeTest, LegacyStreamCountsAsCapturingDuringABlockingCapture) {
