@@ -403,7 +403,10 @@ class CudaRuntime final : public Runtime {
     for (StreamId id = 0; id < count; ++id) {
       const cudaStream_t handle = stream_handle(device, id);
       if (std::find(capturing.begin(), capturing.end(), handle) != capturing.end()) continue;
-      check(cudaStreamSynchronize(handle), "synchronizing stream " + std::to_string(id), device);
+      const cudaError_t status = cudaStreamSynchronize(handle);
+      if (status != cudaSuccess) {
+        throw_cuda(status, "synchronizing stream " + std::to_string(id), device);
+      }
     }
   }
 
