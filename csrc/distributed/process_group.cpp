@@ -1,15 +1,18 @@
 #include "distributed/process_group.h"
 
 #include <ATen/core/ivalue.h>
+#include <c10/core/StreamGuard.h>
 #include <c10/util/Exception.h>
 
 #include <chrono>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <utility>
 
 #include "backend/backend.h"
 #include "backend/backing.h"
+#include "backend/errors.h"
 #include "runtime/launch_observer.h"
 
 namespace brick::distributed {
@@ -65,16 +68,20 @@ class BrickWork final : public c10d::Work {
  public:
   // `inner_future`: the engine Work's future, null for a Work without one (getFuture() then
   // says so when asked).
+  // `device_future`: on CUDA backing, the collective's future on the brick device, already
+  // completed on a brick stream that waits for the engine (see order_after_engine); otherwise
+  // null, and the future completes when the engine's does.
   BrickWork(c10::intrusive_ptr<c10d::Work> inner,
             const c10::intrusive_ptr<c10::ivalue::Future>& inner_future,
-            std::vector<at::Tensor> outputs, std::optional<c10::DeviceIndex> brick_device, int rank,
-            std::string where)
+            c10::intrusive_ptr<c10::ivalue::Future> device_future, std::vector<at::Tensor> outputs,
+            std::optional<c10::DeviceIndex> brick_device, int rank, std::string where)
       : Work(rank, inner->retrieveOpType()),
         inner_(std::move(inner)),
         outputs_(std::move(outputs)),
         brick_device_(brick_device),
-        where_(std::move(where)) {
-    if (!inner_future) return;
+        where_(std::move(where)),
+        future_(std::move(device_future)) {
+    if (future_ || !inner_future) return;
     future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors());
     inner_future->addCallback([future = future_, outputs = outputs_](c10::ivalue::Future& done) {
       if (done.hasError()) {
@@ -126,21 +133,61 @@ class BrickWork final : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
+// A collective on CUDA backing, timed on the device: NCCL completes its Work's future when it
+// enqueues, so the time from enqueue to that completion would be the enqueue's. Two brick events
+// bound it instead: `start` on the caller's stream before the enqueue (NCCL's stream waits for
+// that stream), `done` on a side stream that waits for NCCL's own completion events.
+struct DeviceTiming {
+  CollectiveCounter* counter;
+  runtime::LaunchObserver* observer;  // (with `launch`) the device activity to report, if any
+  runtime::Launch launch;
+  c10::DeviceIndex device;
+  runtime::Event* start;
+  runtime::Event* done;
+
+  bool completed() const { return backend::rt().query_event(done); }
+  // Accounts the collective (its counter, its device activity) and frees the events. Once.
+  void settle() noexcept {
+    try {
+      const double ms = backend::rt().elapsed_ms(start, done);
+      const auto ns = static_cast<int64_t>(ms * 1e6);
+      counter->time_ns.fetch_add(ns, std::memory_order_relaxed);
+      counter->timed_calls.fetch_add(1, std::memory_order_relaxed);
+      if (observer != nullptr) observer->collective_done(launch, ns);
+    } catch (...) {  // a failed collective: its Work reports it; it is just not timed
+    }
+    backend::rt().destroy_event(start);
+    backend::rt().destroy_event(done);
+  }
+};
+
 // The engine Works not known to be finished: what wait_for_collectives() waits for. A lock per
 // collective (milliseconds of communication each), never per op.
 struct InFlight {
   c10::intrusive_ptr<c10d::Work> work;
   c10::intrusive_ptr<c10::ivalue::Future> timed;  // completes once the collective is accounted
-  bool done() const { return work->isCompleted() && (!timed || timed->completed()); }
+  std::shared_ptr<DeviceTiming> device_timing;    // CUDA backing: settled once done
+  bool done() const {
+    return work->isCompleted() && (!timed || timed->completed()) &&
+           (!device_timing || device_timing->completed());
+  }
 };
 std::mutex g_in_flight_mutex;
 std::vector<InFlight> g_in_flight;
 
-void track_in_flight(const c10::intrusive_ptr<c10d::Work>& work,
-                     const c10::intrusive_ptr<c10::ivalue::Future>& timed) {
+void track_in_flight(InFlight in_flight) {
   std::lock_guard<std::mutex> lock(g_in_flight_mutex);
-  std::erase_if(g_in_flight, [](const InFlight& w) { return w.done(); });
-  g_in_flight.push_back(InFlight{work, timed});
+  std::erase_if(g_in_flight, [](const InFlight& w) {
+    bool finished = false;
+    try {
+      finished = w.done();
+    } catch (...) {  // a failed collective: reported by its own Work, settled below
+      finished = true;
+    }
+    if (finished && w.device_timing) w.device_timing->settle();
+    return finished;
+  });
+  g_in_flight.push_back(std::move(in_flight));
 }
 
 }  // namespace
@@ -155,8 +202,10 @@ size_t wait_for_collectives() {
     try {
       in_flight.work->wait();
       if (in_flight.timed) in_flight.timed->wait();
+      if (in_flight.device_timing) backend::rt().synchronize_event(in_flight.device_timing->done);
     } catch (...) {  // the collective's failure is reported by its own Work
     }
+    if (in_flight.device_timing) in_flight.device_timing->settle();
   }
   return works.size();
 }
@@ -195,6 +244,9 @@ struct BrickProcessGroup::Call {
     }
     if (counts_as_input) bytes += tensor.nbytes();
     if (!brick) return tensor;
+    // The engine gets aliases that do not own brick memory: the tensors themselves are held
+    // until the collective is done (see run()), whatever the caller drops meanwhile.
+    held.push_back(tensor);
     const c10::DeviceIndex device = tensor.device().index();
     if (!device_set) {
       // The rank's device is fixed by its first collective on brick tensors (as NCCL binds a
@@ -298,12 +350,22 @@ struct BrickProcessGroup::Call {
       observer->begin(launch);
       observer->queue(launch);
     }
+    const bool on_cuda = on_brick && backend::cuda_backing();
+    runtime::Event* start = nullptr;
+    if (on_cuda) {
+      start = backend::runtime_call([&] { return backend::rt().create_event(brick_device, true); });
+      BRICK_RUNTIME_CALL(backend::rt().record_event(start, brick_device,
+                                                    backend::rt().current_stream(brick_device)));
+    }
     const int64_t enqueued_ns = steady_ns();
     c10::intrusive_ptr<c10d::Work> work;
-    {
+    try {
       std::optional<backend::BackingScope> scope;
       if (on_brick) scope.emplace(brick_device);
       work = engine_call(engine);
+    } catch (...) {
+      if (start != nullptr) backend::rt().destroy_event(start);
+      throw;
     }
     counter.calls.fetch_add(1, std::memory_order_relaxed);
     counter.bytes.fetch_add(bytes, std::memory_order_relaxed);
@@ -313,24 +375,77 @@ struct BrickProcessGroup::Call {
       future = work->getFuture();
     } catch (const c10::Error&) {  // an engine Work without a future: not timed
     }
+    if (on_cuda && future && future->completed()) {
+      // NCCL: completed at enqueue, with CUDA events on its stream (ProcessGroupNCCL).
+      auto timing = std::make_shared<DeviceTiming>(
+          DeviceTiming{&counter, observer, launch, brick_device, start, nullptr});
+      c10::intrusive_ptr<c10::ivalue::Future> device_future;
+      try {
+        device_future = order_after_engine(*future, results, *timing);
+      } catch (...) {
+        backend::rt().destroy_event(start);
+        throw;
+      }
+      track_in_flight(InFlight{work, nullptr, std::move(timing)});
+      return c10::make_intrusive<BrickWork>(
+          std::move(work), future, std::move(device_future), std::move(results),
+          std::optional<c10::DeviceIndex>(brick_device), pg.getRank(), where());
+    }
+    if (start != nullptr) backend::rt().destroy_event(start);  // an engine without that future
     c10::intrusive_ptr<c10::ivalue::Future> timed;
     if (future) {
+      // The engine completes the future when the collective is done (gloo: on its thread).
+      // The brick tensors stay alive until then: the callback holds them.
       timed = future->then(
-          [&counter, enqueued_ns, observer, launch](c10::ivalue::Future& done) {
+          [&counter, enqueued_ns, observer, launch,
+           held = std::move(held)](c10::ivalue::Future& done) {
             if (!done.hasError()) {
               counter.time_ns.fetch_add(steady_ns() - enqueued_ns, std::memory_order_relaxed);
               counter.timed_calls.fetch_add(1, std::memory_order_relaxed);
               if (observer != nullptr) observer->collective_done(launch);
             }
+            (void)held;
             return c10::IValue();
           },
           c10::NoneType::get());
     }
-    track_in_flight(work, timed);
+    track_in_flight(InFlight{work, timed, nullptr});
     if (!on_brick) return work;
-    return c10::make_intrusive<BrickWork>(std::move(work), future, std::move(results),
+    return c10::make_intrusive<BrickWork>(std::move(work), future, nullptr, std::move(results),
                                           std::optional<c10::DeviceIndex>(brick_device),
                                           pg.getRank(), where());
+  }
+
+  // CUDA backing: a pooled brick side stream is made to wait for the engine's completion events
+  // (no host wait: `engine_future` is complete, its events are on NCCL's stream), and on it
+  //  - `timing.done` is recorded (the collective's device time ends there),
+  //  - every brick tensor of the collective is recorded as in use (brick's record_stream: the
+  //    caching allocator reuses none of their memory before the side stream passes that point,
+  //    though the engine's aliases do not own it),
+  //  - the returned future, on the brick device, is completed: its wait() or then() orders the
+  //    caller's stream after the collective, as ProcessGroupNCCL's future does for cuda tensors.
+  c10::intrusive_ptr<c10::ivalue::Future> order_after_engine(c10::ivalue::Future& engine_future,
+                                                             const std::vector<at::Tensor>& values,
+                                                             DeviceTiming& timing) {
+    auto& rt = backend::rt();
+    const runtime::StreamId side = backend::pooled_brick_stream(brick_device, false);
+    const c10::Device device(backend::kBrick, brick_device);
+    // Brick's current stream (through brick's guard) and, in the scope, PyTorch's current CUDA
+    // stream are the side stream.
+    c10::StreamGuard on_side(c10::Stream(c10::Stream::UNSAFE, device, side));
+    {
+      backend::BackingScope scope(brick_device);
+      engine_future.wait();  // completed: the current CUDA stream waits for its events
+    }
+    timing.done = backend::runtime_call([&] { return rt.create_event(brick_device, true); });
+    BRICK_RUNTIME_CALL(rt.record_event(timing.done, brick_device, side));
+    for (const at::Tensor& tensor : held) {
+      backend::record_stream_use(tensor.storage().data_ptr(), brick_device, side);
+    }
+    auto device_future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors(),
+                                                                  std::vector<c10::Device>{device});
+    device_future->markCompleted(c10::IValue(values));  // brick events on the side stream
+    return device_future;
   }
 
   BrickProcessGroup& pg;
@@ -340,6 +455,7 @@ struct BrickProcessGroup::Call {
   bool device_set = false;
   c10::DeviceIndex brick_device = 0;  // of the brick tensors (barrier: the bound or current one)
   uint64_t bytes = 0;
+  std::vector<at::Tensor> held;  // the brick tensors: kept alive until the collective is done
 };
 
 namespace {

@@ -271,13 +271,14 @@ void ActivityRecorder::end(runtime::Launch& launch) noexcept {
   }
 }
 
-void ActivityRecorder::collective_done(const runtime::Launch& launch) noexcept {
+void ActivityRecorder::collective_done(const runtime::Launch& launch, int64_t device_ns) noexcept {
   if (!launch.recorded) return;
   try {
+    const int64_t end_ns = device_ns >= 0 ? launch.queued_ns + device_ns : unix_time_ns();
     DeviceActivity activity{launch.name,     launch.kind,      launch.device,
                             launch.stream,   launch.thread_id, launch.correlation,
                             launch.begin_ns, launch.queued_ns, launch.queued_ns,
-                            unix_time_ns(),  launch.bytes,     launch.group_size};
+                            end_ns,          launch.bytes,     launch.group_size};
     ThreadBuffer& buffer = tls_state.ensure_buffer();
     std::lock_guard<std::mutex> lock(buffer.mutex);
     buffer.records.push_back(PendingActivity{activity, nullptr, nullptr});

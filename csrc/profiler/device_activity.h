@@ -65,7 +65,7 @@ class ActivityRecorder final : public runtime::LaunchObserver {
   void begin(runtime::Launch& launch) noexcept override;
   void queue(runtime::Launch& launch) noexcept override;
   void end(runtime::Launch& launch) noexcept override;
-  void collective_done(const runtime::Launch& launch) noexcept override;
+  void collective_done(const runtime::Launch& launch, int64_t device_ns = -1) noexcept override;
 
  private:
   ActivityRecorder() = default;

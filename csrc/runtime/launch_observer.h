@@ -49,7 +49,9 @@ class LaunchObserver {
   virtual void begin(Launch& launch) noexcept = 0;
   virtual void queue(Launch& launch) noexcept = 0;
   virtual void end(Launch& launch) noexcept = 0;
-  virtual void collective_done(const Launch& launch) noexcept = 0;
+  // `device_ns`: the collective's time on the device from its enqueue, where the device
+  // measured it (CUDA events); -1: it completes now (gloo, seen complete on its thread).
+  virtual void collective_done(const Launch& launch, int64_t device_ns = -1) noexcept = 0;
 
  protected:
   ~LaunchObserver() = default;

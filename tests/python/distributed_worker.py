@@ -169,9 +169,35 @@ def collectives():
                          "input_kept": torch.equal(source.cpu(), base("cpu"))}
     results["reduce_ops"] = reduced
 
+    results["held"] = tensors_held_until_done(brick)
     dist.barrier()
     results["counters"] = torch_brickdev.distributed.collective_counters()
     dist.destroy_process_group()
+
+
+def tensors_held_until_done(device):
+    """An async collective whose caller drops its input at once: the engine works on aliases
+    that do not own brick memory, so brick must hold the tensor until the collective is done.
+    Rank 1 joins late, so rank 0's collective is still pending when it drops the input."""
+    import time
+
+    numel = 1 << 20
+    out = torch.empty(numel * WORLD, device=device)
+    torch.brick.synchronize(device)
+    if RANK == 1:
+        time.sleep(0.5)
+    before = torch.brick.memory_allocated(device)
+    source = torch.full((numel,), float(RANK + 1), device=device)
+    work = dist.all_gather_into_tensor(out, source, async_op=True)
+    del source
+    kept = torch.brick.memory_allocated(device) - before  # still held while pending
+    pending = not work.is_completed()
+    work.wait()
+    torch_brickdev.distributed.wait_for_collectives()
+    released = torch.brick.memory_allocated(device) - before
+    expected = torch.cat([torch.full((numel,), float(r + 1)) for r in range(WORLD)])
+    return {"pending": pending, "kept_bytes": kept, "released_bytes": released,
+            "input_bytes": numel * 4, "result_ok": torch.equal(out.cpu(), expected)}
 
 
 def training():
@@ -289,6 +315,33 @@ def nccl_on_cuda_backing():
 
     results.update(common_collectives(base, 8, both, broadcast_src=0))
     dist.barrier()
+
+    # The future orders the caller's stream after NCCL (its wait() does not block the host on a
+    # CUDA future): a big all_reduce's result read through the future alone is the reduced one.
+    brick = torch.device("brick", local)
+    numel = 1 << 24
+    big = torch.full((numel,), float(RANK + 1), device=brick)
+    future = dist.all_reduce(big, async_op=True).get_future()
+    reduced = future.wait()[0]
+    total = float(sum(range(1, WORLD + 1)))
+    results["future_orders_after_nccl"] = {
+        "brick": [[float(reduced.min().item()), float(reduced.max().item())]],
+        "cuda": [[total, total]]}
+    # Memory of a dropped input is not reused under NCCL: new tensors made right after on the
+    # same stream would take its block if brick did not hold it until NCCL's stream passes.
+    gathered = torch.empty(numel * WORLD, device=brick)
+    work = dist.all_gather_into_tensor(gathered, torch.full((numel,), float(RANK + 1), device=brick),
+                                       async_op=True)
+    scribbles = [torch.full((numel,), -7.0, device=brick) for _ in range(4)]
+    work.wait()
+    expected = torch.cat([torch.full((numel,), float(r + 1)) for r in range(WORLD)])
+    results["dropped_input_kept_for_nccl"] = {
+        "brick": [[bool(torch.equal(gathered.cpu(), expected))]], "cuda": [[True]]}
+    del scribbles
+    torch.brick.synchronize()
+    torch_brickdev.distributed.wait_for_collectives()
+    counters = torch_brickdev.distributed.collective_counters()
+    results["all_gather_device_ns"] = counters["all_gather_into_tensor"]["time_ns"]
 
     from torch.nn.parallel import DistributedDataParallel
 

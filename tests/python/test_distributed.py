@@ -61,6 +61,12 @@ def test_every_collective_on_brick_equals_gloo_on_the_cpu(tmp_path):
     assert set(ranks) == {0, 1}
     for rank, results in ranks.items():
         counters = results.pop("counters")
+        held = results.pop("held")
+        assert held["result_ok"], (rank, held)
+        if rank == 0:  # its collective waited for the late rank 1
+            assert held["pending"], held
+            assert held["kept_bytes"] >= held["input_bytes"], ("dropped input freed early", held)
+        assert held["released_bytes"] < held["input_bytes"], ("input never released", held)
         for name, reduced in results.pop("reduce_ops").items():
             assert reduced["all_reduce"] == reduced["expected"], (rank, name, reduced)
             assert reduced["reduce_scatter"] == reduced["expected_shard"], (rank, name, reduced)
@@ -288,6 +294,7 @@ def test_nccl_collectives_and_ddp_on_cuda_backed_brick_equal_plain_cuda(tmp_path
     assert set(ranks) == set(range(nproc))
     for rank, results in ranks.items():
         counters = results.pop("counters")
+        assert results.pop("all_gather_device_ns") > 0
         for name, both in results.items():
             assert both["brick"] == both["cuda"], (rank, name, both)
         assert counters["all_reduce"]["calls"] >= 5 and counters["all_reduce"]["group_size"] == nproc
