@@ -1,29 +1,96 @@
 // Autocast on brick: `torch.autocast("brick", dtype=torch.bfloat16 or torch.float16)` casts as
-// the CPU's autocast does.
+// the backing device's autocast does: the CPU's policy on the host runtime, CUDA's on CUDA
+// backing, so a brick run equals the backing device's under autocast too.
 //
-// The policy is the CPU's (aten/src/ATen/autocast_mode.cpp, AutocastCPU): the same ops run in
-// the lower-precision dtype, in float32, or in the widest input type, through PyTorch's own
-// autocast wrappers (KERNEL_PRIVATEUSEONE: the cast rules, the weight-cast cache and the
-// re-dispatch are PyTorch's). Every other op falls through, as on the CPU. The list is checked
-// against the CPU's registrations of the installed PyTorch by the tests, so a release that
-// changes the CPU's policy shows up as a failure, not as silently different casts.
-//
-// On CUDA backing brick applies the same CPU policy (torch.cuda's autocast casts more ops);
-// making it CUDA's there needs a GPU to verify.
+// The policies are PyTorch's own: its autocast wrappers (the cast rules, the weight-cast cache
+// and the re-dispatch), for the ops the backing device's autocast lists. CPU: the list below, as
+// AutocastCPU registers it (aten/src/ATen/autocast_mode.cpp). CUDA: the op lists PyTorch's header
+// publishes for backends to reuse (AT_FORALL_*, ATen/autocast_mode.h), which AutocastCUDA
+// registers, and binary_cross_entropy refused as CUDA refuses it. Every other op falls through.
+// Which policy applies is known once the runtime is chosen: it is registered then
+// (install_autocast_policy, called when the backing is decided, before any brick tensor exists).
+// The tests compare both lists with the installed PyTorch's AutocastCPU and AutocastCUDA
+// registrations, so a release that changes a policy shows up as a failure, not as silently
+// different casts.
+#include "backend/autocast.h"
+
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <torch/library.h>
 #include <torch/version.h>
 
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
 #define BRICK_TORCH_BEFORE_2_14 \
   (TORCH_VERSION_MAJOR < 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 14))
 
-namespace at::autocast {
+namespace brick::backend {
 namespace {
+
+using at::Tensor;  // (the AT_FORALL lists name ATen types unqualified)
+using c10::IntArrayRef;
+using c10::Scalar;
+using c10::ScalarType;
 
 TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) { m.fallback(torch::CppFunction::makeFallthrough()); }
 
-TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
+// What PyTorch's KERNEL macros register into (`m.impl(name, kernel)`): records each op's name
+// and, when installing, registers the kernel with the library.
+class PolicyRegistrar {
+ public:
+  explicit PolicyRegistrar(torch::Library* library) : library_(library) {}
+
+  template <typename Name, typename Kernel>
+  PolicyRegistrar& impl(Name&& name, Kernel&& kernel) {
+    names_.emplace_back(static_cast<const char*>(name));
+    if (library_ != nullptr) library_->impl(std::forward<Name>(name), std::forward<Kernel>(kernel));
+    return *this;
+  }
+
+  std::vector<std::string> names() && { return std::move(names_); }
+
+ private:
+  torch::Library* library_;
+  std::vector<std::string> names_;
+};
+
+Tensor binary_cross_entropy_banned(const Tensor&, const Tensor&, const std::optional<Tensor>&,
+                                   int64_t) {
+  TORCH_CHECK(
+      false,
+      "torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to "
+      "autocast.\nMany models use a sigmoid layer right before the binary cross entropy "
+      "layer.\nIn this case, combine the two layers using "
+      "torch.nn.functional.binary_cross_entropy_with_logits\nor torch.nn.BCEWithLogitsLoss. "
+      " binary_cross_entropy_with_logits and BCEWithLogits are\nsafe to autocast.");
+}
+
+// CUDA's policy (AutocastCUDA's registrations), for brick devices backed by CUDA devices.
+void cuda_policy(PolicyRegistrar& m) {
+#define BRICK_LOWER_PRECISION_FP(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, lower_precision_fp)
+#define BRICK_FP32(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32)
+#define BRICK_FP32_SET_OPT_DTYPE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32_set_opt_dtype)
+#define BRICK_PROMOTE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, promote)
+  AT_FORALL_LOWER_PRECISION_FP(BRICK_LOWER_PRECISION_FP)
+  KERNEL_PRIVATEUSEONE(cudnn_convolution, lower_precision_fp)
+  KERNEL_PRIVATEUSEONE(cudnn_convolution_transpose, lower_precision_fp)
+  AT_FORALL_FP32(BRICK_FP32)
+  AT_FORALL_FP32_SET_OPT_DTYPE(BRICK_FP32_SET_OPT_DTYPE)
+  AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE(KERNEL_DIFFERENT_REDISPATCH_SIGNATURE_PRIVATEUSEONE)
+  AT_FORALL_PROMOTE(BRICK_PROMOTE)
+#undef BRICK_LOWER_PRECISION_FP
+#undef BRICK_FP32
+#undef BRICK_FP32_SET_OPT_DTYPE
+#undef BRICK_PROMOTE
+  m.impl(TORCH_SELECTIVE_NAME("aten::binary_cross_entropy"),
+         TORCH_FN((&binary_cross_entropy_banned)));
+}
+
+// The CPU's policy (AutocastCPU's registrations), for brick devices backed by the host.
+void cpu_policy(PolicyRegistrar& m) {
   // lower_precision_fp
   KERNEL_PRIVATEUSEONE(conv1d, lower_precision_fp)
   KERNEL_PRIVATEUSEONE(conv1d, padding, lower_precision_fp)
@@ -168,4 +235,30 @@ TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
 }
 
 }  // namespace
-}  // namespace at::autocast
+
+void install_autocast_policy(bool cuda_backing) {
+  static std::once_flag installed;
+  std::call_once(installed, [cuda_backing] {
+    // Lives for the process, as TORCH_LIBRARY_IMPL's libraries do.
+    auto* library = new torch::Library(torch::Library::IMPL, "aten",
+                                       c10::DispatchKey::AutocastPrivateUse1, __FILE__, __LINE__);
+    PolicyRegistrar registrar(library);
+    if (cuda_backing) {
+      cuda_policy(registrar);
+    } else {
+      cpu_policy(registrar);
+    }
+  });
+}
+
+std::vector<std::string> autocast_policy_ops(bool cuda_backing) {
+  PolicyRegistrar recorder(nullptr);
+  if (cuda_backing) {
+    cuda_policy(recorder);
+  } else {
+    cpu_policy(recorder);
+  }
+  return std::move(recorder).names();
+}
+
+}  // namespace brick::backend

@@ -18,6 +18,7 @@
 #include <array>
 #include <mutex>
 
+#include "backend/autocast.h"
 #include "backend/backend.h"
 #include "backend/backing.h"
 #include "backend/errors.h"
@@ -37,6 +38,9 @@ bool decide_cuda_backing() {
   // lazily (torch.cuda.init, CUDAHooks::init); it runs once per process, before the answer is
   // published, so no brick op can reach CUDA first.
   if (is_cuda) at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
+  // Autocast on brick casts as the backing device's autocast does (before any brick tensor
+  // exists: the first one is allocated after this answer).
+  install_autocast_policy(is_cuda);
   g_cuda_backing.store(is_cuda ? 1 : 0, std::memory_order_relaxed);
   return is_cuda;
 }

@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/Generator.h>
 
+#include "backend/autocast.h"
 #include "backend/backend.h"
 #include "backend/backing.h"
 #include "backend/errors.h"
@@ -64,6 +65,7 @@ PYBIND11_MODULE(_C, m) {
     const c10::Stream cuda = brick::backend::backing_cuda_stream(index, stream_id);
     return py::make_tuple(cuda.id(), static_cast<int>(cuda.device_index()));
   });
+  m.def("_autocast_policy_ops", &brick::backend::autocast_policy_ops, py::arg("cuda_backing"));
   m.def("_device_count", [] { return rt().device_count(); });
   m.def("_devices_in_use", [] {
     // The brick devices this process has used: every one on the host; on CUDA backing those

@@ -10,6 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import torch_brickdev
+
 LOWER = [torch.bfloat16, torch.float16]
 
 
@@ -18,11 +20,29 @@ def _ops_with_kernel(key: str) -> set:
             if name.startswith("aten::") and torch._C._dispatch_has_kernel_for_dispatch_key(name, key)}
 
 
-def test_brick_autocasts_exactly_the_ops_the_cpu_autocasts():
-    # A PyTorch release that changes the CPU's policy fails here, naming the ops.
-    cpu, brick = _ops_with_kernel("AutocastCPU"), _ops_with_kernel("AutocastPrivateUse1")
-    assert len(cpu) > 100
-    assert brick == cpu, {"cpu only": sorted(cpu - brick), "brick only": sorted(brick - cpu)}
+def _names(ops) -> set:
+    return {name[:-len(".default")] if name.endswith(".default") else name for name in ops}
+
+
+def test_brick_autocasts_exactly_the_ops_its_backing_device_autocasts():
+    # The policy is registered when the backing is decided (the first brick tensor): the CPU's
+    # on the host runtime, CUDA's on CUDA backing. A release that changes it fails here.
+    torch.ones(1, device="brick")
+    backing = "AutocastCUDA" if torch_brickdev.backing_device_type() == "cuda" else "AutocastCPU"
+    expected, brick = _ops_with_kernel(backing), _ops_with_kernel("AutocastPrivateUse1")
+    assert len(expected) > 100
+    assert brick == expected, {"backing only": sorted(expected - brick),
+                               "brick only": sorted(brick - expected)}
+
+
+@pytest.mark.parametrize("cuda_backing, key", [(False, "AutocastCPU"), (True, "AutocastCUDA")])
+def test_each_backings_policy_lists_exactly_the_ops_its_autocast_registers(cuda_backing, key):
+    """Both policies are checked on every machine (PyTorch registers AutocastCUDA's kernels in
+    CPU builds too), so CUDA's list is known right before a GPU ever runs it."""
+    listed = _names(torch_brickdev._C._autocast_policy_ops(cuda_backing))
+    registered = _ops_with_kernel(key)
+    assert listed == registered, {"registered only": sorted(registered - listed),
+                                  "listed only": sorted(listed - registered)}
 
 
 def test_device_module_answers_for_autocast():

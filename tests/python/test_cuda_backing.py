@@ -328,3 +328,27 @@ def test_a_child_forked_after_cuda_backed_brick_was_used_is_a_bad_fork():
     assert lines[0] == "bad fork", lines
     assert "forked after brick used its cuda runtime" in lines[1] and "'spawn'" in lines[1], lines
     assert not torch.brick._is_in_bad_fork()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_autocast_on_brick_casts_as_cuda_autocast(dtype):
+    """On CUDA backing brick takes CUDA's autocast policy (softmax, layer_norm, exp in float32;
+    matmuls and convolutions in the lower dtype), so results equal torch.autocast("cuda")."""
+    torch.manual_seed(0)
+    x, w, img, kernel = (torch.randn(8, 32), torch.randn(32, 16), torch.randn(2, 3, 16, 16),
+                         torch.randn(4, 3, 3, 3))
+
+    def compute(device):
+        with torch.autocast(device.split(":")[0], dtype=dtype):
+            a, b = x.to(device), w.to(device)
+            h = a @ b
+            out = {"mm": h, "softmax": torch.softmax(h, -1), "exp": torch.exp(h.float()),
+                   "layer_norm": torch.nn.functional.layer_norm(h, (16,)),
+                   "conv": torch.nn.functional.conv2d(img.to(device), kernel.to(device)),
+                   "sum": h.sum()}
+        return {k: v.to("cpu") for k, v in out.items()}
+
+    got, want = compute("brick"), compute("cuda")
+    for name in want:
+        assert got[name].dtype == want[name].dtype, (name, got[name].dtype, want[name].dtype)
+        torch.testing.assert_close(got[name], want[name], rtol=1e-3, atol=1e-3, msg=name)
