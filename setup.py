@@ -4,6 +4,8 @@ Environment:
   BRICK_BUILD_DIR      CMake build folder (default: build/release), kept between builds.
   BRICK_BUILD_TESTS=1  also build the GoogleTest suites (run them with ctest in that folder).
   BRICK_BUILD_TYPE     CMake build type (default: Release).
+  BRICK_CMAKE_ARGS     more CMake arguments, separated by spaces (e.g.
+                       -DBRICK_GTEST_SOURCE_DIR=... where no GoogleTest is installed).
 """
 
 import os
@@ -33,6 +35,7 @@ class CMakeBuild(build_ext):
             f"-DPython_EXECUTABLE={sys.executable}",
             f"-DCMAKE_BUILD_TYPE={os.environ.get('BRICK_BUILD_TYPE', 'Release')}",
             f"-DBRICK_BUILD_TESTS={'ON' if os.environ.get('BRICK_BUILD_TESTS') == '1' else 'OFF'}",
+            *os.environ.get("BRICK_CMAKE_ARGS", "").split(),
         ]
         subprocess.check_call(configure, cwd=build_dir)
         jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))

@@ -9,14 +9,18 @@
 #   scripts/run.sh torch-lane VERSION  build and run GoogleTest and pytest against another PyTorch
 #                            release in its own virtual environment (`test` runs it for
 #                            $BRICK_TORCH_LANES, default 2.14.1; BRICK_TORCH_LANES= skips it)
-#   scripts/run.sh gpu [STEP...]  on a machine with an NVIDIA GPU and a CUDA build of PyTorch (no
-#                            network needed): build with every core, then the CUDA GoogleTests,
-#                            the CUDA-backing tests, the whole pytest suite, the decode demo on
-#                            CUDA-backed brick in event/immediate/deferred mode, bench_cuda.py
-#                            and bench_distributed.py (NCCL);
-#                            each step bounded in time, its log in $BRICK_LOG_DIR (default
-#                            build/gpu-logs), one summary line per step. STEPs: build gtest cuda
-#                            pytest demo bench (default: all, in that order)
+#   scripts/run.sh gpu       the GPU machine's job (docs/gpu-job.md), one command within 8 minutes,
+#                            no network: preflight, build with every core, a smoke step, the
+#                            GoogleTests, test_cuda_backing.py, the demo in event mode,
+#                            bench_cuda.py; each step bounded, logs in $BRICK_LOG_DIR (default
+#                            build/gpu-logs), one summary line per step. `gpu --more`: the rest
+#                            (other sync modes, NCCL, the whole suite). `gpu --rehearse`: the same
+#                            job here on the host runtime (`test` runs it).
+#   scripts/run.sh gpu-prepare  copies what the GPU machine lacks (GoogleTest's sources) into
+#                            build/carry/ for the device tool to carry
+#   scripts/run.sh compile-lane VERSION  compiles everything against another PyTorch release's
+#                            headers without importing it (`test` runs it for 2.11.0, the GPU
+#                            machines' release: $BRICK_COMPILE_LANES)
 #
 # Uses the torch already installed, else installs torch==2.13.0 (never an open-ended torch).
 set -euo pipefail
@@ -134,6 +138,51 @@ torch_lane() {
   )
 }
 
+# Compiles the extension, its bindings and every C++ test against another PyTorch release's
+# headers (and links against its libraries), without importing it: for the release the GPU
+# machines have (2.11.0, CUDA 13), which cannot be imported here. The wheel comes pinned and
+# without dependencies; only its include/ and the libraries brick links are unpacked.
+compile_lane() {
+  local version=$1 lane="$PWD/build/compile-$1"
+  log "compile lane: torch==$version headers ($lane)"
+  if [ ! -f "$lane/torch/include/ATen/ATen.h" ]; then
+    rm -rf "$lane" && mkdir -p "$lane/wheel"
+    "$PYTHON" -m pip download -q --no-deps --only-binary=:all: -d "$lane/wheel" "torch==$version"
+    "$PYTHON" - "$lane" <<'PY'
+import pathlib, sys, zipfile
+lane = pathlib.Path(sys.argv[1])
+wheel = next((lane / "wheel").glob("torch-*.whl"))
+libs = {f"torch/lib/{name}" for name in
+        ("libtorch.so", "libtorch_cpu.so", "libc10.so", "libtorch_python.so")}
+with zipfile.ZipFile(wheel) as archive:
+    for name in archive.namelist():
+        if name.startswith("torch/include/") or name in libs:
+            archive.extract(name, lane)
+PY
+    rm -rf "$lane/wheel"
+  fi
+  # Links need not resolve the libraries' own CUDA dependencies: nothing built here runs.
+  cmake -S . -B "$lane/build" -G Ninja -DPython_EXECUTABLE="$(command -v "$PYTHON")" \
+    -DBRICK_TORCH_DIR="$lane/torch" -DBRICK_BUILD_TESTS=ON -DBRICK_WITH_CUDA=ON \
+    -DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined \
+    -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST -DCMAKE_CXX_FLAGS=-Werror >"$lane/configure.log" || { cat "$lane/configure.log"; return 1; }
+  grep -E "^-- (brick|torch.profiler)" "$lane/configure.log"
+  cmake --build "$lane/build"
+  log "compile lane torch==$version: every target compiled without a warning"
+}
+
+# On a machine with the CUDA toolkit the CUDA runtime must have been built: CMake drops it
+# silently where it finds no toolkit, which would leave the CUDA code untested here.
+check_cuda_runtime_built() {
+  if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
+    "$PYTHON" -c "import torch_brickdev, sys; sys.exit(not torch_brickdev._C._built_with_cuda())" || {
+      echo "the CUDA toolkit is installed but torch_brickdev was built without its CUDA runtime" >&2
+      exit 1
+    }
+    echo "CUDA runtime built (CUDA toolkit found)"
+  fi
+}
+
 build() {
   log "building torch_brickdev (CMake, $BUILD_DIR)"
   BRICK_BUILD_TESTS=${1:-0} "$PYTHON" -m pip install -q --no-build-isolation --no-deps -e .
@@ -147,15 +196,39 @@ run_pytest() {
   (trap '' INT; exec "$PYTHON" -m pytest tests/python -q "$@")
 }
 
-# One step of the GPU job: `gpu_step NAME SECONDS command...` runs the command bounded in time,
-# its output in $logs/NAME.log, and prints (and appends to summary.txt) one line: the verdict, the
-# seconds it took and the log's last line (pytest's counts, the contract's verdict, ...).
+# ---- the GPU job (docs/gpu-job.md) -------------------------------------------------------------
+# The GPU machine is lent for 15 minutes in all, at most 10 per command, installs nothing and
+# reaches no network: one command, every step bounded, the whole job inside $BRICK_GPU_BUDGET_S
+# (480 s), its logs in $BRICK_LOG_DIR. `--rehearse` runs the same script here on the host runtime,
+# the GPU-only parts replaced by their host counterparts, so what would fail there fails here.
+
+GTEST_CARRIED=build/carry/googletest  # Debian's GoogleTest sources, carried to the GPU machine
+
+# Copies what the GPU machine lacks into the working tree (ignored paths the device tool carries).
+gpu_prepare() {
+  [ -f /usr/src/googletest/CMakeLists.txt ] || setup_system  # libgtest-dev ships the sources
+  rm -rf "$GTEST_CARRIED" && mkdir -p "$(dirname "$GTEST_CARRIED")"
+  cp -r /usr/src/googletest "$GTEST_CARRIED"
+  echo "gpu-prepare: $GTEST_CARRIED ($(du -sh "$GTEST_CARRIED" | cut -f1)); carry it with the job"
+}
+
+# `gpu_step NAME SECONDS command...`: the command bounded by SECONDS and by what is left of the
+# job's budget, its output in $logs/NAME.log; prints (and appends to summary.txt) one line: the
+# verdict, the seconds it took and the log's last line (pytest's counts, the contract's verdict...).
 gpu_step() {
-  local name=$1 limit=$2 start rc verdict
+  local name=$1 limit=$2 start rc verdict left
   shift 2
+  left=$((deadline - $(date +%s)))
+  [ "$left" -lt "$limit" ] && limit=$left
+  if [ "$limit" -le 5 ]; then
+    printf 'gpu %-16s %-22s %4ss  %s\n' "$name" "SKIPPED" 0 "out of the job's time budget" |
+      tee -a "$logs/summary.txt"
+    failures=$((failures + 1))
+    return
+  fi
   start=$(date +%s)
   set +e
-  timeout --kill-after=15 "$limit" "$@" >"$logs/$name.log" 2>&1
+  timeout --kill-after=10 "$limit" "$@" >"$logs/$name.log" 2>&1
   rc=$?
   set -e
   case $rc in
@@ -168,43 +241,119 @@ gpu_step() {
   [ $rc = 0 ] || failures=$((failures + 1))
 }
 
-gpu() {
-  logs=${BRICK_LOG_DIR:-$PWD/build/gpu-logs}
-  mkdir -p "$logs"
-  : >"$logs/summary.txt"
-  failures=0
-  local steps=("$@") cores
-  [ ${#steps[@]} -gt 0 ] || steps=(build gtest cuda pytest demo bench)
-  cores=$(nproc)
-  # No network there: nothing is installed, what is missing is said.
-  for tool in cmake nvidia-smi; do
-    command -v "$tool" >/dev/null || { echo "gpu: $tool not found" >&2; exit 1; }
+# What the job needs, checked before anything runs; what is missing is named, and the job stops.
+gpu_preflight() {
+  local missing=()
+  for tool in cmake timeout; do command -v "$tool" >/dev/null || missing+=("$tool (command)"); done
+  "$PYTHON" -c "import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))" ||
+    missing+=("Python.h (the Python headers)")
+  for module in torch pytest pytest_timeout setuptools; do
+    TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PYTHON" -c "import $module" 2>/dev/null || missing+=("$module (Python)")
   done
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$logs/gpu.txt"
-  "$PYTHON" -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda); \
-assert torch.cuda.is_available(), 'this PyTorch sees no CUDA GPU'" | tee -a "$logs/gpu.txt"
-  export BRICK_RUNTIME=cuda  # a build or machine that falls back to the host runtime fails loudly
-  for step in "${steps[@]}"; do
-    case $step in
-      build) gpu_step build 540 env BRICK_BUILD_TESTS=1 CMAKE_BUILD_PARALLEL_LEVEL="$cores" \
-        "$PYTHON" -m pip install --no-build-isolation --no-deps --no-index -e . ;;
-      gtest) gpu_step gtest 180 ctest --test-dir "$BRICK_BUILD_DIR" --output-on-failure -j "$cores" ;;
-      cuda) gpu_step cuda-tests 300 "$PYTHON" -m pytest tests/python/test_cuda_backing.py -q -rs ;;
-      pytest) gpu_step pytest 560 bash -c "trap '' INT; exec \"$PYTHON\" -m pytest tests/python -q --timeout 300" ;;
-      demo)
-        for mode in event immediate deferred; do
-          gpu_step "demo-$mode" 200 "$PYTHON" -m torch_brickdev demo --sync-mode "$mode" --runs 3 \
-            --no-progress -o "$logs/demo-$mode"
-        done ;;
-      bench)
-        gpu_step bench-cuda 400 "$PYTHON" benchmarks/bench_cuda.py
-        # NCCL on brick's memory vs plain cuda tensors: one rank per GPU.
-        gpu_step bench-distributed 300 "$PYTHON" benchmarks/bench_distributed.py \
-          --nproc "$(nvidia-smi -L | wc -l)" --rounds 7 ;;
-      *) echo "gpu: unknown step $step (build gtest cuda pytest demo bench)" >&2; exit 2 ;;
+  [ -f /usr/include/gtest/gtest.h ] || [ -f "$GTEST_CARRIED/CMakeLists.txt" ] ||
+    missing+=("GoogleTest (not installed, and $GTEST_CARRIED was not carried: scripts/run.sh gpu-prepare)")
+  if [ "$rehearse" = 0 ]; then
+    command -v nvidia-smi >/dev/null || missing+=("nvidia-smi")
+    command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ] || missing+=("nvcc (the CUDA toolkit)")
+    TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PYTHON" -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null ||
+      missing+=("a CUDA build of PyTorch that sees a GPU")
+  fi
+  {
+    [ "$rehearse" = 0 ] && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PYTHON" -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__, 'CUDA', torch.version.cuda)" 2>&1
+    (command -v nvcc >/dev/null && nvcc --version | tail -n 2 | head -n 1) || true
+    echo "cores $(nproc)"
+  } | tee "$logs/machine.txt"
+  if [ ${#missing[@]} -gt 0 ]; then
+    printf 'gpu preflight: missing %s\n' "${missing[@]}" | tee -a "$logs/summary.txt" >&2
+    return 1
+  fi
+  echo "gpu preflight: ok" | tee -a "$logs/summary.txt"
+}
+
+# One bounded look at the device: the runtime, an allocation, one op checked against the CPU,
+# one event pair timed.
+GPU_SMOKE='
+import sys, torch, torch_brickdev
+want, need_cuda_build = sys.argv[1], sys.argv[2] == "1"
+assert torch_brickdev._C._built_with_cuda() or not need_cuda_build, "this build has no CUDA runtime"
+assert torch_brickdev.runtime_name() == want, (torch_brickdev.runtime_name(), torch_brickdev.runtime_note())
+x = torch.arange(1024, dtype=torch.float32, device="brick")
+start, end = torch.brick.Event(enable_timing=True), torch.brick.Event(enable_timing=True)
+start.record(); y = (x * 2 + 1).sum(); end.record(); end.synchronize()
+assert y.item() == float((torch.arange(1024.0) * 2 + 1).sum()), y.item()
+print("smoke: ok:", torch_brickdev.runtime_note(), "| backing", torch_brickdev.backing_device_type(),
+      "| one op timed by an event pair: %.3f ms" % start.elapsed_time(end))
+'
+
+gpu() {
+  rehearse=0
+  local more=0 arg
+  for arg in "$@"; do
+    case $arg in
+      --rehearse) rehearse=1 ;;
+      --more) more=1 ;;
+      *) echo "usage: scripts/run.sh gpu [--rehearse] [--more]" >&2; exit 2 ;;
     esac
   done
-  echo "gpu: $failures step(s) failed; logs in $logs"
+  logs=${BRICK_LOG_DIR:-$PWD/build/gpu-logs}
+  rm -rf "$logs" && mkdir -p "$logs"
+  : >"$logs/summary.txt"
+  failures=0
+  deadline=$(($(date +%s) + ${BRICK_GPU_BUDGET_S:-480}))
+  local cores runtime=cuda cmake_args build_dir=$PWD/build/gpu
+  cores=$(nproc)
+  [ "$rehearse" = 1 ] && runtime=host build_dir=$PWD/build/gpu-rehearsal
+  gpu_preflight || exit 1
+  cmake_args=""
+  if [ ! -f /usr/include/gtest/gtest.h ] || [ "$rehearse" = 1 ]; then
+    # The rehearsal builds GoogleTest from the carried sources too, as the GPU machine must.
+    cmake_args="-DBRICK_GTEST_SOURCE_DIR=$PWD/$GTEST_CARRIED -DCMAKE_DISABLE_FIND_PACKAGE_GTest=ON"
+  fi
+  export BRICK_RUNTIME=$runtime  # a build or machine that falls back to the host fails loudly
+  [ "$rehearse" = 1 ] && export BRICK_HOST_COMPLETION=deferred  # events complete later, as on a GPU
+  export BRICK_BUILD_DIR=$build_dir
+  local pytest=("$PYTHON" -m pytest -q -rs -p no:cacheprovider --timeout 120)
+  if [ "$more" = 0 ]; then
+    gpu_step build 300 env BRICK_BUILD_TESTS=1 CMAKE_BUILD_PARALLEL_LEVEL="$cores" \
+      BRICK_CMAKE_ARGS="$cmake_args" "$PYTHON" -m pip install --no-build-isolation --no-deps --no-index -e .
+    if [ "$failures" != 0 ]; then  # every later step would test an older build, or none
+      echo "gpu: the build failed (its log: $logs/build.log); nothing else was run" | tee -a "$logs/summary.txt"
+      return 1
+    fi
+    local need_cuda_build=1  # (a rehearsal where no CUDA toolkit is installed builds without it)
+    [ "$rehearse" = 1 ] && ! command -v nvcc >/dev/null && need_cuda_build=0
+    gpu_step smoke 60 "$PYTHON" -c "$GPU_SMOKE" "$runtime" "$need_cuda_build"
+    gpu_step gtest 150 ctest --test-dir "$build_dir" --output-on-failure --no-tests=error -j "$cores" \
+      --timeout 100
+    if [ "$rehearse" = 1 ]; then  # the profilers' asynchronous paths, as the CUDA runtime takes them
+      gpu_step cuda-tests 240 "${pytest[@]}" tests/python/test_cuda_backing.py tests/python/test_async_events.py
+    else
+      gpu_step cuda-tests 240 "${pytest[@]}" tests/python/test_cuda_backing.py
+    fi
+    gpu_step demo-event 120 "$PYTHON" -m torch_brickdev demo --sync-mode event --runs 3 \
+      --no-progress -o "$logs/demo-event"
+    if [ "$rehearse" = 1 ]; then  # bench_cuda.py only notes that no GPU backs brick here
+      gpu_step bench 120 "$PYTHON" benchmarks/bench_profiler.py --rounds 1 --iterations 200 \
+        --report-ops 2000 --no-instructions
+    else
+      gpu_step bench-cuda 150 "$PYTHON" benchmarks/bench_cuda.py --rounds 3 --tokens 32
+    fi
+  else  # the second, optional command: the rest, if device time remains
+    for mode in immediate deferred; do
+      gpu_step "demo-$mode" 90 "$PYTHON" -m torch_brickdev demo --sync-mode "$mode" --runs 3 \
+        --no-progress -o "$logs/demo-$mode"
+    done
+    gpu_step distributed 150 "${pytest[@]}" tests/python/test_distributed.py -k nccl
+    [ "$rehearse" = 0 ] && gpu_step bench-distributed 120 "$PYTHON" benchmarks/bench_distributed.py \
+      --nproc "$(nvidia-smi -L | wc -l)" --rounds 5
+    gpu_step pytest-all 240 bash -c "trap '' INT; exec ${pytest[*]} tests/python -x"
+  fi
+  # Every step left its log and its summary line: a log that would not come back is found here.
+  local step_lines
+  step_lines=$(grep -c '^gpu ' "$logs/summary.txt" || true)
+  for log in "$logs"/*.log; do [ -s "$log" ] || { echo "gpu: empty log $log" >&2; failures=$((failures + 1)); }; done
+  echo "gpu: $step_lines step(s), $failures failed; logs in $logs" | tee -a "$logs/summary.txt"
   [ "$failures" = 0 ]
 }
 
@@ -220,11 +369,16 @@ case "$job" in
     log "clang-format check"
     clang-format --dry-run -Werror csrc/*/*.h csrc/*/*.cpp tests/cpp/*.h tests/cpp/*.cpp benchmarks/*.cpp
     build 1
+    check_cuda_runtime_built
     log "GoogleTest (CTest)"
     ctest --test-dir "$BRICK_BUILD_DIR" --output-on-failure -j 2
     log "pytest (SIGINT ignored)"
     run_pytest "${@:2}"
+    log "the GPU job, rehearsed on the host runtime"
+    gpu_prepare
+    (gpu --rehearse)  # its own environment (runtime, build folder) ends with it
     if [ "${BRICK_SKIP_SANITIZERS:-0}" != 1 ]; then sanitize; fi
+    for version in ${BRICK_COMPILE_LANES-2.11.0}; do compile_lane "$version"; done
     for version in ${BRICK_TORCH_LANES-2.14.1}; do torch_lane "$version" "${@:2}"; done
     ;;
   sanitize)
@@ -263,8 +417,15 @@ case "$job" in
   gpu)
     gpu "${@:2}"
     ;;
+  gpu-prepare)
+    gpu_prepare
+    ;;
+  compile-lane)
+    [ -n "${2:-}" ] || { echo "usage: scripts/run.sh compile-lane VERSION" >&2; exit 2; }
+    setup_system; compile_lane "$2"
+    ;;
   *)
-    echo "usage: scripts/run.sh demo|test|bench|sanitize|torch-lane|gpu [args...]" >&2
+    echo "usage: scripts/run.sh demo|test|bench|sanitize|torch-lane|compile-lane|gpu|gpu-prepare [args...]" >&2
     exit 2
     ;;
 esac

@@ -30,10 +30,7 @@
 namespace brick::backend {
 namespace {
 
-using at::Tensor;  // (the AT_FORALL lists name ATen types unqualified)
-using c10::IntArrayRef;
-using c10::Scalar;
-using c10::ScalarType;
+using at::Tensor;
 
 TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) { m.fallback(torch::CppFunction::makeFallthrough()); }
 
@@ -70,6 +67,7 @@ Tensor binary_cross_entropy_banned(const Tensor&, const Tensor&, const std::opti
 
 // CUDA's policy (AutocastCUDA's registrations), for brick devices backed by CUDA devices.
 void cuda_policy(PolicyRegistrar& m) {
+  using namespace at;  // NOLINT: the AT_FORALL lists name ATen types unqualified (Scalar, ...)
 #define BRICK_LOWER_PRECISION_FP(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, lower_precision_fp)
 #define BRICK_FP32(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32)
 #define BRICK_FP32_SET_OPT_DTYPE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32_set_opt_dtype)

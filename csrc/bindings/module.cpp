@@ -51,6 +51,13 @@ PYBIND11_MODULE(_C, m) {
   brick::backend::ensure_registered();
 
   m.def("_runtime_name", [] { return std::string(rt().name()); });
+  // Whether this build has the CUDA runtime (built where the CUDA toolkit was found; CI checks
+  // that a machine with the toolkit really built it).
+#if BRICK_WITH_CUDA
+  m.def("_built_with_cuda", [] { return true; });
+#else
+  m.def("_built_with_cuda", [] { return false; });
+#endif
   m.def("_backing_device_type", [] {
     return std::string(
         c10::DeviceTypeName(brick::backend::backing_device_type(), /*lower_case=*/true));
