@@ -85,6 +85,7 @@ void bind_profiler(py::module_& parent) {
     d["pending_events"] = h.pending_events;
     d["live_events"] = h.live_events;
     d["capture_skipped"] = h.capture_skipped;
+    d["stub_capture_skipped"] = h.stub_capture_skipped;
     d["stub_failures"] = h.stub_failures;
     // Records that resets discarded: with stats()' counts, every call made is accounted for.
     d["discarded_by_reset"] = profiler::brick_registry().discarded_by_reset();

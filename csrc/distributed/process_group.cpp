@@ -167,6 +167,10 @@ struct InFlight {
   c10::intrusive_ptr<c10d::Work> work;
   c10::intrusive_ptr<c10::ivalue::Future> timed;  // completes once the collective is accounted
   std::shared_ptr<DeviceTiming> device_timing;    // CUDA backing: settled once done
+  // The collective's brick tensors: the engine works on aliases that do not own their memory.
+  // Released once it is done, on a thread that calls into brick (never on the engine's own:
+  // the last reference to a tensor can drop its Python object, which needs the interpreter).
+  std::vector<at::Tensor> held;
   bool done() const {
     return work->isCompleted() && (!timed || timed->completed()) &&
            (!device_timing || device_timing->completed());
@@ -176,18 +180,26 @@ std::mutex g_in_flight_mutex;
 std::vector<InFlight> g_in_flight;
 
 void track_in_flight(InFlight in_flight) {
-  std::lock_guard<std::mutex> lock(g_in_flight_mutex);
-  std::erase_if(g_in_flight, [](const InFlight& w) {
-    bool finished = false;
-    try {
-      finished = w.done();
-    } catch (...) {  // a failed collective: reported by its own Work, settled below
-      finished = true;
+  std::vector<InFlight> finished;  // released after the lock (see InFlight::held)
+  {
+    std::lock_guard<std::mutex> lock(g_in_flight_mutex);
+    for (auto it = g_in_flight.begin(); it != g_in_flight.end();) {
+      bool done = false;
+      try {
+        done = it->done();
+      } catch (...) {  // a failed collective: reported by its own Work, settled here
+        done = true;
+      }
+      if (!done) {
+        ++it;
+        continue;
+      }
+      if (it->device_timing) it->device_timing->settle();
+      finished.push_back(std::move(*it));
+      it = g_in_flight.erase(it);
     }
-    if (finished && w.device_timing) w.device_timing->settle();
-    return finished;
-  });
-  g_in_flight.push_back(std::move(in_flight));
+    g_in_flight.push_back(std::move(in_flight));
+  }
 }
 
 }  // namespace
@@ -386,34 +398,38 @@ struct BrickProcessGroup::Call {
         backend::rt().destroy_event(start);
         throw;
       }
-      track_in_flight(InFlight{work, nullptr, std::move(timing)});
+      track_in_flight(InFlight{work, nullptr, std::move(timing), std::move(held)});
       return c10::make_intrusive<BrickWork>(
           std::move(work), future, std::move(device_future), std::move(results),
           std::optional<c10::DeviceIndex>(brick_device), pg.getRank(), where());
     }
     if (start != nullptr) backend::rt().destroy_event(start);  // an engine without that future
+    // The caller's Work first: its callback on the engine's future (which completes the brick
+    // future with the brick tensors) then runs, and is dropped, before the timing callback below
+    // completes `timed`; once `timed` has completed the engine's thread holds no brick tensor,
+    // so the in-flight entry, released on a caller's thread, holds the last references.
+    c10::intrusive_ptr<c10d::Work> caller_work = work;
+    if (on_brick) {
+      caller_work = c10::make_intrusive<BrickWork>(work, future, nullptr, std::move(results),
+                                                   std::optional<c10::DeviceIndex>(brick_device),
+                                                   pg.getRank(), where());
+    }
     c10::intrusive_ptr<c10::ivalue::Future> timed;
     if (future) {
       // The engine completes the future when the collective is done (gloo: on its thread).
-      // The brick tensors stay alive until then: the callback holds them.
       timed = future->then(
-          [&counter, enqueued_ns, observer, launch,
-           held = std::move(held)](c10::ivalue::Future& done) {
+          [&counter, enqueued_ns, observer, launch](c10::ivalue::Future& done) {
             if (!done.hasError()) {
               counter.time_ns.fetch_add(steady_ns() - enqueued_ns, std::memory_order_relaxed);
               counter.timed_calls.fetch_add(1, std::memory_order_relaxed);
               if (observer != nullptr) observer->collective_done(launch);
             }
-            (void)held;
             return c10::IValue();
           },
           c10::NoneType::get());
     }
-    track_in_flight(InFlight{work, timed, nullptr});
-    if (!on_brick) return work;
-    return c10::make_intrusive<BrickWork>(std::move(work), future, nullptr, std::move(results),
-                                          std::optional<c10::DeviceIndex>(brick_device),
-                                          pg.getRank(), where());
+    track_in_flight(InFlight{std::move(work), timed, nullptr, std::move(held)});
+    return caller_work;
   }
 
   // CUDA backing: a pooled brick side stream is made to wait for the engine's completion events

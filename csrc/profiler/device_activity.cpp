@@ -13,7 +13,7 @@
 #include <memory>
 #include <mutex>
 
-#include "profiler/event_pool.h"
+#include "profiler/device_timer.h"
 
 namespace brick::profiler {
 
@@ -25,12 +25,6 @@ struct PendingActivity {
   runtime::Event* end_event;
   bool failed = false;  // its events could not be read: dropped and counted by collect()
 };
-
-// A thread resolves its records whose events completed every kResolveEvery launches, and waits
-// for the oldest ones once more than kMaxOutstanding are unresolved, so the events a recording
-// holds stay bounded however long it runs (collect() would otherwise be the only release).
-constexpr size_t kResolveEvery = 256;
-constexpr size_t kMaxOutstanding = 4096;
 
 // One per thread that launched while recording; the registry keeps it (and its records) after
 // the thread exits, until collect() has drained it.
@@ -48,7 +42,7 @@ struct Registry {
   // Events that collect() released, per device, for any thread to reuse.
   std::vector<std::vector<runtime::Event*>> free_events;
   std::atomic<bool> recording{false};
-  std::atomic<uint64_t> capture_skipped{0};
+  std::atomic<uint64_t> capture_skipped_at_start{0};  // the timer's count when recording began
   std::atomic<uint64_t> failed{0};
 };
 
@@ -105,44 +99,30 @@ struct ThreadState {
 
 thread_local ThreadState tls_state;
 
-// The device interval of a launch on the steady clock: its start placed by the runtime
-// (event_host_time_ns, -1 until the event completed) and its end the start plus the device's own
-// measure of the interval between the two events (elapsed_ms), so the duration is the device's
-// even when the runtime places two events against different clock references. False while the
-// end has not completed; throws what the runtime throws.
-bool device_interval(runtime::Runtime& rt, const PendingActivity& record, int64_t* start,
-                     int64_t* end) {
-  *start = rt.event_host_time_ns(record.start_event);
-  if (*start < 0 || !rt.query_event(record.end_event)) return false;
-  const double ms = rt.elapsed_ms(record.start_event, record.end_event);
-  *end = *start + static_cast<int64_t>(std::llround(ms * 1e6));
-  return true;
-}
-
-// Resolves `record` (holding events) into device times on the Unix clock, waiting for its end
-// when `wait`; its events go to `released`. False when it has not completed and `wait` is false.
+// Resolves `record` (holding events) into device times on the Unix clock (its start placed on
+// the host clock, its end the start plus the device's measure of the interval), waiting for its
+// end when `wait`; its events go to `released`. False when it has not completed and `wait` is
+// false.
 bool resolve(runtime::Runtime& rt, PendingActivity& record, bool wait, int64_t unix_offset,
              std::vector<std::pair<int, runtime::Event*>>& released) {
-  int64_t start = -1;
-  int64_t end = -1;
+  DeviceInterval interval;
+  bool read = false;
   try {
-    if (!device_interval(rt, record, &start, &end)) {
-      if (!wait) return false;
-      rt.synchronize_event(record.end_event);
-      if (!device_interval(rt, record, &start, &end)) start = -1;
+    if (!read_interval(rt, record.start_event, record.end_event, wait, /*place=*/true, &interval)) {
+      return false;
     }
+    read = true;
   } catch (...) {
-    start = -1;
   }
   released.emplace_back(record.activity.device, record.start_event);
   released.emplace_back(record.activity.device, record.end_event);
   record.start_event = record.end_event = nullptr;
-  if (start < 0 || end < start) {
+  if (!read || interval.duration_ns < 0) {
     record.failed = true;
     return true;
   }
-  record.activity.start_ns = start + unix_offset;
-  record.activity.end_ns = end + unix_offset;
+  record.activity.start_ns = interval.start_ns + unix_offset;
+  record.activity.end_ns = interval.start_ns + interval.duration_ns + unix_offset;
   return true;
 }
 
@@ -179,7 +159,8 @@ ActivityRecorder& ActivityRecorder::instance() {
 void ActivityRecorder::start() {
   (void)collect();  // what an earlier recording left: dropped, its events reused
   Registry& r = registry();
-  r.capture_skipped.store(0, std::memory_order_relaxed);
+  r.capture_skipped_at_start.store(capture_skipped(TimingClient::DeviceActivity),
+                                   std::memory_order_relaxed);
   r.failed.store(0, std::memory_order_relaxed);
   r.recording.store(true, std::memory_order_release);
   runtime::set_launch_observer(this);
@@ -224,10 +205,9 @@ void ActivityRecorder::queue(runtime::Launch& launch) noexcept {
     }
     runtime::Runtime& rt = runtime::get();
     launch.stream = rt.current_stream(launch.device);
-    if (rt.asynchronous() && rt.is_capturing(launch.device, launch.stream)) {
-      // Recording an event on a capturing stream is illegal: the launch is counted, not timed.
-      registry().capture_skipped.fetch_add(1, std::memory_order_relaxed);
-      return;
+    if (rt.asynchronous() &&
+        skip_in_capture(rt, launch.device, launch.stream, TimingClient::DeviceActivity)) {
+      return;  // counted, not timed
     }
     if (!rt.asynchronous()) {
       // The work runs on this thread before the launch returns: the clock around it is the
@@ -308,7 +288,8 @@ CollectedActivities ActivityRecorder::collect() {
   }
 
   CollectedActivities out;
-  out.capture_skipped = r.capture_skipped.load(std::memory_order_relaxed);
+  out.capture_skipped = capture_skipped(TimingClient::DeviceActivity) -
+                        r.capture_skipped_at_start.load(std::memory_order_relaxed);
   out.failed = r.failed.load(std::memory_order_relaxed);
   out.activities.reserve(pending.size());
   runtime::Runtime& rt = runtime::get();

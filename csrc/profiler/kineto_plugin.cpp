@@ -32,6 +32,7 @@
 #include <utility>
 
 #include "profiler/device_activity.h"
+#include "profiler/device_timer.h"
 #include "runtime/runtime.h"
 
 namespace brick::profiler {
@@ -47,7 +48,6 @@ std::atomic<uint64_t> g_sessions_processed{0};
 std::atomic<uint64_t> g_next_launch_id{uint64_t{1} << 32};
 std::atomic<uint64_t> g_activities_emitted{0};
 std::atomic<uint64_t> g_activities_unlinked{0};
-std::atomic<uint64_t> g_capture_skipped{0};
 std::atomic<uint64_t> g_failed{0};
 
 class BrickActivitySession final : public libkineto::IActivityProfilerSession {
@@ -73,7 +73,6 @@ class BrickActivitySession final : public libkineto::IActivityProfilerSession {
                     libkineto::getLinkedActivityCallback linked_activity, int64_t window_start_ns,
                     int64_t window_end_ns) override {
     CollectedActivities collected = ActivityRecorder::instance().collect();
-    g_capture_skipped.fetch_add(collected.capture_skipped, std::memory_order_relaxed);
     g_failed.fetch_add(collected.failed, std::memory_order_relaxed);
     if (collected.capture_skipped > 0) {
       errors_.push_back("brick: " + std::to_string(collected.capture_skipped) +
@@ -222,8 +221,7 @@ KinetoPluginStats kineto_plugin_stats() noexcept {
   return {g_sessions_processed.load(std::memory_order_relaxed),
           g_activities_emitted.load(std::memory_order_relaxed),
           g_activities_unlinked.load(std::memory_order_relaxed),
-          g_capture_skipped.load(std::memory_order_relaxed),
-          g_failed.load(std::memory_order_relaxed)};
+          capture_skipped(TimingClient::DeviceActivity), g_failed.load(std::memory_order_relaxed)};
 }
 
 }  // namespace brick::profiler

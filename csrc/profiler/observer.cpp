@@ -26,7 +26,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "profiler/event_pool.h"
+#include "profiler/device_timer.h"
 #include "profiler/fork.h"
 #include "profiler/observer_callback.h"
 #include "profiler/profiler.h"
@@ -56,6 +56,7 @@ at::CallbackHandle g_handle = 0;
 // handler): no function-local static guard or lookup on the op path.
 std::atomic<runtime::Runtime*> g_runtime{nullptr};
 std::atomic<registry::Registry*> g_registry{nullptr};
+std::atomic<uint64_t> g_capture_skipped_base{0};  // not reported: a forked child's parent's
 std::atomic<bool> g_async{false};  // async_runtime(): bricks are timed by device events
 
 // Bumped whenever an operator schema is deregistered: its name's address may then be reused by
@@ -303,11 +304,6 @@ void publish_top(ThreadState& state) {
                             std::memory_order_relaxed);
 }
 
-// Bounds outstanding events however long the run: beyond this, wait for the oldest.
-constexpr size_t kMaxPending = 4096;
-// Completed pairs are collected every this many queued pairs (a query per pair is not free).
-constexpr size_t kResolveEvery = 32;
-
 // Resolves pairs from the front of `state`'s queue: every one when `wait_all`, else those
 // complete (and the oldest beyond kMaxPending). Called with state.pending.mutex held; a pair
 // that cannot be timed is dropped and counted, never retried forever.
@@ -317,11 +313,10 @@ void resolve_locked(ThreadState& state, bool by_owner, bool wait_all) {
   while (!queue.pairs.empty()) {
     const PendingPair pair = queue.pairs.front();
     try {
-      const bool must_wait = wait_all || queue.pairs.size() > kMaxPending;
-      if (!must_wait && !rt.query_event(pair.end)) break;
-      rt.synchronize_event(pair.end);
-      const double ms = rt.elapsed_ms(pair.start, pair.end);
-      brick_registry().record(pair.node, static_cast<int64_t>(ms * 1e6));
+      const bool must_wait = wait_all || queue.pairs.size() > kMaxOutstanding;
+      DeviceInterval interval;
+      if (!read_interval(rt, pair.start, pair.end, must_wait, /*place=*/false, &interval)) break;
+      brick_registry().record(pair.node, interval.duration_ns);
     } catch (...) {
       g_timing_failures.fetch_add(1, std::memory_order_relaxed);
     }
@@ -378,9 +373,8 @@ NodeId top_level_parent(const ThreadState& state, const at::RecordFunction& fn) 
 void start_async_timing(ThreadState& state, runtime::Runtime& rt, Frame& frame) {
   const SyncMode mode = g_mode.load(std::memory_order_relaxed);
   const runtime::StreamId stream = rt.current_stream(frame.device);
-  if (rt.is_capturing(frame.device, stream)) [[unlikely]] {
+  if (skip_in_capture(rt, frame.device, stream, TimingClient::Registry)) [[unlikely]] {
     frame.node = kSkippedInCapture;
-    g_capture_skipped.fetch_add(1, std::memory_order_relaxed);
     return;
   }
   switch (mode) {
@@ -433,7 +427,8 @@ void finish_async_timing(ThreadState& state, runtime::Runtime& rt, const Frame& 
   std::lock_guard<std::mutex> lock(state.pending.mutex);
   state.pending.pairs.push_back({frame.node, frame.device, frame.start_event, end});
   state.pending.size.store(state.pending.pairs.size(), std::memory_order_relaxed);
-  if (state.pending.pairs.size() % kResolveEvery == 0 || state.pending.pairs.size() > kMaxPending) {
+  if (state.pending.pairs.size() % kResolveEvery == 0 ||
+      state.pending.pairs.size() > kMaxOutstanding) {
     resolve_locked(state, /*by_owner=*/true, /*wait_all=*/false);
   }
 }
@@ -542,7 +537,7 @@ void observer_after_fork_in_child() {
   g_session.fetch_add(1, std::memory_order_acq_rel);
   g_unbalanced_exits.store(0, std::memory_order_relaxed);
   g_timing_failures.store(0, std::memory_order_relaxed);
-  g_capture_skipped.store(0, std::memory_order_relaxed);
+  g_capture_skipped_base.store(capture_skipped(TimingClient::Registry), std::memory_order_relaxed);
   ThreadState* state = tls_state;
   // Other threads' states are gone; a lock another thread held at the fork stays held: renew.
   new (&g_states_mutex) std::mutex();
@@ -666,7 +661,9 @@ Health health() {
       h.pending_events += state->pending.size.load(std::memory_order_relaxed);
     }
   }
-  h.capture_skipped = g_capture_skipped.load(std::memory_order_relaxed);
+  h.capture_skipped = capture_skipped(TimingClient::Registry) -
+                      g_capture_skipped_base.load(std::memory_order_relaxed);
+  h.stub_capture_skipped = capture_skipped(TimingClient::LegacyStubs);
   h.stub_failures = stub_failures();
   for (const int64_t events : live_events_by_device()) h.live_events += events;
   return h;

@@ -35,8 +35,9 @@ struct Health {
   uint64_t pending_events = 0;    // event pairs recorded but not yet resolved
   int64_t live_events = 0;        // device events the profiler holds (pooled or in use)
   uint64_t capture_skipped = 0;   // bricks skipped: their stream was being captured (CUDA graph)
-  uint64_t stub_failures = 0;     // legacy-profiler records or elapsed times that failed (no
-                                  // device time for that op)
+  uint64_t stub_capture_skipped = 0;  // legacy-profiler records on a capturing stream (no time)
+  uint64_t stub_failures = 0;         // legacy-profiler records or elapsed times that failed (no
+                                      // device time for that op)
 };
 Health health();
 // Health::live_events per brick device (empty before the runtime exists): events are made only

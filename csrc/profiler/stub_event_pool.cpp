@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "profiler/event_pool.h"
+#include "profiler/device_timer.h"
 #include "profiler/fork.h"
 #include "runtime/per_thread.h"
 

@@ -24,7 +24,7 @@
 #include <memory>
 #include <new>
 
-#include "profiler/event_pool.h"
+#include "profiler/device_timer.h"
 #include "profiler/fork.h"
 #include "profiler/profiler.h"
 #include "profiler/stub_event_pool.h"
@@ -111,9 +111,8 @@ class BrickProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
         if (event != nullptr) *event = time_as_event(now);
         return;
       }
-      if (rt.is_capturing(index, stream)) [[unlikely]] {
-        // Nothing may be recorded on a capturing stream: the op gets no device time.
-        g_capture_skipped.fetch_add(1, std::memory_order_relaxed);
+      if (skip_in_capture(rt, index, stream, TimingClient::LegacyStubs)) [[unlikely]] {
+        // Nothing is timed on a capturing stream: the op gets no device time.
         if (event != nullptr) event->reset();
         if (cpu_ns != nullptr) *cpu_ns = c10::getTime();
         return;

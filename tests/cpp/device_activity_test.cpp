@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "profiler/event_pool.h"
+#include "profiler/device_timer.h"
 #include "runtime/launch_observer.h"
 
 namespace {
