@@ -236,8 +236,12 @@ gpu_step() {
     124 | 137) verdict="TIMED OUT after ${limit} s" ;;
     *) verdict="FAILED (exit $rc)" ;;
   esac
+  # The log's verdict line (ctest's and pytest's counts, the contract's verdict), else its last.
+  local said
+  said=$(grep -E "tests passed|tests failed| passed| failed|verdict:" "$logs/$name.log" | tail -n 1 || true)
+  [ -n "$said" ] || said=$(grep -v '^[[:space:]]*$' "$logs/$name.log" | tail -n 1 || true)
   printf 'gpu %-16s %-22s %4ss  %s\n' "$name" "$verdict" "$(($(date +%s) - start))" \
-    "$(grep -v '^[[:space:]]*$' "$logs/$name.log" | tail -n 1 | cut -c1-160)" | tee -a "$logs/summary.txt"
+    "$(printf '%s' "$said" | cut -c1-160)" | tee -a "$logs/summary.txt"
   [ $rc = 0 ] || failures=$((failures + 1))
 }
 

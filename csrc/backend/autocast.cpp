@@ -19,6 +19,7 @@
 #include <torch/library.h>
 #include <torch/version.h>
 
+#include <atomic>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -236,11 +237,13 @@ void cpu_policy(PolicyRegistrar& m) {
 
 void install_autocast_policy(bool cuda_backing) {
   static std::once_flag installed;
+  // Lives for the process, as TORCH_LIBRARY_IMPL's libraries do (held here: reachable).
+  static std::atomic<torch::Library*> library{nullptr};
   std::call_once(installed, [cuda_backing] {
-    // Lives for the process, as TORCH_LIBRARY_IMPL's libraries do.
-    auto* library = new torch::Library(torch::Library::IMPL, "aten",
-                                       c10::DispatchKey::AutocastPrivateUse1, __FILE__, __LINE__);
-    PolicyRegistrar registrar(library);
+    library.store(new torch::Library(torch::Library::IMPL, "aten",
+                                     c10::DispatchKey::AutocastPrivateUse1, __FILE__, __LINE__),
+                  std::memory_order_release);
+    PolicyRegistrar registrar(library.load(std::memory_order_acquire));
     if (cuda_backing) {
       cuda_policy(registrar);
     } else {

@@ -396,6 +396,7 @@ struct BrickProcessGroup::Call {
         device_future = order_after_engine(*future, results, *timing);
       } catch (...) {
         backend::rt().destroy_event(start);
+        if (timing->done != nullptr) backend::rt().destroy_event(timing->done);
         throw;
       }
       track_in_flight(InFlight{work, nullptr, std::move(timing), std::move(held)});

@@ -575,6 +575,8 @@ class SchemaDeregistrationListener final : public c10::OpRegistrationListener {
 // Once per process: finds the address overload_name() gives for string-named RecordFunctions
 // (two probes, at different addresses, must agree) and starts watching schema deregistrations.
 // Called under g_control_mutex.
+std::atomic<c10::RegistrationHandleRAII*> g_schema_listener{nullptr};
+
 void prepare_schema_names() {
   static bool prepared = false;
   if (prepared) return;
@@ -584,9 +586,12 @@ void prepare_schema_names() {
   const auto on_heap = std::make_unique<at::RecordFunction>(at::RecordScope::USER_SCOPE);
   const char* marker = on_stack.overload_name();
   if (marker != nullptr && marker == on_heap->overload_name() && *marker == '\0') {
-    // Leaked on purpose: a deregistration at exit must find the listener alive.
-    new c10::RegistrationHandleRAII(c10::Dispatcher::singleton().addRegistrationListener(
-        std::make_unique<SchemaDeregistrationListener>()));
+    // Never freed (held by g_schema_listener, so still reachable): a deregistration at exit
+    // must find it alive.
+    g_schema_listener.store(
+        new c10::RegistrationHandleRAII(c10::Dispatcher::singleton().addRegistrationListener(
+            std::make_unique<SchemaDeregistrationListener>())),
+        std::memory_order_release);
     g_string_overload_name.store(marker, std::memory_order_relaxed);
   }
 }
