@@ -84,6 +84,9 @@ void cuda_policy(PolicyRegistrar& m) {
 #undef BRICK_FP32
 #undef BRICK_FP32_SET_OPT_DTYPE
 #undef BRICK_PROMOTE
+#if !BRICK_TORCH_BEFORE_2_14
+  KERNEL_PRIVATEUSEONE(linalg_matrix_sqrth, fp32)
+#endif
   m.impl(TORCH_SELECTIVE_NAME("aten::binary_cross_entropy"),
          TORCH_FN((&binary_cross_entropy_banned)));
 }

@@ -40,7 +40,9 @@ def test_each_backings_policy_lists_exactly_the_ops_its_autocast_registers(cuda_
     """Both policies are checked on every machine (PyTorch registers AutocastCUDA's kernels in
     CPU builds too), so CUDA's list is known right before a GPU ever runs it."""
     listed = _names(torch_brickdev._C._autocast_policy_ops(cuda_backing))
-    registered = _ops_with_kernel(key)
+    # CUDA builds also register cuDNN's RNN entry point (its weights are cast and re-flattened
+    # by a kernel of its own); brick never reaches it: its RNN cells run as GEMMs on brick.
+    registered = _ops_with_kernel(key) - {"aten::_cudnn_rnn"}
     assert listed == registered, {"registered only": sorted(registered - listed),
                                   "listed only": sorted(listed - registered)}
 
