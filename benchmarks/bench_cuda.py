@@ -12,6 +12,7 @@ elsewhere. Run: python benchmarks/bench_cuda.py [--rounds N] [--tokens N]
 """
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -37,27 +38,77 @@ def decode_seconds(model, config, device, region_factory=None):
 def cupti_agreement(sizes=(2048, 3072, 4096), repeats=10):
     """(size, brick µs, CUPTI µs) per fp32 matmul size: in one run, each aten::mm timed by brick's
     registry in Event mode and by torch.profiler (CUPTI) as the device time of the kernels it
-    launched (rows grouped by input shape)."""
+    launched. An event pair times the stream, so an op queued on an idle stream also holds its
+    own launch latency; each size's first call ("first<n>") is left out of both sides, and the
+    compared calls ("mm<n>") queue behind work as a busy model's do."""
     inputs = {n: (torch.randn(n, n, device="brick"), torch.randn(n, n, device="brick"))
               for n in sizes}
     for a, b in inputs.values():
         torch.mm(a, b)
     torch.brick.synchronize()
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
+    with torch.profiler.profile(activities=activities) as prof:
         with bp.profile(sync_mode="event"):
             for n in sizes:
                 a, b = inputs[n]
+                with torch.autograd.profiler.record_function(f"first{n}"):
+                    torch.mm(a, b)
                 for _ in range(repeats):
                     with torch.autograd.profiler.record_function(f"mm{n}"):
                         torch.mm(a, b)
             torch.brick.synchronize()
     brick_us = {s.path: s.avg_us() for s in bp.stats(by="path")}
-    cupti_us = {}
-    for row in prof.key_averages(group_by_input_shape=True):
-        if row.key == "aten::mm" and row.input_shapes and row.input_shapes[0] in ([n, n] for n in sizes):
-            cupti_us[row.input_shapes[0][0]] = row.device_time_total / row.count
-    return [(n, brick_us[f"mm{n}/aten::mm"], cupti_us[n]) for n in sizes]
+    cupti_us = {n: [] for n in sizes}
+    for event in prof.events():
+        parent = event.cpu_parent
+        if event.name == "aten::mm" and parent is not None and parent.name.startswith("mm"):
+            cupti_us[int(parent.name[2:])].append(event.device_time_total)
+    for n, times in cupti_us.items():
+        if len(times) != repeats:
+            raise RuntimeError(f"torch.profiler found {len(times)} aten::mm calls under mm{n}, "
+                               f"expected {repeats}")
+    return [(n, brick_us[f"mm{n}/aten::mm"], statistics.fmean(cupti_us[n])) for n in sizes]
+
+
+def per_op_costs(ops=2000):
+    """Host µs per small op (a 256-element add, launch-bound) on plain cuda and on brick in each
+    sync mode, the profile held open (its start and stop not counted); then a profile's start
+    plus stop, and one timing event's record, brick's against PyTorch's."""
+    def run(device, factory):
+        sync = torch.brick.synchronize if device == "brick" else torch.cuda.synchronize
+        x = torch.zeros(256, device=device)
+        with (factory() if factory else contextlib.nullcontext()):
+            for _ in range(100):  # warm: pools, caches
+                x = x + 1
+            sync()
+            start = time.perf_counter()
+            for _ in range(ops):
+                x = x + 1
+            sync()
+            return (time.perf_counter() - start) / ops * 1e6
+
+    rows = {"cuda (plain)": run("cuda", None), "brick, no profiler": run("brick", None)}
+    for mode in ("event", "immediate", "deferred"):
+        rows[f"brick, {mode}"] = run("brick", lambda mode=mode: bp.profile(sync_mode=mode))
+    print(f"Host cost per small op ({ops} adds of 256 floats, profile held open):")
+    for name, us in rows.items():
+        print(f"  {name:<22}{us:8.2f} us/op  ({us - rows['brick, no profiler']:+7.2f} vs brick)")
+    for mode in ("event", "immediate", "deferred"):
+        start = time.perf_counter()
+        for _ in range(20):
+            with bp.profile(sync_mode=mode):
+                pass
+        print(f"  an empty bp.profile(sync_mode={mode!r}): "
+              f"{(time.perf_counter() - start) / 20 * 1e3:.3f} ms to start and stop")
+    for name, event_type in (("torch.cuda.Event", torch.cuda.Event),
+                             ("torch.brick.Event", torch.brick.Event)):
+        event = event_type(enable_timing=True)
+        start = time.perf_counter()
+        for _ in range(ops):
+            event.record()
+        elapsed = (time.perf_counter() - start) / ops * 1e6
+        event.synchronize()
+        print(f"  {name}(enable_timing=True).record(): {elapsed:.2f} us")
 
 
 def main() -> int:
@@ -105,7 +156,9 @@ def main() -> int:
           f"{'ok' if event_throughput >= 0.9 else 'MISSED'}")
     ok &= event_throughput >= 0.9
 
-    print("Event-mode device time vs CUPTI kernel time (matmul, fp32):")
+    per_op_costs()
+    print("Event-mode device time vs CUPTI kernel time (matmul, fp32, each size's first call "
+          "left out):")
     for n, brick_us, cupti_us in cupti_agreement():
         error = abs(brick_us - cupti_us) / cupti_us
         verdict = "ok" if error <= 0.05 else "MISSED"

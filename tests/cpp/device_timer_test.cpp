@@ -9,6 +9,8 @@
 #include <chrono>
 #include <cstdint>
 
+#include "runtime_test_util.h"
+
 namespace {
 
 using brick::profiler::DeviceInterval;
@@ -24,12 +26,6 @@ int64_t steady_ns() {
       .count();
 }
 
-void spin(std::chrono::microseconds work) {
-  const auto until = std::chrono::steady_clock::now() + work;
-  while (std::chrono::steady_clock::now() < until) {
-  }
-}
-
 TEST(DeviceTimer, AnIntervalIsTheDevicesDurationAndItsStartIsPlacedInsideTheCallersWindow) {
   auto& rt = brick::runtime::get();
   EventPool pool;
@@ -37,7 +33,7 @@ TEST(DeviceTimer, AnIntervalIsTheDevicesDurationAndItsStartIsPlacedInsideTheCall
   brick::runtime::Event* end = pool.acquire(0);
   const int64_t before = steady_ns();
   rt.record_event(start, 0, rt.current_stream(0));
-  spin(std::chrono::microseconds(2000));
+  brick::test::device_work(rt, 0, std::chrono::microseconds(2000));
   rt.record_event(end, 0, rt.current_stream(0));
   DeviceInterval interval;
   if (rt.asynchronous()) {  // just recorded: not complete yet, and not waited for
@@ -47,7 +43,9 @@ TEST(DeviceTimer, AnIntervalIsTheDevicesDurationAndItsStartIsPlacedInsideTheCall
   const int64_t after = steady_ns();
   EXPECT_GE(interval.duration_ns, 2'000'000);
   EXPECT_LE(interval.duration_ns, after - before);
-  EXPECT_GE(interval.start_ns, before);
+  // Placed on the host clock within the calibration's error (none on the host runtime).
+  const int64_t slack_ns = rt.asynchronous() ? 100'000 : 0;
+  EXPECT_GE(interval.start_ns, before - slack_ns);
   EXPECT_LE(interval.start_ns + interval.duration_ns, after + 100'000);
   DeviceInterval unplaced;
   ASSERT_TRUE(read_interval(rt, start, end, /*wait=*/true, /*place=*/false, &unplaced));
@@ -59,7 +57,7 @@ TEST(DeviceTimer, AnIntervalIsTheDevicesDurationAndItsStartIsPlacedInsideTheCall
 
 TEST(DeviceTimer, EventsAreMadeOnlyOnTheDevicesAskedForCountedAndReturnedByThePool) {
   auto& rt = brick::runtime::get();
-  ASSERT_GE(rt.device_count(), 2);
+  if (rt.device_count() < 2) GTEST_SKIP() << "needs 2 devices, have " << rt.device_count();
   const int64_t on_0 = g_live_events[0].load();
   const int64_t on_1 = g_live_events[1].load();
   {

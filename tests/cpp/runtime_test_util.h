@@ -282,4 +282,27 @@ class CudaRuntimeKind {
 
 #endif  // BRICK_WITH_CUDA
 
+// Work taking at least `work` on the default stream of `device`, whichever runtime the process
+// has: on CUDA a host function holding the stream (queued: it runs after the call returns); on
+// the host runtime, whose device work runs on the calling thread, a spin.
+inline void device_work(Runtime& rt, DeviceIndex device, std::chrono::microseconds work) {
+  if (work.count() <= 0) return;
+#if BRICK_WITH_CUDA
+  if (rt.backing_kind() == BackingKind::Cuda) {
+    if (rt.current_stream(device) != kDefaultStream) {
+      throw std::runtime_error("device_work queues on the default stream only");
+    }
+    CudaDeviceScope scope(device);
+    const int ms = static_cast<int>((work.count() + 999) / 1000);
+    cuda_or_throw(enqueue_sleep(cudaStreamLegacy, ms), "cudaLaunchHostFunc");
+    return;
+  }
+#endif
+  (void)rt;
+  (void)device;
+  const auto until = std::chrono::steady_clock::now() + work;
+  while (std::chrono::steady_clock::now() < until) {
+  }
+}
+
 }  // namespace brick::test

@@ -4,6 +4,7 @@ Run on a machine with a GPU and a CUDA build of PyTorch (``BRICK_RUNTIME=auto`` 
 """
 
 import contextlib
+import os
 import subprocess
 import sys
 import time
@@ -20,6 +21,11 @@ pytestmark = pytest.mark.skipif(
     not ON_CUDA, reason=f"brick is not backed by CUDA here: {torch_brickdev.runtime_note()}"
 )
 TWO_GPUS = ON_CUDA and torch.brick.device_count() >= 2
+
+
+def without_brick_env():
+    """The environment of a Python that does not load brick."""
+    return {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
 
 
 def big_matmul_inputs(n=4096, device="brick"):
@@ -52,7 +58,10 @@ def test_tensors_live_in_gpu_memory_and_ops_are_cuda_kernels():
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         c = a @ b
         torch.brick.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    # CUPTI's kernels. PyTorch's Kineto shim types GPU activities as PrivateUse1 once a
+    # PrivateUse1 backend is named (kineto_shim.cpp, deviceTypeFromActivity), CUDA otherwise.
+    gpu_types = (torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.PrivateUse1)
+    kernels = [e for e in prof.events() if e.device_type in gpu_types]
     assert kernels, "a brick matmul must launch CUDA kernels"
     expected = a.to("cuda") @ b.to("cuda")
     torch.testing.assert_close(c.to("cuda"), expected)
@@ -257,19 +266,30 @@ def test_demo_decode_satisfies_the_contract_on_cuda(tmp_path):
 
 
 @pytest.mark.parametrize("head_dim", [64, 40])  # 40: CUDA's flash path pads it to 48
-def test_sdpa_takes_cudas_kernel_and_matches_plain_cuda(head_dim):
+def test_sdpa_takes_cudas_kernel_and_matches_plain_cuda(head_dim, tmp_path):
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 4, 128, head_dim, device="cuda", dtype=torch.float16)
                for _ in range(3))
-    for t in (q, k, v):
-        t.requires_grad_()
-    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-    out.sum().backward()
-    expected_grads = [t.grad for t in (q, k, v)]
-    bq, bk, bv = (t.detach().to("brick").requires_grad_() for t in (q, k, v))
+    # The plain-cuda reference (forward and backward) runs in a process without brick: once a
+    # PrivateUse1 backend is registered, PyTorch (2.8+) takes it for the accelerator and a CUDA
+    # backward trips "opt_ready_stream && opt_parent_stream" in its autograd engine
+    # (pytorch/pytorch#161129). Brick's own backward is unaffected: its nodes are on brick.
+    inputs, expected = tmp_path / "qkv.pt", tmp_path / "expected.pt"
+    torch.save([t.cpu() for t in (q, k, v)], inputs)
+    reference = f"""
+import torch
+q, k, v = (t.cuda().requires_grad_() for t in torch.load({str(inputs)!r}))
+out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+out.sum().backward()
+torch.save([out.detach().cpu()] + [t.grad.cpu() for t in (q, k, v)], {str(expected)!r})
+"""
+    subprocess.run([sys.executable, "-c", reference], check=True, timeout=120,
+                   env=without_brick_env())
+    out, *expected_grads = (t.to("cuda") for t in torch.load(expected))
+    bq, bk, bv = (t.to("brick").requires_grad_() for t in (q, k, v))
     brick_out = torch.nn.functional.scaled_dot_product_attention(bq, bk, bv, is_causal=True)
     brick_out.sum().backward()
-    torch.testing.assert_close(brick_out.to("cuda"), out.detach(), rtol=0, atol=0)
+    torch.testing.assert_close(brick_out.to("cuda"), out, rtol=0, atol=0)
     for got, want in zip((bq.grad, bk.grad, bv.grad), expected_grads):
         torch.testing.assert_close(got.to("cuda"), want, rtol=1e-3, atol=1e-3)
 

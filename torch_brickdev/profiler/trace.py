@@ -92,15 +92,30 @@ def device_intervals(prof):
     return _device_intervals(prof)
 
 
+def _python_function_test():
+    """How to tell a with_stack=True python_function event: PyTorch says so from 2.12 on
+    (``_KinetoEvent.is_python_function``); before it (2.11, the GPU machines'), by the names the
+    Python tracer gives them (``file.py(12): f``, ``nn.Module: Linear_0``, ``<built-in ...>``)."""
+    if hasattr(torch._C._autograd._KinetoEvent, "is_python_function"):
+        return lambda e: e.is_python_function()
+
+    def named_like_python(e):
+        name = e.name()
+        return ".py(" in name or name.startswith(("nn.Module: ", "nn.Optimizer", "<built-in "))
+
+    return named_like_python
+
+
 def _device_intervals(prof):
     results = prof.kineto_results
+    is_python_function = _python_function_test()
     trace_start = results.trace_start_ns()
     by_thread = defaultdict(list)
     for e in results.events():
         # Only op and range events call ProfilerStubs.record (python_function events of
         # with_stack=True and memory events do not).
         # (is_python_function first: PyTorch 2.13 can garble a python_function event's name.)
-        if (e.is_python_function() or e.device_type() != torch.autograd.DeviceType.CPU
+        if (is_python_function(e) or e.device_type() != torch.autograd.DeviceType.CPU
                 or e.name() in _SKIPPED_EVENTS):
             continue
         by_thread[e.start_thread_id()].append(e)
