@@ -315,6 +315,12 @@ gpu() {
     cmake_args="-DBRICK_GTEST_SOURCE_DIR=$PWD/$GTEST_CARRIED -DCMAKE_DISABLE_FIND_PACKAGE_GTest=ON"
   fi
   export BRICK_RUNTIME=$runtime  # a build or machine that falls back to the host fails loudly
+  export PYTHONFAULTHANDLER=1    # a crash prints every thread's Python stack into the step's log
+  # The decode demo sized as a GPU decode (Llama-3-8B's widths, 2 layers): its ordering check
+  # compares a vocab GEMV with a six-kernel RmsNorm, which the CPU-sized model cannot pass on a
+  # fast GPU (its LmHead is a 16 µs GEMV there). The rehearsal keeps the CPU-sized one.
+  local demo_size=(--hidden 4096 --heads 32 --kv-heads 8 --vocab 128256)
+  [ "$rehearse" = 1 ] && demo_size=()
   [ "$rehearse" = 1 ] && export BRICK_HOST_COMPLETION=deferred  # events complete later, as on a GPU
   export BRICK_BUILD_DIR=$build_dir
   local pytest=("$PYTHON" -m pytest -q -rs -p no:cacheprovider --timeout 120)
@@ -336,7 +342,7 @@ gpu() {
       gpu_step cuda-tests 240 "${pytest[@]}" tests/python/test_cuda_backing.py
     fi
     gpu_step demo-event 120 "$PYTHON" -m torch_brickdev demo --sync-mode event --runs 3 \
-      --no-progress -o "$logs/demo-event"
+      --no-progress -o "$logs/demo-event" "${demo_size[@]}"
     if [ "$rehearse" = 1 ]; then  # bench_cuda.py only notes that no GPU backs brick here
       gpu_step bench 120 "$PYTHON" benchmarks/bench_profiler.py --rounds 1 --iterations 200 \
         --report-ops 2000 --no-instructions
@@ -346,7 +352,7 @@ gpu() {
   else  # the second, optional command: the rest, if device time remains
     for mode in immediate deferred; do
       gpu_step "demo-$mode" 90 "$PYTHON" -m torch_brickdev demo --sync-mode "$mode" --runs 3 \
-        --no-progress -o "$logs/demo-$mode"
+        --no-progress -o "$logs/demo-$mode" "${demo_size[@]}"
     done
     gpu_step distributed 150 "${pytest[@]}" tests/python/test_distributed.py -k nccl
     [ "$rehearse" = 0 ] && gpu_step bench-distributed 120 "$PYTHON" benchmarks/bench_distributed.py \

@@ -1,5 +1,5 @@
-// Announces the work the backend queues on a brick device to an installed launch observer
-// (runtime/launch_observer.h). Costs one atomic load when none is installed.
+// Announces the work the backend queues on a brick device to an installed launch observer and
+// queue hook (runtime/launch_observer.h). Costs two atomic loads when none is installed.
 #pragma once
 
 #include <c10/core/Device.h>
@@ -27,6 +27,7 @@ class LaunchScope {
 
   // The backing kernel is about to be queued on `device`'s current stream.
   void queue(c10::DeviceIndex device) noexcept {
+    runtime::announce_queue(device);
     if (observer_ != nullptr) [[unlikely]] {
       launch_.device = device;
       observer_->queue(launch_);

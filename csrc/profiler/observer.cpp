@@ -30,6 +30,7 @@
 #include "profiler/fork.h"
 #include "profiler/observer_callback.h"
 #include "profiler/profiler.h"
+#include "runtime/launch_observer.h"
 #include "runtime/runtime.h"
 
 namespace brick::profiler {
@@ -78,6 +79,9 @@ struct Frame {
   int device;
   int64_t start_ns;             // Deferred / Immediate
   runtime::Event* start_event;  // Event
+  // Event mode on an asynchronous runtime, an op: its start event is recorded right before the
+  // first work it queues (start_awaiting_bricks), on that work's device; none yet.
+  bool awaiting_work = false;
 };
 
 // Finished event pairs whose device work may still be running (asynchronous runtimes).
@@ -186,6 +190,7 @@ struct ThreadState {
   std::atomic<NodeId> published_top{registry::kNoParent};
   EventPool events;
   uint32_t unpushed = 0;  // enters whose frame could not be pushed (out of memory)
+  uint32_t awaiting = 0;  // frames on the stack with awaiting_work set
 };
 
 // The thread that enabled profiling: backward work that PyTorch's autograd engine runs on its
@@ -355,6 +360,7 @@ void drop_open_bricks(ThreadState& state) {
     if (frame.start_event != nullptr) state.events.release(frame.device, frame.start_event);
   }
   state.stack.clear();
+  state.awaiting = 0;
 }
 
 // The parent of a brick that opens with no brick open on its thread.
@@ -369,9 +375,16 @@ NodeId top_level_parent(const ThreadState& state, const at::RecordFunction& fn) 
 
 // Starts an asynchronous runtime's timing of `frame` (its device and node set): a device event
 // on the current stream (Event), a clock read after the device drained (Immediate) or at once
-// (Deferred). A brick on a stream being captured into a CUDA graph is skipped.
-void start_async_timing(ThreadState& state, runtime::Runtime& rt, Frame& frame) {
+// (Deferred). A brick on a stream being captured into a CUDA graph is skipped. In Event mode an
+// op's start waits for its first work (start_awaiting_bricks): its device time is its work's,
+// from the stream's point where that was queued, not the host's preparation before it; a range
+// times the stream from its enter to its exit, whatever was queued in it.
+void start_async_timing(ThreadState& state, runtime::Runtime& rt, Frame& frame, bool is_op) {
   const SyncMode mode = g_mode.load(std::memory_order_relaxed);
+  if (mode == SyncMode::Event && is_op) {
+    frame.awaiting_work = true;
+    return;
+  }
   const runtime::StreamId stream = rt.current_stream(frame.device);
   if (skip_in_capture(rt, frame.device, stream, TimingClient::Registry)) [[unlikely]] {
     frame.node = kSkippedInCapture;
@@ -401,6 +414,10 @@ void start_async_timing(ThreadState& state, runtime::Runtime& rt, Frame& frame) 
 // Ends an asynchronous runtime's timing of `frame`; an event pair is queued, to be resolved
 // once the device has reached its end.
 void finish_async_timing(ThreadState& state, runtime::Runtime& rt, const Frame& frame) {
+  if (frame.awaiting_work) {  // an op that queued no device work: its device time is none
+    g_registry.load(std::memory_order_relaxed)->record(frame.node, 0);
+    return;
+  }
   switch (g_mode.load(std::memory_order_relaxed)) {
     case SyncMode::Immediate: {
       rt.synchronize_device(frame.device);
@@ -433,6 +450,45 @@ void finish_async_timing(ThreadState& state, runtime::Runtime& rt, const Frame& 
   }
 }
 
+// The queue hook (runtime/launch_observer.h), installed in Event mode on an asynchronous runtime:
+// work is about to be queued on `device`'s current stream, so every open op of this thread still
+// waiting for its first work starts now, with one event each recorded there (skipped, and
+// counted, when that stream is being captured into a CUDA graph).
+void start_awaiting_bricks(runtime::DeviceIndex device) noexcept {
+  ThreadState* state = tls_state;
+  if (state == nullptr || state->awaiting == 0) [[likely]]
+    return;
+  try {
+    runtime::Runtime& rt = *g_runtime.load(std::memory_order_relaxed);
+    const runtime::StreamId stream = rt.current_stream(device);
+    const bool capturing = rt.is_capturing(device, stream);
+    for (auto it = state->stack.rbegin(); it != state->stack.rend() && state->awaiting > 0; ++it) {
+      Frame& frame = *it;
+      if (!frame.awaiting_work) continue;
+      frame.awaiting_work = false;
+      --state->awaiting;
+      frame.device = device;
+      if (capturing) [[unlikely]] {
+        g_capture_skipped[static_cast<size_t>(TimingClient::Registry)].fetch_add(
+            1, std::memory_order_relaxed);
+        frame.node = kSkippedInCapture;
+        continue;
+      }
+      runtime::Event* event = acquire_event(*state, device);
+      try {
+        rt.record_event(event, device, stream);
+        frame.start_event = event;
+      } catch (...) {
+        state->events.release(device, event);
+        frame.node = kIgnored;
+        g_timing_failures.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
+  } catch (...) {
+    g_timing_failures.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
 std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   ThreadState* state = nullptr;
   try {
@@ -455,7 +511,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     frame.node = node_for(*state, fn, parent, frame.device);
     if (frame.node != kIgnored) {
       if (g_async.load(std::memory_order_relaxed)) [[unlikely]] {
-        start_async_timing(*state, rt, frame);
+        start_async_timing(*state, rt, frame, fn.scope() == at::RecordScope::FUNCTION);
       } else {
         // A synchronous runtime: the brick is the work done before its end's clock read.
         frame.start_ns = registry::Registry::now_ns();
@@ -468,6 +524,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     g_timing_failures.fetch_add(1, std::memory_order_relaxed);
     frame.node = kIgnored;
     frame.start_event = nullptr;  // (start_async_timing returned it to the pool)
+    frame.awaiting_work = false;
   }
   try {
     state->stack.push_back(frame);
@@ -477,6 +534,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     ++state->unpushed;
     return nullptr;
   }
+  if (frame.awaiting_work) ++state->awaiting;
   publish_top(*state);
   return nullptr;
 }
@@ -495,6 +553,7 @@ void on_exit(const at::RecordFunction& /*fn*/, at::ObserverContext* /*ctx*/) {
     }
     const Frame frame = state.stack.back();
     state.stack.pop_back();
+    if (frame.awaiting_work) --state.awaiting;
     publish_top(state);
     if (frame.node == kIgnored || frame.node == kSkippedInCapture) return;
     if (g_async.load(std::memory_order_relaxed)) [[unlikely]] {
@@ -613,6 +672,10 @@ void enable() {
   owner.published_top.store(registry::kNoParent, std::memory_order_relaxed);
   g_owner.store(&owner, std::memory_order_release);
   g_handle = at::addGlobalCallback(observer_callback(&on_enter, &on_exit));
+  if (g_async.load(std::memory_order_relaxed) &&
+      g_mode.load(std::memory_order_relaxed) == SyncMode::Event) {
+    runtime::set_queue_hook(&start_awaiting_bricks);
+  }
   g_enabled.store(true, std::memory_order_release);
 }
 
@@ -621,6 +684,7 @@ void disable() {
   TORCH_CHECK(g_enabled.load(), "brick profiler: disable() called while not enabled");
   at::removeCallback(g_handle);
   g_handle = 0;
+  runtime::set_queue_hook(nullptr);
   g_owner.store(nullptr, std::memory_order_release);
   g_enabled.store(false, std::memory_order_release);
 }

@@ -71,4 +71,29 @@ inline void set_launch_observer(LaunchObserver* observer) noexcept {
   detail::g_launch_observer.store(observer, std::memory_order_release);
 }
 
+// Called on the launching thread right before the backend queues work on `device`'s current
+// stream (a kernel, a copy, a collective), whether or not a launch observer is installed. The
+// registry installs one while it times bricks by device events, so that an op's device interval
+// starts at its first work: an op that queues none (a view) records no event. Must not throw, and
+// stays callable once installed (a launch that read it may still be calling it).
+using QueueHook = void (*)(DeviceIndex device) noexcept;
+
+namespace detail {
+inline std::atomic<QueueHook> g_queue_hook{nullptr};
+}  // namespace detail
+
+inline QueueHook queue_hook() noexcept {
+  return detail::g_queue_hook.load(std::memory_order_acquire);
+}
+
+inline void set_queue_hook(QueueHook hook) noexcept {
+  detail::g_queue_hook.store(hook, std::memory_order_release);
+}
+
+// What the backend calls right before it queues work on `device`: the hook, then the observer.
+inline void announce_queue(DeviceIndex device) noexcept {
+  if (QueueHook hook = queue_hook(); hook != nullptr) [[unlikely]]
+    hook(device);
+}
+
 }  // namespace brick::runtime

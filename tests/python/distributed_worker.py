@@ -290,6 +290,12 @@ def traced_steps():
     dist.destroy_process_group()
 
 
+def premul_sum(factor):
+    """NCCL's pre-multiplied sum: a ReduceOp made by PyTorch's factory (ReduceOp.PREMUL_SUM is
+    only its type)."""
+    return dist._make_nccl_premul_sum(factor)
+
+
 def nccl_on_cuda_backing():
     """CUDA backing: brick tensors' collectives run on NCCL, ordered with brick's current stream;
     each result equals the same collective on plain cuda tensors (NCCL too), one rank per GPU."""
@@ -306,7 +312,7 @@ def nccl_on_cuda_backing():
         return on_both(fn, baseline=cuda)
 
     for name, op in (("SUM", dist.ReduceOp.SUM), ("MAX", dist.ReduceOp.MAX),
-                     ("AVG", dist.ReduceOp.AVG), ("PREMUL_SUM", dist.ReduceOp.PREMUL_SUM(0.5))):
+                     ("AVG", dist.ReduceOp.AVG), ("PREMUL_SUM", premul_sum(0.5))):
         def all_reduce(d, op=op):
             t = base(d) * 3  # made on the current stream just before: NCCL must order after it
             dist.all_reduce(t, op=op)

@@ -69,6 +69,37 @@ def test_event_mode_queues_pairs_and_resolves_every_one():
     assert seen["min_ns"] >= 0
 
 
+def test_event_mode_times_an_ops_device_work_from_its_first_launch():
+    """On an asynchronous device an op's Event-mode time is its device work's: from the stream's
+    point where its first work was queued to the end of its last. A view queues none (its time
+    is 0, its calls all counted, no event made); host work in an op before its first launch (here
+    a Python kernel's 2 ms spin before its clone) is not device time; a range still times the
+    stream from its enter to its exit."""
+    seen = run("""
+        sys.path.insert(0, os.path.join(os.getcwd(), "tests", "python"))
+        from profiler_helpers import spin_op
+        spin = spin_op()
+        y = torch.ones(64, 64, device="brick")
+        with bp.profile(sync_mode="event"):
+            with record_function("block"):
+                for _ in range(50):
+                    y.t()
+                for _ in range(5):
+                    spin(y, 2000)
+        stats = {s.path: (s.count, s.total_ns) for s in bp.stats(by="path")}
+        print(json.dumps({"stats": stats, "health": bp.health()}))
+    """)
+    stats = seen["stats"]
+    assert stats["block/aten::t"][0] == 50 and stats["block/aten::t"][1] == 0
+    assert stats["block/aten::t/aten::transpose"][1] == 0
+    spin_count, spin_ns = stats["block/brick_test::spin"]
+    assert spin_count == 5
+    assert 0 < spin_ns / 5 < 1_000_000, "the 2 ms host spin before the clone is not device time"
+    assert stats["block/brick_test::spin/aten::clone"][0] == 5
+    assert stats["block"][1] >= 5 * 2_000_000, "a range times the stream from enter to exit"
+    assert seen["health"]["timing_failures"] == 0 and seen["health"]["pending_events"] == 0
+
+
 def test_a_snapshot_resolves_the_pairs_other_threads_still_owe():
     seen = run("""
         recorded, release = threading.Barrier(5), threading.Event()

@@ -256,7 +256,10 @@ def test_legacy_profiler_shows_brick_device_time_of_cuda_kernels():
 def test_demo_decode_satisfies_the_contract_on_cuda(tmp_path):
     from torch_brickdev.tools import contract, demo
 
-    config = demo.DecodeConfig(tokens=16)
+    # Sized as a GPU decode (Llama-3-8B's widths, 2 layers, float32): the ordering check compares
+    # a vocab GEMV with a six-kernel RmsNorm, and on an H200 the CPU-sized demo's LmHead (512 x
+    # 32000) is a 16 µs GEMV, well under ten launch-bound RmsNorms; this one reads 2.1 GB.
+    config = demo.DecodeConfig(hidden=4096, heads=32, kv_heads=8, vocab=128256, tokens=16)
     for mode in ("event", "immediate"):
         result = demo.run_demo(config, device="brick:0", sync_mode=mode, runs=2,
                                out_dir=tmp_path / mode, progress=False)
