@@ -350,6 +350,8 @@ gpu() {
       gpu_step bench-cuda 150 "$PYTHON" benchmarks/bench_cuda.py --rounds 3 --tokens 32
     fi
   else  # the second, optional command: the rest, if device time remains
+    # First, which first NCCL collective crashes (plain NCCL, brick loaded, brick's path), each alone.
+    [ "$rehearse" = 0 ] && gpu_step nccl-probe 100 "$PYTHON" scripts/nccl_probe.py
     for mode in immediate deferred; do
       gpu_step "demo-$mode" 90 "$PYTHON" -m torch_brickdev demo --sync-mode "$mode" --runs 3 \
         --no-progress -o "$logs/demo-$mode" "${demo_size[@]}"

@@ -1,0 +1,77 @@
+"""Which NCCL all_reduce crashes on this GPU machine, for the GPU job (`scripts/run.sh gpu --more`).
+
+The first GPU run saw a segfault in the first NCCL collective of a process that had loaded brick,
+both on brick tensors and on plain cuda tensors. Each case below runs alone, in a fresh one-rank
+process, so a crash names its case:
+  plain         a cuda tensor on NCCL, brick not loaded          (the machine's NCCL itself)
+  brick-loaded  a cuda tensor on NCCL, brick loaded, not used    (brick's mere presence)
+  brick         a brick tensor through brick's backend on NCCL   (brick's path)
+Under gdb, where the machine has it, a crash also prints its C++ backtrace.
+
+Run: python scripts/nccl_probe.py [case ...]   (exit status: the number of cases that failed)
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+CASE_BODY = {
+    "plain": "import torch, torch.distributed as dist\n"
+             "dist.init_process_group('nccl', store=store, rank=0, world_size=1)\n"
+             "t = torch.ones(8, device='cuda')\n",
+    "brick-loaded": "import torch, torch_brickdev, torch.distributed as dist\n"
+                    "dist.init_process_group('nccl', store=store, rank=0, world_size=1)\n"
+                    "t = torch.ones(8, device='cuda')\n",
+    "brick": "import torch, torch_brickdev, torch.distributed as dist\n"
+             "dist.init_process_group('brick', store=store, rank=0, world_size=1)\n"
+             "t = torch.ones(8, device='brick')\n",
+}
+
+PRELUDE = ("import datetime, sys\n"
+           "import torch.distributed as dist\n"
+           "store = dist.FileStore(sys.argv[1], 1)\n")
+EPILOGUE = ("dist.all_reduce(t)\n"
+            "assert t.cpu().tolist() == [1.0] * 8, t\n"
+            "dist.destroy_process_group()\n"
+            "print('all_reduce ok')\n")
+
+
+def run_case(case: str, workdir: str) -> bool:
+    script = os.path.join(workdir, f"{case}.py")
+    with open(script, "w") as f:
+        f.write(PRELUDE + CASE_BODY[case] + EPILOGUE)
+    command = [sys.executable, script, os.path.join(workdir, f"{case}.store")]
+    env = dict(os.environ, PYTHONFAULTHANDLER="1")
+    if case == "plain":
+        env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"  # brick is not loaded at all
+    if shutil.which("gdb"):
+        command = ["gdb", "-q", "-batch", "-ex", "run", "-ex", "bt 40", "--args"] + command
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        print(f"nccl-probe {case}: TIMED OUT after 120 s")
+        return False
+    output = done.stdout + done.stderr
+    # (Under gdb the exit status is gdb's: a program that exited cleanly says so.)
+    finished = done.returncode == 0 or "exited normally" in output
+    ok = finished and "all_reduce ok" in output and "received signal" not in output
+    print(f"nccl-probe {case}: {'ok' if ok else f'FAILED (exit {done.returncode})'}")
+    if not ok:
+        print("\n".join("    " + line for line in output.strip().splitlines()[-60:]))
+    return ok
+
+
+def main() -> int:
+    cases = sys.argv[1:] or list(CASE_BODY)
+    unknown = [c for c in cases if c not in CASE_BODY]
+    if unknown:
+        print(f"nccl_probe: unknown case(s) {unknown}; expected some of {list(CASE_BODY)}")
+        return 2
+    with tempfile.TemporaryDirectory() as workdir:
+        return sum(not run_case(case, workdir) for case in cases)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
