@@ -2,21 +2,14 @@
 
 Importing this package registers PyTorch's PrivateUse1 device under the name ``brick``: ops on
 ``device="brick"`` run on a real backing device (the host CPU, or a CUDA GPU where the runtime
-supports one) on the same memory, and ``torch.brick`` mirrors ``torch.cuda``.
+supports one) on the same memory, and ``torch.brick`` mirrors ``torch.cuda``. Nothing loads it
+unasked: ``import torch`` does only under ``BRICK_AUTOLOAD=1`` (torch_brickdev_autoload.py). From
+then on PyTorch takes brick for the process's accelerator (``torch.accelerator``).
 """
 
+from typing import Optional
 
-def _autoload() -> None:
-    """Entry point of the ``torch.backends`` group: ``import torch`` loads brick through it.
-
-    Defined before ``import torch``: when this package is imported first, torch's autoload
-    re-enters it while it is still initialising, and must find this function.
-    """
-
-
-from typing import Optional  # noqa: E402
-
-import torch  # noqa: E402
+import torch
 
 try:
     from . import _C  # loads the backend and registers it with PyTorch
@@ -27,8 +20,7 @@ except ImportError as error:  # pragma: no cover - only on a broken install or c
     raise ImportError(
         "torch_brickdev: the native module torch_brickdev._C is missing or does not match the "
         f"installed torch ({torch.__version__}); rebuild with "
-        "`pip install --no-build-isolation --no-deps -e .` (import torch with "
-        "TORCH_DEVICE_BACKEND_AUTOLOAD=0 to skip loading brick)"
+        "`pip install --no-build-isolation --no-deps -e .`"
     ) from error
 
 __all__ = [

@@ -14,6 +14,7 @@ later is refused with the rank and the collective named.
 from __future__ import annotations
 
 import datetime
+import functools
 from typing import Dict, Optional
 
 import torch
@@ -86,10 +87,36 @@ def is_registered() -> bool:
 
 
 def register() -> None:
-    """Registers the ``brick`` c10d backend for brick and CPU tensors (done on import)."""
+    """Registers the ``brick`` c10d backend for brick and CPU tensors (done on import), and makes
+    ``init_process_group()`` without a backend give what ``init_process_group("brick")`` gives."""
     if not dist.is_available() or is_registered():
         return
     dist.Backend.register_backend(BACKEND, _create_backend, devices=[BACKEND, "cpu"])
+    _bare_init_takes_brick()
+
+
+def _bare_init_takes_brick() -> None:
+    """``init_process_group()`` with no backend: PyTorch picks the accelerator's backend (brick's,
+    brick being the accelerator once asked for) but then makes gloo the group's default backend
+    type, which this group does not have: DDP fails at construction ("Could not find backend type
+    1 for Process Group with name gloo") and FSDP2 warns "No backend of type 1 found". The bare
+    form is given brick's backend by name instead, as ``init_process_group("brick")`` does: brick
+    and CPU tensors, one group. Any backend named explicitly is passed through untouched."""
+    from torch.distributed import distributed_c10d
+
+    pytorch_init = distributed_c10d.init_process_group
+    if getattr(pytorch_init, "_brick_bare_form", False):
+        return
+
+    @functools.wraps(pytorch_init)
+    def init_process_group(backend=None, *args, **kwargs):
+        if backend is None or backend == dist.Backend.UNDEFINED:
+            backend = BACKEND
+        return pytorch_init(backend, *args, **kwargs)
+
+    init_process_group._brick_bare_form = True
+    distributed_c10d.init_process_group = init_process_group
+    dist.init_process_group = init_process_group
 
 
 def collective_counters() -> Dict[str, Dict[str, int]]:

@@ -95,3 +95,17 @@ def test_demo_writes_files_that_load_back_and_recheck(tmp_path):
     (tmp_path / "truncated.json").write_text((tmp_path / "report.json").read_text()[:200])
     broken = run("check", str(tmp_path / "truncated.json"))
     assert broken.returncode == 2 and "truncated.json" in broken.stderr
+
+
+def test_the_demo_writes_no_progress_frames_or_kineto_notices_into_a_log(tmp_path):
+    # stdout and stderr are pipes here, as in a log or CI output: no `\r` frames pile up there,
+    # and Kineto's "USDT: profiler_start/stop" notices of the profilers brick starts are dropped.
+    out = run("demo", "--layers", "1", "--hidden", "64", "--heads", "2", "--kv-heads", "1",
+              "--vocab", "256", "--prompt-tokens", "2", "--tokens", "4", "--runs", "1",
+              "-o", str(tmp_path))
+    (tmp_path / "work.py").write_text("import torch\nprint(torch.ones(2, device='brick').sum())\n")
+    assert "verdict:" in out.stdout, out.stderr[-3000:]
+    assert "\r" not in out.stderr and "\r" not in out.stdout
+    assert "USDT:" not in out.stderr
+    profiled = run("profile", "-o", str(tmp_path / "profiled"), str(tmp_path / "work.py"))
+    assert profiled.returncode == 0 and "USDT:" not in profiled.stderr, profiled.stderr[-2000:]

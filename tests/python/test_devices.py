@@ -24,10 +24,10 @@ def test_registration_names_the_device_brick():
     assert torch_brickdev.backing_device_type() == "cpu"
 
 
-def test_plain_import_torch_autoloads_brick():
+def test_plain_import_torch_loads_brick_under_brick_autoload():
     code = "import torch; print(torch.ones(2, device='brick').device, torch.brick.device_count())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         timeout=120)
+                         timeout=120, env=dict(os.environ, BRICK_AUTOLOAD="1"))
     assert out.stdout.split() == ["brick:0", "2"]
 
 

@@ -93,8 +93,14 @@ def test_every_collective_on_brick_equals_gloo_on_the_cpu(tmp_path):
 
 
 @host_only
-def test_ddp_and_fsdp2_on_brick_equal_the_cpu_run_step_for_step(tmp_path):
-    ranks, _ = scenario("training", tmp_path)
+@pytest.mark.parametrize("init_form", ["cpu:gloo,brick:brick", "bare"])
+def test_ddp_and_fsdp2_on_brick_equal_the_cpu_run_step_for_step(tmp_path, init_form):
+    """Also with ``init_process_group()`` and no backend, as the README shows: PyTorch's bare form
+    alone makes gloo the default backend type of a group that has none (DDP fails to construct,
+    FSDP2 warns); brick gives it what ``init_process_group("brick")`` gives."""
+    args = ["bare"] if init_form == "bare" else []
+    ranks, out = scenario("training", tmp_path, 0, *args)
+    assert "No backend of type 1" not in out.stderr  # (gloo's type, in a group without gloo)
     for rank, results in ranks.items():
         for name in ("ddp", "fsdp"):
             brick, cpu = results[name]["brick"], results[name]["cpu"]

@@ -18,6 +18,7 @@ import torch
 
 import torch_brickdev  # noqa: F401  (registers brick)
 from torch_brickdev.tools._args import positive_int
+from torch_brickdev.tools.quiet_kineto import QuietProfile
 
 
 def _brick_device(text: str) -> torch.device:
@@ -156,7 +157,7 @@ def profile_script(args) -> int:
     legacy = torch.autograd.profiler.profile(use_device="brick") if args.trace else None
     try:
         if legacy is not None:
-            legacy.__enter__()
+            QuietProfile(legacy).__enter__()
         with bp.profile(sync_mode=args.sync_mode, metadata={"script": args.script,
                                                             "argv": list(args.script_args)}) as p:
             try:
@@ -165,7 +166,7 @@ def profile_script(args) -> int:
                 exit_code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
     finally:
         if legacy is not None:
-            legacy.__exit__(None, None, None)
+            QuietProfile(legacy).__exit__(None, None, None)
         sys.argv = saved_argv
     report_path = p.report.write_json(os.path.join(args.output, "report.json"))
     print(p.report.table(row_limit=args.rows))

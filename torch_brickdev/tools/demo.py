@@ -32,6 +32,7 @@ from torch.profiler import record_function
 
 import torch_brickdev  # noqa: F401  (registers brick)
 from torch_brickdev import profiler as bp
+from torch_brickdev.tools.quiet_kineto import QuietProfile
 from torch_brickdev.argcheck import check_bool, check_int, check_path, describe, describe_value
 
 FINAL_TOKEN_NOTE = (
@@ -434,7 +435,11 @@ def _percentile(values: List[int], q: float) -> float:
 
 
 class _ProgressBar:
+    """A one-line bar redrawn with ``\\r``: only where stderr is a terminal (in a log or CI output
+    its frames would pile up)."""
+
     def __init__(self, enabled: bool, phases: int, width: int = 30):
+        enabled = enabled and _is_terminal(sys.stderr)
         self.enabled, self.phases, self.width, self.phase, self.label = enabled, phases, width, 0, ""
 
     def start(self, label: str) -> None:
@@ -454,6 +459,13 @@ class _ProgressBar:
         if self.enabled:
             sys.stderr.write("\n")
             sys.stderr.flush()
+
+
+def _is_terminal(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # replaced by an object without it, or closed
+        return False
 
 
 def run_demo(config: Optional[DecodeConfig] = None, device: Union[str, torch.device] = "brick:0",
@@ -502,7 +514,8 @@ def run_demo(config: Optional[DecodeConfig] = None, device: Union[str, torch.dev
             run_medians.append(result.median_token_ns)
         bar.start("legacy trace")
         legacy_prof = torch.autograd.profiler.profile(use_device="brick")
-        legacy_result = _decode(model, config, device, region=legacy_prof, progress=bar)
+        legacy_result = _decode(model, config, device, region=QuietProfile(legacy_prof),
+                                progress=bar)
     finally:
         bar.close()
 
