@@ -227,7 +227,12 @@ def training():
             losses.append(loss.item())
         params = [(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().cpu().flatten().tolist()
                   for p in model.parameters()]
-        return {"losses": losses, "params": params}
+        out = {"losses": losses, "params": params}
+        if isinstance(model, DistributedDataParallel):  # DDP's runtime stats (its timer's)
+            logged = model._get_ddp_logging_data()
+            out["ddp_stats"] = {k: logged.get(k, 0) for k in (
+                "avg_forward_compute_time", "avg_backward_compute_time", "avg_backward_comm_time")}
+        return out
 
     def ddp(model, device):
         return DistributedDataParallel(model, bucket_cap_mb=0.001)  # several buckets

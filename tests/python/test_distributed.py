@@ -101,6 +101,11 @@ def test_ddp_and_fsdp2_on_brick_equal_the_cpu_run_step_for_step(tmp_path, init_f
     args = ["bare"] if init_form == "bare" else []
     ranks, out = scenario("training", tmp_path, 0, *args)
     assert "No backend of type 1" not in out.stderr  # (gloo's type, in a group without gloo)
+    # DDP times brick modules with brick's timer (device events), as CUDA's: no warning, and its
+    # runtime stats are measured.
+    assert "Time stats are currently only collected" not in out.stderr
+    for results in ranks.values():
+        assert all(v > 0 for v in results["ddp"]["brick"]["ddp_stats"].values()), results["ddp"]
     for rank, results in ranks.items():
         for name in ("ddp", "fsdp"):
             brick, cpu = results[name]["brick"], results[name]["cpu"]
