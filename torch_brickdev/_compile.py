@@ -14,8 +14,9 @@ registering everything here itself — the backend with its custom pass, the dev
 and the dynamo device interface — and then reports the attribute missing, which Inductor's hook
 takes as "nothing to register" (it would otherwise register the backend again without the
 pass). When Inductor is already imported at install time, everything is registered at once.
-Dynamo's device interface for brick thus exists from Inductor's first set-up on (dynamo needs
-none to trace brick code; Inductor asks for it only after its set-up).
+Dynamo's device interface for brick is registered on its own as soon as
+``torch._dynamo.device_interface`` is imported (a one-shot post-import hook; at once when it
+already is), so ``get_interface_for_device("brick")`` answers before any compile.
 
 **Where Inductor tells the CPU apart by device type**, brick's code is the CPU's: kernels are
 generated with the CPU as Inductor's current device (so its ``get_current_backend()`` is "cpp",
@@ -39,6 +40,8 @@ backing.
 
 import contextlib
 import hashlib
+import importlib.abc
+import importlib.util
 import inspect
 import sys
 import warnings
@@ -75,6 +78,117 @@ def install(device_module) -> None:
     if "torch._inductor.codegen.common" in sys.modules:
         # Inductor may have set up its backends before brick was loaded (it does so once).
         register()
+    elif "torch._dynamo.device_interface" in sys.modules:
+        register_device_interface()
+    else:  # dynamo's device interfaces answer for brick as soon as they exist
+        _after_import("torch._dynamo.device_interface", register_device_interface)
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """A one-shot post-import hook: `callback()` runs right after module `name` has executed, so
+    that brick's part of it exists as soon as the module does, without brick importing it."""
+
+    def __init__(self, name: str, callback):
+        self.name, self.callback = name, callback
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)  # once; the real finders now find the module
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        exec_module, callback = spec.loader.exec_module, self.callback
+
+        def exec_then_register(module):
+            exec_module(module)
+            try:
+                callback()
+            except Exception as error:  # noqa: BLE001 - never break the import itself
+                warnings.warn(f"torch_brickdev: registering brick with {fullname} failed: "
+                              f"{type(error).__name__}: {error}")
+
+        spec.loader.exec_module = exec_then_register
+        return spec
+
+
+def _after_import(name: str, callback) -> None:
+    sys.meta_path.insert(0, _AfterImport(name, callback))
+
+
+def register_device_interface() -> None:
+    """Registers brick's dynamo device interface (idempotent): ``get_interface_for_device("brick")``
+    answers from the moment ``torch._dynamo.device_interface`` is imported (see
+    :func:`install`)."""
+    from torch._dynamo.device_interface import (
+        DeviceInterface,
+        device_interfaces,
+        register_interface_for_device,
+    )
+
+    if BACKEND in device_interfaces:
+        return
+
+    brick = torch.brick
+
+    class BrickInterface(DeviceInterface):
+        """Dynamo's and Inductor's view of the brick devices, backed by ``torch.brick``."""
+
+        device = brick.device
+        Event = brick.Event
+        Stream = brick.Stream
+
+        class Worker:
+            # Brick's queries work in any process (compile workers included).
+            @staticmethod
+            def set_device(device):
+                brick.set_device(device)
+
+            @staticmethod
+            def current_device():
+                return brick.current_device()
+
+            @staticmethod
+            def get_device_properties(device=None):
+                return brick.get_device_properties(device)
+
+        current_device = staticmethod(brick.current_device)
+        set_device = staticmethod(brick.set_device)
+        device_count = staticmethod(brick.device_count)
+        is_available = staticmethod(brick.is_available)
+        stream = staticmethod(brick.stream)
+        current_stream = staticmethod(brick.current_stream)
+        set_stream = staticmethod(brick.set_stream)
+        synchronize = staticmethod(brick.synchronize)
+        memory_allocated = staticmethod(brick.memory_allocated)
+        get_compute_capability = staticmethod(brick.get_device_capability)
+        is_bf16_supported = staticmethod(brick.is_bf16_supported)
+
+        @staticmethod
+        def exchange_device(device):
+            previous = brick.current_device()
+            if device != previous:
+                brick.set_device(device)
+            return previous
+
+        @staticmethod
+        def maybe_exchange_device(device):
+            return -1 if device < 0 else BrickInterface.exchange_device(device)
+
+        @staticmethod
+        def _set_stream_by_id(stream_id, device_index, device_type):
+            brick.set_stream(torch.Stream(stream_id=stream_id, device_index=device_index,
+                                          device_type=device_type))
+
+        @staticmethod
+        def get_raw_stream(device_idx):
+            return brick.current_stream(device_idx).stream_id
+
+        @staticmethod
+        def is_triton_capable(device=None):
+            return False
+
+    register_interface_for_device(BACKEND, BrickInterface)
 
 
 def register() -> bool:
@@ -127,7 +241,6 @@ def check_host_backing() -> None:
 
 def _register() -> None:
     """Defines and registers brick's Inductor backend and dynamo interface (heavy imports)."""
-    from torch._dynamo.device_interface import DeviceInterface, register_interface_for_device
     from torch._inductor import config as inductor_config
     from torch._inductor import ir
     from torch._inductor.codegen.common import (
@@ -275,65 +388,6 @@ def _register() -> None:
         def device_guard(self, device_idx):
             return f"torch.brick.device({device_idx})"
 
-    brick = torch.brick
-
-    class BrickInterface(DeviceInterface):
-        """Dynamo's and Inductor's view of the brick devices, backed by ``torch.brick``."""
-
-        device = brick.device
-        Event = brick.Event
-        Stream = brick.Stream
-
-        class Worker:
-            # Brick's queries work in any process (compile workers included).
-            @staticmethod
-            def set_device(device):
-                brick.set_device(device)
-
-            @staticmethod
-            def current_device():
-                return brick.current_device()
-
-            @staticmethod
-            def get_device_properties(device=None):
-                return brick.get_device_properties(device)
-
-        current_device = staticmethod(brick.current_device)
-        set_device = staticmethod(brick.set_device)
-        device_count = staticmethod(brick.device_count)
-        is_available = staticmethod(brick.is_available)
-        stream = staticmethod(brick.stream)
-        current_stream = staticmethod(brick.current_stream)
-        set_stream = staticmethod(brick.set_stream)
-        synchronize = staticmethod(brick.synchronize)
-        memory_allocated = staticmethod(brick.memory_allocated)
-        get_compute_capability = staticmethod(brick.get_device_capability)
-        is_bf16_supported = staticmethod(brick.is_bf16_supported)
-
-        @staticmethod
-        def exchange_device(device):
-            previous = brick.current_device()
-            if device != previous:
-                brick.set_device(device)
-            return previous
-
-        @staticmethod
-        def maybe_exchange_device(device):
-            return -1 if device < 0 else BrickInterface.exchange_device(device)
-
-        @staticmethod
-        def _set_stream_by_id(stream_id, device_index, device_type):
-            brick.set_stream(torch.Stream(stream_id=stream_id, device_index=device_index,
-                                          device_type=device_type))
-
-        @staticmethod
-        def get_raw_stream(device_idx):
-            return brick.current_stream(device_idx).stream_id
-
-        @staticmethod
-        def is_triton_capable(device=None):
-            return False
-
     # Inductor's two is_cpu() tests mean "code generated by the C++ backend" (see the module).
     node_is_cpu, ir_is_cpu = BaseSchedulerNode.is_cpu, ir.is_cpu
 
@@ -344,7 +398,7 @@ def _register() -> None:
     def ir_is_cpu_or_brick(x) -> bool:
         return ir_is_cpu(x) or ir.get_device_type(x) == BACKEND
 
-    register_interface_for_device(BACKEND, BrickInterface)
+    register_device_interface()
     register_device_op_overrides(BACKEND, BrickDeviceOpOverrides())
     optional = {"device_fx_wrapper_codegen": WrapperFxCodegen, "device_custom_pass": BrickPass()}
     accepted = inspect.signature(register_backend_for_device).parameters

@@ -119,9 +119,25 @@ def test_registration_is_lazy_and_survives_inductor_set_up_before_brick():
         "init_backend_registration()\n"
         "import torch_brickdev\n"
         "print(get_scheduling_for_device('brick').__name__)\n")
+    # Dynamo's device interface answers for brick as soon as dynamo's module exists, without
+    # Inductor's set-up (PyTorch's TestDeviceInterface asks so), and without brick importing it.
+    interface = _start_python(
+        "import sys, torch, torch_brickdev\n"
+        "assert 'torch._dynamo' not in sys.modules\n"
+        "from torch._dynamo.device_interface import get_interface_for_device\n"
+        "i = get_interface_for_device('brick')\n"
+        "print(i.__name__, i.device_count() == torch.brick.device_count(),\n"
+        "      'torch._inductor.codegen.common' in sys.modules)\n")
+    # dynamo imported before brick: brick registers at its import.
+    before = _start_python(
+        "import torch, torch._dynamo.device_interface as d\n"
+        "import torch_brickdev\n"
+        "print(d.get_interface_for_device('brick').__name__)\n")
     assert _output_of(lazy).split() == [
         "BrickScheduling", "BrickInterface", "torch.brick.synchronize()"]
     assert _output_of(late).split() == ["BrickScheduling"]
+    assert _output_of(interface).split() == ["BrickInterface", "True", "False"]
+    assert _output_of(before).split() == ["BrickInterface"]
 
 
 def test_device_interface_is_backed_by_torch_brick():
