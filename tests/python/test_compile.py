@@ -492,3 +492,129 @@ def test_compiled_decode_demo_keeps_its_bricks_and_passes_the_contract(tmp_path)
     # The legacy trace shows the kernels with device time too.
     key_averages = result["key_averages_table"]
     assert "inductor_wrapper_call" in key_averages or "cpp_fused" in key_averages
+
+
+# --------------------------------------------------------------------------------------------
+# Convolution layouts: what compile predicts is what brick returns
+
+
+CL2, CL3 = torch.channels_last, torch.channels_last_3d
+# (name, dims, transposed, groups, input layout, weight layout)
+CONV_CASES = [
+    ("conv1d", 1, False, 1, None, None),
+    ("conv2d", 2, False, 1, None, None),
+    ("conv2d-input-cl", 2, False, 1, CL2, None),
+    ("conv2d-weight-cl", 2, False, 1, None, CL2),
+    ("conv2d-grouped-input-cl", 2, False, 4, CL2, None),
+    ("conv2d-depthwise-weight-cl", 2, False, 8, None, CL2),
+    ("conv-transpose2d-weight-cl", 2, True, 1, None, CL2),
+    ("conv-transpose2d-input-cl", 2, True, 2, CL2, None),
+    ("conv3d-input-cl", 3, False, 1, CL3, None),
+    ("conv3d-weight-cl", 3, False, 1, None, CL3),
+]
+
+
+@pytest.mark.parametrize("name, dims, transposed, groups, input_layout, weight_layout", CONV_CASES,
+                         ids=[c[0] for c in CONV_CASES])
+def test_fake_convolution_strides_are_what_brick_returns(name, dims, transposed, groups,
+                                                         input_layout, weight_layout):
+    """FakeTensor's prediction (what dynamo, Inductor and export use) of a convolution's output
+    and gradients equals brick's real result, which equals its backing device's (the CPU here)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    torch.manual_seed(0)
+    channels, spatial = 8, (6,) * dims
+    x = torch.randn(2, channels, *spatial)
+    w = torch.randn(*((channels, channels // groups) if transposed else (channels, channels // groups)),
+                    *(3,) * dims)
+    if input_layout is not None:
+        x = x.to(memory_format=input_layout)
+    if weight_layout is not None:
+        w = w.to(memory_format=weight_layout)
+    b = torch.randn(channels)
+    ones, zeros = [1] * dims, [0] * dims
+    conv_args = (ones, ones, ones, transposed, zeros, groups)  # stride, padding, dilation, ...
+
+    def forward_and_backward(x, w, b):
+        out = torch.ops.aten.convolution(x, w, b, *conv_args)
+        grads = torch.ops.aten.convolution_backward(out, x, w, [channels], *conv_args,
+                                                    [True, True, True])
+        return [out, *grads]
+
+    cpu = forward_and_backward(x, w, b)
+    on_brick = [t.to("brick") for t in (x, w, b)]
+    brick = forward_and_backward(*on_brick)
+    with FakeTensorMode() as mode:
+        fake = forward_and_backward(*(mode.from_tensor(t) for t in on_brick))
+    for what, c, r, f in zip(("output", "grad_input", "grad_weight", "grad_bias"), cpu, brick, fake):
+        assert r.stride() == c.stride(), (what, "brick vs its backing device")
+        assert f.stride() == r.stride(), (what, "compile's prediction vs brick")
+        assert f.device == r.device
+
+
+class _ResidualBlock(torch.nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.b1 = torch.nn.BatchNorm2d(c)
+        self.c2 = torch.nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.b2 = torch.nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        return torch.relu(x + self.b2(self.c2(torch.relu(self.b1(self.c1(x))))))
+
+
+class _TinyViT(torch.nn.Module):
+    """A patch-embedding convolution, one pre-norm attention + MLP block, a head (as ViT)."""
+
+    def __init__(self, dim=32, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.patch = torch.nn.Conv2d(3, dim, 4, stride=4)
+        self.norm1, self.norm2 = torch.nn.LayerNorm(dim), torch.nn.LayerNorm(dim)
+        self.qkv, self.proj = torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, dim)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(dim, 2 * dim), torch.nn.GELU(),
+                                       torch.nn.Linear(2 * dim, dim))
+        self.head = torch.nn.Linear(dim, 10)
+
+    def forward(self, x):
+        tokens = self.patch(x).flatten(2).transpose(1, 2)
+        b, t, d = tokens.shape
+        q, k, v = self.qkv(self.norm1(tokens)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
+        attended = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        tokens = tokens + self.proj(attended.transpose(1, 2).reshape(b, t, d))
+        tokens = tokens + self.mlp(self.norm2(tokens))
+        return self.head(tokens.mean(1))
+
+
+def _resnet_style():
+    from torch import nn
+    return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), _ResidualBlock(16), _ResidualBlock(16),
+                         nn.Conv2d(16, 32, 3, stride=2), _ResidualBlock(32),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("make", [_resnet_style, _TinyViT], ids=["resnet-style", "vit-style"])
+def test_compiled_convolution_networks_equal_eager_forward_and_training_step(make):
+    """Inductor makes weights channels_last in convolution graphs (its layout optimisation): the
+    compiled networks ran into their stride checks on brick before; now forward (eval) and a
+    training step (loss and gradients) equal eager brick."""
+    torch.manual_seed(0)
+    model = make().to("brick")
+    x = torch.randn(2, 3, 32, 32, device="brick")
+    compiled = torch.compile(model)
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+    model.train()
+    grads = []
+    for run in (model, compiled):
+        model.zero_grad()
+        loss = run(x).square().mean()
+        loss.backward()
+        grads.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+    torch.testing.assert_close(grads[1][0], grads[0][0], rtol=1e-4, atol=1e-5)
+    for got, want in zip(grads[1][1], grads[0][1]):
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4)
