@@ -5,13 +5,11 @@
 // each point of the iteration (forward start, backward compute start and end, first and last
 // collective), read when DDP's logger asks (at the next forward, when the previous iteration's
 // work is done), so forward/backward/communication times are the device's.
-#include <ATen/core/Tensor.h>
 #include <c10/core/Event.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <array>
 #include <cstdint>
-#include <memory>
 #include <optional>
 #include <torch/csrc/distributed/c10d/reducer_timer.hpp>
 

@@ -155,9 +155,10 @@ def profile_script(args) -> int:
     sys.argv = [args.script, *args.script_args]
     exit_code = 0
     legacy = torch.autograd.profiler.profile(use_device="brick") if args.trace else None
+    quiet_legacy = QuietProfile(legacy) if legacy is not None else None
     try:
-        if legacy is not None:
-            QuietProfile(legacy).__enter__()
+        if quiet_legacy is not None:
+            quiet_legacy.__enter__()
         with bp.profile(sync_mode=args.sync_mode, metadata={"script": args.script,
                                                             "argv": list(args.script_args)}) as p:
             try:
@@ -165,8 +166,8 @@ def profile_script(args) -> int:
             except SystemExit as exit_:
                 exit_code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
     finally:
-        if legacy is not None:
-            QuietProfile(legacy).__exit__(None, None, None)
+        if quiet_legacy is not None:
+            quiet_legacy.__exit__(None, None, None)
         sys.argv = saved_argv
     report_path = p.report.write_json(os.path.join(args.output, "report.json"))
     print(p.report.table(row_limit=args.rows))

@@ -32,8 +32,8 @@ from torch.profiler import record_function
 
 import torch_brickdev  # noqa: F401  (registers brick)
 from torch_brickdev import profiler as bp
-from torch_brickdev.tools.quiet_kineto import QuietProfile
 from torch_brickdev.argcheck import check_bool, check_int, check_path, describe, describe_value
+from torch_brickdev.tools.quiet_kineto import QuietProfile
 
 FINAL_TOKEN_NOTE = (
     "each decode step's LmHead produces the logits its token is sampled from; the prompt's "
