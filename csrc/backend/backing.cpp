@@ -3,7 +3,9 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
+#include <ATen/Parallel.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/autograd/graph_task.h>
 
 #include <algorithm>
 #include <array>
@@ -76,6 +78,21 @@ std::optional<std::string> why_torch_cannot_run_cuda() {
   return "this PyTorch cannot run CUDA kernels (a CPU-only build, or no GPU visible to it)";
 }
 
+// PyTorch's autograd engine runs brick's backward ops on its own thread for the brick device,
+// whose intra-op thread count is the one the process had when the engine started that thread
+// (at::init_num_threads in its thread_init): a later torch.set_num_threads() never reaches it,
+// and brick's backward would run the CPU's kernels with another thread count than the CPU's
+// backward (other results in the last bits, other speed). So on the host runtime, once per
+// backward pass (graph task) on the calling thread, brick re-applies the process's count.
+void follow_process_thread_count() {
+  thread_local int last_graph_task = -1;
+  const int graph_task = torch::autograd::get_current_graph_task_id();
+  if (graph_task != last_graph_task) [[unlikely]] {
+    last_graph_task = graph_task;
+    if (graph_task != -1) at::init_num_threads();
+  }
+}
+
 }  // namespace
 
 void configure_runtime_backing() {
@@ -84,7 +101,11 @@ void configure_runtime_backing() {
 }
 
 BackingScope::BackingScope(c10::DeviceIndex device) : device_scope_(device) {
-  if (cuda_backing()) enter_cuda(device < 0 ? rt().current_device() : device);
+  if (cuda_backing()) {
+    enter_cuda(device < 0 ? rt().current_device() : device);
+  } else {
+    follow_process_thread_count();
+  }
 }
 
 BackingScope::~BackingScope() {

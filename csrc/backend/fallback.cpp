@@ -299,7 +299,9 @@ int register_direct_fallback_kernels() {
   //    checking and computing the output geometry twice;
   //  - ops with a CompositeExplicitAutograd kernel beside a backing-device kernel (layer and
   //    group norm, addr, ...) would run a generic decomposition that differs numerically from
-  //    the backing device's kernel.
+  //    the backing device's kernel; so would ops with a CompositeImplicitAutograd kernel beside
+  //    one (silu_backward, mish_backward: the CPU runs its own kernel, a device without one the
+  //    math formula).
   // For both, brick runs the backing device's own kernel through the fallback.
   static std::unique_ptr<torch::Library> library;
   static int registered = 0;
@@ -323,7 +325,8 @@ int register_direct_fallback_kernels() {
                                 op->hasKernelForDispatchKey(c10::DispatchKey::CUDA);
     const bool decomposed =
         op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
-        op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd);
+        op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
     if ((backing_kernel && decomposed) || device_checking_composites.count(qualified) != 0) {
       library->impl(qualified.c_str(),
                     torch::CppFunction::makeFromBoxedFunction<&brick_fallback>());

@@ -18,17 +18,22 @@ same numbers on both devices):
 * in evaluation mode, a forward under ``torch.no_grad()`` too (the inference fast paths of
   ``MultiheadAttention`` and the transformer layers).
 
-Every sample runs, and a test fails listing every sample that failed, with its error (for a
-mismatch, assert_close's account of it). A sample the CPU itself rejects is not compared, and
-counted with its reason; a test whose samples the CPU all rejects is skipped with that reason.
-Known brick failures and harness adjustments go in the tables below, each with its reason (today
-they were empty when this was written: every module passed). At the end the module prints ``module db: ...`` with the
-counts of samples compared and not compared, by reason (``pytest ... -q -s``).
+"Match" means bit-equal: on the host runtime brick runs the CPU's kernels at the same thread
+count, so any difference is a path brick took that the CPU does not (PyTorch's formulas and
+composite ops that test the device type). The one exception, with its reason, is the recurrent
+layers (``RNN_DEVICE_BRANCHES``). Every sample runs, and a test fails listing every sample that
+failed, with its error (for a mismatch, assert_close's account of it). A sample the CPU itself
+rejects is not compared, and counted with its reason; a test whose samples the CPU all rejects
+is skipped with that reason. At the end the module prints ``module db: ...`` with the counts of
+samples compared and not compared, by reason (``pytest ... -q -s``).
 
 Tests (``@modules`` parametrises each over module_db):
 
 * ``test_module``: float32, every sample of every module (2000+; ``BRICK_MODULE_DB_SAMPLES=N``
   keeps N per module, spread evenly over the ModuleInfo's list);
+* ``test_module_channels_last``: the same samples with every 4-d and 5-d input, parameter and
+  buffer in channels-last format (``channels_last`` / ``channels_last_3d``), where the CPU's
+  kernels and formulas take other paths (group norm's backward did);
 * ``test_module_float64``: float64, 4 samples per module, spread the same way
   (``BRICK_MODULE_DB_FLOAT64_SAMPLES``; ``0`` for all);
 * ``test_module_other_dtype``: float16, bfloat16 and complex64 for the few modules whose ModuleInfo
@@ -98,7 +103,14 @@ SKIPS = {}
 SAMPLE_SKIPS = {}
 
 # assert_close tolerances, where brick legitimately runs another kernel than the CPU; by
-# ModuleInfo name, or by (name, dtype).
+# ModuleInfo name, or by (name, dtype). Everything else must be bit-equal to the CPU.
+# PyTorch's recurrent layers (ATen/native/RNN.cpp) branch on the device type three ways: the CPU
+# projects every time step's input in one matmul where other devices project step by step
+# (FullLayer), the LSTM and GRU cells of every device but the CPU run the fused cell ops (bias
+# added after the matmul), and a float32 LSTM on the CPU runs oneDNN. Brick takes the non-CPU
+# paths, with results equal within rounding (assert_close's defaults); bit-equality needs brick
+# kernels for the layers themselves (open).
+RNN_DEVICE_BRANCHES = {"nn.RNN", "nn.LSTM", "nn.GRU", "nn.LSTMCell", "nn.GRUCell"}
 TOLERANCES = {
     # PyTorch 2.14+: F.linear_cross_entropy's chunked path picks its accumulation by device
     # *type* (linear_cross_entropy_options._auto_acc_policy): "accurate" (fp32 weight-grad GEMM)
@@ -114,7 +126,8 @@ BACKING = torch_brickdev.backing_device_type()  # "cpu", or "cuda" on CUDA backi
 REF = "CPU" if BACKING == "cpu" else BACKING.upper()
 # On CUDA backing: the tolerances of PyTorch's test_cpu_gpu_parity (float32 and float64), and
 # about a rounding step for the half types. On the host runtime brick runs the CPU's kernels on
-# the CPU's memory: assert_close's defaults.
+# the CPU's memory at the same thread count: every result bit-equal.
+EXACT = dict(atol=0, rtol=0)
 BACKING_TOLERANCES = {} if BACKING == "cpu" else {
     torch.float32: dict(atol=5e-2, rtol=0),
     torch.float64: dict(atol=4e-4, rtol=0),
@@ -152,16 +165,24 @@ def _print_counts():
 # --- copying samples ------------------------------------------------------------------------
 
 
-def _leaf_copy(value, device, memo):
+def _channels_last_format(tensor):
+    """The channels-last format for ``tensor``'s rank (4-d or 5-d), else None."""
+    return {4: torch.channels_last, 5: torch.channels_last_3d}.get(tensor.dim())
+
+
+def _leaf_copy(value, device, memo, channels_last=False):
     """``value`` with every tensor copied to a fresh leaf on ``device``.
 
     The same tensor object copies to the same copy (``memo``), so identity between arguments
-    (self-attention's ``query is key is value``) holds on both devices.
+    (self-attention's ``query is key is value``) holds on both devices. With ``channels_last``,
+    4-d and 5-d tensors come out in the channels-last format of their rank.
     """
     if isinstance(value, torch.Tensor):
         if id(value) not in memo:
             with torch.no_grad():
                 copied = value.detach().to(device, copy=True)
+                if channels_last and _channels_last_format(copied) is not None:
+                    copied = copied.contiguous(memory_format=_channels_last_format(copied))
             if value.requires_grad:
                 copied.requires_grad_(True)
             memo[id(value)] = copied
@@ -171,19 +192,25 @@ def _leaf_copy(value, device, memo):
                               _leaf_copy(value.sorted_indices, device, memo),
                               _leaf_copy(value.unsorted_indices, device, memo))
     if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return type(value)(*(_leaf_copy(v, device, memo) for v in value))
+        return type(value)(*(_leaf_copy(v, device, memo, channels_last) for v in value))
     if isinstance(value, (list, tuple)):
-        return type(value)(_leaf_copy(v, device, memo) for v in value)
+        return type(value)(_leaf_copy(v, device, memo, channels_last) for v in value)
     if isinstance(value, dict):
-        return {k: _leaf_copy(v, device, memo) for k, v in value.items()}
+        return {k: _leaf_copy(v, device, memo, channels_last) for k, v in value.items()}
     return value
 
 
-def _copy_forward_input(forward_input, device):
+def _copy_forward_input(forward_input, device, channels_last=False):
     memo = {}
-    args = _leaf_copy(tuple(forward_input.args), device, memo)
-    kwargs = _leaf_copy(dict(forward_input.kwargs), device, memo)
+    args = _leaf_copy(tuple(forward_input.args), device, memo, channels_last)
+    kwargs = _leaf_copy(dict(forward_input.kwargs), device, memo, channels_last)
     return args, kwargs
+
+
+def _has_channels_last_input(forward_input):
+    """Whether the sample has a 4-d or 5-d tensor for the channels-last sweep to convert."""
+    return any(_channels_last_format(t) is not None
+               for t in _tensor_leaves((forward_input.args, forward_input.kwargs)))
 
 
 def _tensor_leaves(value, seen=None):
@@ -212,10 +239,10 @@ def _compare(actual, expected, what, tolerance, on_brick=True):
         assert isinstance(actual, PackedSequence), \
             f"{what}: {type(actual).__name__}, not PackedSequence"
         _compare(actual.data, expected.data, f"{what}.data", tolerance)
-        _compare(actual.batch_sizes, expected.batch_sizes, f"{what}.batch_sizes", {},
+        _compare(actual.batch_sizes, expected.batch_sizes, f"{what}.batch_sizes", EXACT,
                  on_brick=False)
         for field in ("sorted_indices", "unsorted_indices"):
-            _compare(getattr(actual, field), getattr(expected, field), f"{what}.{field}", {})
+            _compare(getattr(actual, field), getattr(expected, field), f"{what}.{field}", EXACT)
         return
     if isinstance(expected, torch.Tensor):
         assert isinstance(actual, torch.Tensor), f"{what}: {type(actual).__name__}, not a tensor"
@@ -258,13 +285,16 @@ class _NotCompared(Exception):
     """The reference itself rejects this sample: nothing to compare it with."""
 
 
-def _build(module_info, module_input, dtype, training, device):
+def _build(module_info, module_input, dtype, training, device, channels_last=False):
     args, kwargs = module_input.constructor_input.args, module_input.constructor_input.kwargs
     torch.manual_seed(SEED)
     module = module_info.module_cls(*args, **kwargs)
     if dtype is not None:
         module.to(dtype)
     module.to(device)
+    if channels_last:  # 4-d and 5-d parameters and buffers, as Module.to(memory_format=) would
+        module._apply(lambda t: t if _channels_last_format(t) is None
+                      else t.contiguous(memory_format=_channels_last_format(t)))
     module.train(training)
     return module
 
@@ -278,17 +308,20 @@ def _state(module):
     return {"params": dict(module.named_parameters()), "buffers": dict(module.named_buffers())}
 
 
-def _compare_sample(module_info, module_input, dtype, training, device, tolerance):
+def _compare_sample(module_info, module_input, dtype, training, device, tolerance,
+                    channels_last=False):
     """Runs one sample on the reference and on brick and compares; returns what was compared."""
     done = []
     reference = _reference(device)
     try:
-        ref_module = _build(module_info, module_input, dtype, training, reference)
+        ref_module = _build(module_info, module_input, dtype, training, reference, channels_last)
     except Exception as error:
         raise _NotCompared(f"{REF} construction raised {_first_line(error)}") from None
-    brick_module = _build(module_info, module_input, dtype, training, device)
-    ref_args, ref_kwargs = _copy_forward_input(module_input.forward_input, reference)
-    brick_args, brick_kwargs = _copy_forward_input(module_input.forward_input, device)
+    brick_module = _build(module_info, module_input, dtype, training, device, channels_last)
+    ref_args, ref_kwargs = _copy_forward_input(module_input.forward_input, reference,
+                                               channels_last)
+    brick_args, brick_kwargs = _copy_forward_input(module_input.forward_input, device,
+                                                   channels_last)
 
     if issubclass(module_info.module_cls, torch.nn.modules.lazy.LazyModuleMixin):
         # Lazy modules take their shapes from a first input.
@@ -303,7 +336,7 @@ def _compare_sample(module_info, module_input, dtype, training, device, toleranc
     # generators, but the comparison must not depend on that).
     ref_state, brick_state = _state(ref_module), _state(brick_module)
     _compare({k: list(v) for k, v in brick_state.items()},
-             {k: list(v) for k, v in ref_state.items()}, "parameter/buffer names", {})
+             {k: list(v) for k, v in ref_state.items()}, "parameter/buffer names", EXACT)
     with torch.no_grad():
         for kind in ref_state:
             for name, t in ref_state[kind].items():
@@ -316,7 +349,7 @@ def _compare_sample(module_info, module_input, dtype, training, device, toleranc
         raise _NotCompared(f"{REF} forward raised {_first_line(error)}") from None
     actual = _run(brick_module, brick_args, brick_kwargs)
     _compare(actual, expected, "output", tolerance)
-    _compare((brick_args, brick_kwargs), (ref_args, ref_kwargs), "inputs after forward", {})
+    _compare((brick_args, brick_kwargs), (ref_args, ref_kwargs), "inputs after forward", EXACT)
     _compare(_state(brick_module)["buffers"], _state(ref_module)["buffers"],
              "buffers after forward", tolerance)
     done.append("forward")
@@ -380,12 +413,14 @@ def _skip_key(module_info, training):
     return None
 
 
-def _sweep(test, device, dtype, module_info, training, limit):
+def _sweep(test, device, dtype, module_info, training, limit, channels_last=False):
     reason = _skip_key(module_info, training)
     if reason:
         test.skipTest(f"{module_info.name}: {reason}")
     tolerance = TOLERANCES.get((module_info.name, dtype), TOLERANCES.get(
-        module_info.name, BACKING_TOLERANCES.get(dtype, {})))
+        module_info.name, BACKING_TOLERANCES.get(dtype, EXACT)))
+    if tolerance is EXACT and module_info.name in RNN_DEVICE_BRANCHES:
+        tolerance = {}  # assert_close's defaults for the dtype
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # deprecations, the same on both devices
         torch.manual_seed(SEED)
@@ -398,6 +433,8 @@ def _sweep(test, device, dtype, module_info, training, limit):
         name = f"{module_info.name}[{index}{':' + module_input.desc if module_input.desc else ''}]"
         if module_input.forward_input is None:
             reason = "sample has no forward input (construction only)"
+        elif channels_last and not _has_channels_last_input(module_input.forward_input):
+            reason = "channels-last sweep: no 4-d or 5-d input"
         else:
             reason = SAMPLE_SKIPS.get((module_info.name, module_input.desc))
         if reason:
@@ -408,7 +445,7 @@ def _sweep(test, device, dtype, module_info, training, limit):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 done = _compare_sample(module_info, module_input, dtype, training, device,
-                                       tolerance)
+                                       tolerance, channels_last)
         except _NotCompared as why:
             not_compared.append(str(why))
             SAMPLE_NOT_RUN[f"{module_info.name}: {why}"] += 1
@@ -479,6 +516,12 @@ class TestBrickModuleDB(TestCase):
     @modules(module_db, allowed_dtypes=(torch.float32,), **_BOTH_MODES)
     def test_module(self, device, dtype, module_info, training):
         _sweep(self, device, dtype, module_info, training, MAX_SAMPLES)
+
+    # Every 4-d and 5-d input and parameter in its channels-last format (PyTorch's CPU kernels
+    # and autograd formulas take other paths for it).
+    @modules(module_db, allowed_dtypes=(torch.float32,), **_BOTH_MODES)
+    def test_module_channels_last(self, device, dtype, module_info, training):
+        _sweep(self, device, dtype, module_info, training, MAX_SAMPLES, channels_last=True)
 
     @modules(module_db, allowed_dtypes=(torch.float64,), **_BOTH_MODES)
     def test_module_float64(self, device, dtype, module_info, training):

@@ -1,0 +1,169 @@
+"""Brick takes its backing device's path where PyTorch branches on the device type.
+
+PyTorch's autograd formulas and composite ops sometimes test the device type (``is_cpu()``),
+and a PrivateUse1 device then takes another path than the CPU: results differ in the last bits,
+silently, and the differences grow with every optimiser step. Brick runs on the CPU's memory with
+the CPU's kernels, so on the host runtime every result here must be bit-equal to the CPU's at the
+same thread count. (The module sweep, test_module_db.py, proves it for every module; these are
+the cases users met, small enough to read.)
+"""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_brickdev
+
+pytestmark = pytest.mark.skipif(torch_brickdev.backing_device_type() != "cpu",
+                                reason="bit-equality with the CPU holds on the host runtime")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _leaves(tensors, device):
+    return [t.detach().to(device).clone(memory_format=torch.preserve_format).requires_grad_()
+            for t in tensors]
+
+
+def _assert_bit_equal(actual, expected, what):
+    assert actual.device.type == "brick", f"{what}: on {actual.device}"
+    assert actual.stride() == expected.stride(), \
+        f"{what}: strides {actual.stride()}, CPU {expected.stride()}"
+    torch.testing.assert_close(actual.cpu(), expected, rtol=0, atol=0,
+                               msg=lambda m: f"{what}: {m}")
+
+
+@pytest.mark.parametrize("shape, memory_format", [
+    ((2, 64, 16, 16), torch.channels_last),
+    ((2, 32, 4, 6, 6), torch.channels_last_3d),
+    ((2, 64, 16, 16), torch.contiguous_format),
+])
+def test_group_norm_backward_takes_the_cpu_layout(shape, memory_format):
+    # PyTorch's formula hands non-CPU devices a contiguous input; the CPU keeps channels-last
+    # (seen: dweight off by 2.3e-5 on a diffusers UNet). Brick restores the CPU's layout.
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, generator=generator).contiguous(memory_format=memory_format)
+    weight, bias = torch.randn(shape[1], generator=generator), torch.randn(shape[1],
+                                                                          generator=generator)
+    grad = torch.randn(shape, generator=generator).contiguous(memory_format=memory_format)
+    results = {}
+    for device in ("cpu", "brick"):
+        leaves = _leaves((x, weight, bias), device)
+        out = F.group_norm(leaves[0], 8, leaves[1], leaves[2])
+        out.backward(grad.to(device))
+        results[device] = [out] + [leaf.grad for leaf in leaves]
+    for name, actual, expected in zip(("out", "dx", "dweight", "dbias"), results["brick"],
+                                      results["cpu"]):
+        _assert_bit_equal(actual, expected, name)
+
+
+def test_group_norm_double_backward_matches_the_cpu():
+    # With create_graph the formula takes its differentiable path on every device.
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 16, 5, 5, generator=generator).contiguous(memory_format=torch.channels_last)
+    weight = torch.randn(16, generator=generator)
+    results = {}
+    for device in ("cpu", "brick"):
+        xx, ww = _leaves((x, weight), device)
+        (dx,) = torch.autograd.grad(F.group_norm(xx, 4, ww).square().sum(), xx, create_graph=True)
+        dx.sum().backward()
+        results[device] = (dx, xx.grad, ww.grad)
+    for name, actual, expected in zip(("dx", "d2x", "dweight"), results["brick"], results["cpu"]):
+        torch.testing.assert_close(actual.cpu(), expected, rtol=0, atol=0,
+                                   msg=lambda m, name=name: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("activation", [F.silu, F.mish])
+def test_activation_backward_runs_the_cpu_kernel(activation):
+    # silu_backward and mish_backward have a CPU kernel and a math formula for other devices.
+    x = torch.randn(4, 1000, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    grads = {}
+    for device in ("cpu", "brick"):
+        (xx,) = _leaves((x,), device)
+        activation(xx).backward(torch.ones_like(xx))
+        grads[device] = xx.grad
+    _assert_bit_equal(grads["brick"], grads["cpu"], f"{activation.__name__} grad")
+
+
+def test_channels_last_unet_block_trains_bit_equal():
+    # A diffusers-style ResNet block in channels-last, three AdamW steps: no drift.
+    def block():
+        torch.manual_seed(3)
+        return torch.nn.Sequential(
+            torch.nn.Conv2d(32, 32, 3, padding=1), torch.nn.GroupNorm(8, 32), torch.nn.SiLU(),
+            torch.nn.Conv2d(32, 32, 3, padding=1), torch.nn.GroupNorm(8, 32), torch.nn.Mish(),
+        ).to(memory_format=torch.channels_last)
+
+    x = torch.randn(2, 32, 12, 12, generator=torch.Generator().manual_seed(4))
+    x = x.contiguous(memory_format=torch.channels_last)
+    params = {}
+    for device in ("cpu", "brick"):
+        model = block().to(device)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        for _ in range(3):
+            optimizer.zero_grad()
+            model(x.to(device)).square().mean().backward()
+            optimizer.step()
+        params[device] = dict(model.named_parameters())
+    for name, expected in params["cpu"].items():
+        _assert_bit_equal(params["brick"][name].detach(), expected.detach(), name)
+
+
+def test_group_norm_without_input_gradient_runs():
+    # The CPU's channels-last backward kernel crashes (segfault, torch 2.13) when the input needs
+    # no gradient: brick keeps the contiguous kernel there (after the channels-last forward, so
+    # equal to the CPU's contiguous run within rounding, not bit for bit).
+    generator = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 32, 12, 12, generator=generator)
+    weight, bias = torch.randn(32, generator=generator), torch.randn(32, generator=generator)
+    grads = {}
+    for device, memory_format in (("brick", torch.channels_last), ("cpu", torch.contiguous_format)):
+        ww, bb = _leaves((weight, bias), device)
+        out = F.group_norm(x.to(device).contiguous(memory_format=memory_format), 8, ww, bb)
+        out.sum().backward()
+        grads[device] = (ww.grad, bb.grad)
+    for name, actual, expected in zip(("dweight", "dbias"), grads["brick"], grads["cpu"]):
+        torch.testing.assert_close(actual.cpu(), expected, msg=lambda m, name=name: f"{name}: {m}")
+
+
+_THREAD_COUNT_SCRIPT = """
+import json, torch, torch_brickdev
+cl = torch.channels_last
+
+def weight_grad(device):
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 4, 3).to(memory_format=cl).to(device)
+    x = torch.randn(5, 3, 6, 6).contiguous(memory_format=cl).to(device)
+    conv(x).backward(torch.randn(5, 4, 4, 4).to(device))
+    return conv.weight.grad.cpu()
+
+torch.set_num_threads(1)
+one_thread = weight_grad("cpu")  # the autograd engine starts its device threads here
+torch.set_num_threads(2)
+cpu, brick = weight_grad("cpu"), weight_grad("brick")
+print(json.dumps({"cpu_vs_one_thread": (cpu - one_thread).abs().max().item(),
+                  "brick_vs_cpu": (brick - cpu).abs().max().item()}))
+"""
+
+
+def test_backward_follows_set_num_threads():
+    # PyTorch's autograd engine runs brick's backward on a thread whose intra-op count is the one
+    # the process had when the engine started: brick re-applies the current count per backward.
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(_THREAD_COUNT_SCRIPT)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["brick_vs_cpu"] == 0.0, (
+        f"brick's backward differs from the CPU's at 2 threads by {result['brick_vs_cpu']} (the "
+        f"CPU's 2- and 1-thread results differ by {result['cpu_vs_one_thread']})")
