@@ -81,6 +81,15 @@ setup_python() {
     "$PYTHON" -m pip install -q psutil pyyaml && "$PYTHON" -m pip install -q --no-deps "accelerate==1.15.0" ||
       echo "could not install accelerate; the Trainer tests will skip" >&2
   fi
+  # PyTorch Lightning trains on brick in the tests (Trainer(accelerator="brick")). Lightning
+  # and torchmetrics declare torch: installed without their dependencies, which come first.
+  if ! TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PYTHON" -c "import lightning.pytorch" 2>/dev/null; then
+    log "installing lightning"
+    "$PYTHON" -m pip install -q fsspec tqdm packaging pyyaml typing-extensions \
+      "lightning-utilities==0.15.3" &&
+      "$PYTHON" -m pip install -q --no-deps "lightning==2.6.0" "torchmetrics==1.8.2" ||
+      echo "could not install lightning; its tests will skip" >&2
+  fi
   # HolisticTraceAnalysis loads brick's traces in the tests. Its declared dependencies pull in
   # jupyterlab; it imports only these, so it is installed without them.
   if ! TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PYTHON" -c "import hta.trace_analysis" 2>/dev/null; then

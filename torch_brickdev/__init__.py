@@ -98,3 +98,16 @@ if hasattr(_C, "_distributed"):
 # The profiler is part of the package's API, as torch.profiler is of torch's: usable as
 # `torch_brickdev.profiler` right after `import torch_brickdev`.
 from . import profiler  # noqa: E402,F401
+
+# Lightning's Trainer(accelerator="brick"), registered the moment Lightning is imported (its
+# integration changes nothing for any other accelerator; Lightning stays optional).
+from ._import_hooks import after_import as _after_import  # noqa: E402
+
+
+def _register_with_lightning() -> None:
+    from .integrations import lightning
+
+    lightning.register()
+
+
+_after_import("lightning.pytorch", _register_with_lightning)

@@ -47,8 +47,6 @@ backing.
 
 import contextlib
 import hashlib
-import importlib.abc
-import importlib.util
 import inspect
 import sys
 import warnings
@@ -57,6 +55,7 @@ from typing import Optional
 import torch
 
 from . import _C
+from ._import_hooks import after_import
 
 BACKEND = "brick"
 
@@ -89,7 +88,7 @@ def install(device_module) -> None:
     elif "torch._dynamo.device_interface" in sys.modules:
         register_device_interface()
     else:  # dynamo's device interfaces answer for brick as soon as they exist
-        _after_import("torch._dynamo.device_interface", register_device_interface)
+        after_import("torch._dynamo.device_interface", register_device_interface)
 
 
 def _predict_convolutions_as_the_backing_device() -> None:
@@ -141,38 +140,6 @@ def _predict_convolutions_as_the_backing_device() -> None:
 
         backing_rule._brick_backing_rule = True
         rules[op] = backing_rule
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """A one-shot post-import hook: `callback()` runs right after module `name` has executed, so
-    that brick's part of it exists as soon as the module does, without brick importing it."""
-
-    def __init__(self, name: str, callback):
-        self.name, self.callback = name, callback
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != self.name:
-            return None
-        sys.meta_path.remove(self)  # once; the real finders now find the module
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        exec_module, callback = spec.loader.exec_module, self.callback
-
-        def exec_then_register(module):
-            exec_module(module)
-            try:
-                callback()
-            except Exception as error:  # noqa: BLE001 - never break the import itself
-                warnings.warn(f"torch_brickdev: registering brick with {fullname} failed: "
-                              f"{type(error).__name__}: {error}")
-
-        spec.loader.exec_module = exec_then_register
-        return spec
-
-
-def _after_import(name: str, callback) -> None:
-    sys.meta_path.insert(0, _AfterImport(name, callback))
 
 
 def register_device_interface() -> None:
