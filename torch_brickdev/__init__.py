@@ -99,15 +99,21 @@ if hasattr(_C, "_distributed"):
 # `torch_brickdev.profiler` right after `import torch_brickdev`.
 from . import profiler  # noqa: E402,F401
 
-# Lightning's Trainer(accelerator="brick"), registered the moment Lightning is imported (its
-# integration changes nothing for any other accelerator; Lightning stays optional).
+# The tools people train with, taught the brick device the moment they are imported (each
+# integration changes nothing unless brick is asked for; the libraries stay optional).
 from ._import_hooks import after_import as _after_import  # noqa: E402
 
 
-def _register_with_lightning() -> None:
-    from .integrations import lightning
+def _integrate(module: str, function: str):
+    def register() -> None:
+        import importlib
 
-    lightning.register()
+        getattr(importlib.import_module(f"torch_brickdev.integrations.{module}"), function)()
+
+    return register
 
 
-_after_import("lightning.pytorch", _register_with_lightning)
+_after_import("lightning.pytorch", _integrate("lightning", "register"))
+_after_import("accelerate.state", _integrate("accelerate", "register"))
+_after_import("transformers.pipelines.base", _integrate("transformers", "register_pipeline"))
+_after_import("transformers.trainer", _integrate("transformers", "register_trainer"))
