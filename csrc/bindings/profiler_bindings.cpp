@@ -40,6 +40,19 @@ py::list to_list(const std::vector<BrickStats>& stats) {
   return out;
 }
 
+// torch.brick's device properties as Kineto's "deviceProperties" entries (profiler/_kineto.py),
+// read when a trace is processed, perhaps off the Python thread. A failure leaves them out.
+std::string device_properties_json() {
+  try {
+    py::gil_scoped_acquire gil;
+    return py::module_::import("torch_brickdev.profiler._kineto")
+        .attr("device_properties_json")()
+        .cast<std::string>();
+  } catch (const std::exception&) {
+    return {};
+  }
+}
+
 }  // namespace
 
 void bind_profiler(py::module_& parent) {
@@ -115,6 +128,7 @@ void bind_profiler(py::module_& parent) {
   m.def("range_push", [](const std::string& name) { profiler::range_push(name.c_str()); });
   m.def("range_pop", &profiler::range_pop);
   m.def("kineto_plugin_available", &profiler::kineto_plugin_available);
+  profiler::set_device_properties_source(&device_properties_json);
   m.def("kineto_plugin_stats", [] {
     const profiler::KinetoPluginStats stats = profiler::kineto_plugin_stats();
     py::dict d;

@@ -49,6 +49,7 @@ std::atomic<uint64_t> g_next_launch_id{uint64_t{1} << 32};
 std::atomic<uint64_t> g_activities_emitted{0};
 std::atomic<uint64_t> g_activities_unlinked{0};
 std::atomic<uint64_t> g_failed{0};
+std::atomic<DevicePropertiesSource> g_device_properties{nullptr};
 
 class BrickActivitySession final : public libkineto::IActivityProfilerSession {
  public:
@@ -63,6 +64,13 @@ class BrickActivitySession final : public libkineto::IActivityProfilerSession {
   }
 
   std::vector<std::string> errors() override { return errors_; }
+
+  // Kineto writes these into the trace's "deviceProperties", beside CUDA's: viewers (TensorBoard's
+  // profiler plugin, HTA) name the device from them.
+  std::string getDeviceProperties() override {
+    const DevicePropertiesSource source = g_device_properties.load(std::memory_order_acquire);
+    return source != nullptr ? source() : std::string();
+  }
 
   void processTrace(libkineto::ActivityLogger& logger) override {
     processTrace(
@@ -217,6 +225,10 @@ REGISTER_PRIVATEUSE1_PROFILER(BrickActivityProfiler);
 
 bool kineto_plugin_available() noexcept { return true; }
 
+void set_device_properties_source(DevicePropertiesSource source) noexcept {
+  g_device_properties.store(source, std::memory_order_release);
+}
+
 KinetoPluginStats kineto_plugin_stats() noexcept {
   return {g_sessions_processed.load(std::memory_order_relaxed),
           g_activities_emitted.load(std::memory_order_relaxed),
@@ -232,6 +244,7 @@ namespace brick::profiler {
 
 bool kineto_plugin_available() noexcept { return false; }
 KinetoPluginStats kineto_plugin_stats() noexcept { return {}; }
+void set_device_properties_source(DevicePropertiesSource /*source*/) noexcept {}
 
 }  // namespace brick::profiler
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #ifndef BRICK_HAS_KINETO_PLUGIN
 #define BRICK_HAS_KINETO_PLUGIN 0
@@ -23,5 +24,11 @@ struct KinetoPluginStats {
   uint64_t failed = 0;               // launches whose device times could not be read
 };
 KinetoPluginStats kineto_plugin_stats() noexcept;
+
+// The brick devices' properties for a trace's "deviceProperties" (JSON objects, comma-separated,
+// as Kineto writes CUDA's): the bindings supply them from torch.brick, read when a trace is
+// processed. None supplied, none written.
+using DevicePropertiesSource = std::string (*)();
+void set_device_properties_source(DevicePropertiesSource source) noexcept;
 
 }  // namespace brick::profiler

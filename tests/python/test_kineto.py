@@ -187,6 +187,24 @@ def test_chrome_trace_has_named_tracks_flows_and_device_work_inside_its_op(tmp_p
 
 
 @needs_plugin
+def test_trace_names_the_brick_devices_in_device_properties(tmp_path):
+    # As CUDA traces do: TensorBoard's profiler plugin and HTA name the device from these.
+    path = tmp_path / "trace.json"
+    run_profiled(lambda: torch.ones(8, device="brick").sum()).export_chrome_trace(str(path))
+    with open(path) as f:
+        entries = json.load(f)["deviceProperties"]
+    brick = [e for e in entries if str(e.get("name", "")).startswith("brick:")]
+    assert [e["id"] for e in brick] == list(range(torch.brick.device_count()))
+    for entry in brick:
+        expected = torch.brick.get_device_properties(entry["id"])
+        assert entry["name"] == expected.name and entry["name"] == torch.brick.get_device_name(
+            entry["id"])
+        assert entry["totalGlobalMem"] == expected.total_memory > 0
+        assert (entry["computeMajor"], entry["computeMinor"]) == (expected.major, expected.minor)
+        assert entry["backingDevice"] == expected.backing_device
+
+
+@needs_plugin
 def test_holistic_trace_analysis_loads_the_trace_and_its_analyses_run(tmp_path):
     hta = pytest.importorskip("hta.trace_analysis")
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU()).to("brick")

@@ -412,3 +412,19 @@ def test_export_after_pytorch_export_explains(tmp_path):
     prof.export_chrome_trace(str(tmp_path / "pytorch.json"))
     with pytest.raises(RuntimeError, match="export_chrome_trace"):
         bp.export_chrome_trace(prof, tmp_path / "brick.json")
+
+
+def test_export_after_pytorchs_own_says_what_to_do(tmp_path):
+    # PyTorch saves a legacy profile's trace once: brick's export after it cannot include it,
+    # and says to call brick's export first (which can be repeated, and after which PyTorch's
+    # export is no longer needed: brick's file holds PyTorch's events too).
+    with legacy_profile() as prof:
+        torch.ones(8, device="brick").sum()
+    prof.export_chrome_trace(str(tmp_path / "pytorch.json"))
+    with pytest.raises(RuntimeError, match="call torch_brickdev.profiler.export_chrome_trace "
+                                           "first"):
+        bp.export_chrome_trace(prof, tmp_path / "brick.json")
+    with legacy_profile() as prof:
+        torch.ones(8, device="brick").sum()
+    for name in ("first.json", "again.json"):
+        assert bp.export_chrome_trace(prof, tmp_path / name) == str(tmp_path / name)

@@ -81,3 +81,24 @@ def _remove_warning() -> None:
     init = torch.profiler.profile.__init__
     if getattr(init, "_brick_warns", False):
         torch.profiler.profile.__init__ = init._brick_original
+
+
+def device_properties_json() -> str:
+    """The brick devices as Kineto's ``deviceProperties`` entries (comma-separated JSON objects
+    with CUDA's field names), read by brick's Kineto session when a trace is written: viewers name
+    the device (and its backing device) from them."""
+    import json
+
+    entries = []
+    for index in range(torch.brick.device_count()):
+        properties = torch.brick.get_device_properties(index)
+        entries.append(json.dumps({
+            "id": index,
+            "name": properties.name,
+            "totalGlobalMem": properties.total_memory,
+            "computeMajor": properties.major,
+            "computeMinor": properties.minor,
+            "numSms": properties.multi_processor_count,
+            "backingDevice": properties.backing_device,
+        }))
+    return ",".join(entries)
