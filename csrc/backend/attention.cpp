@@ -117,6 +117,7 @@ fused_attention_overrideable(const at::Tensor& query, const at::Tensor& key,
                      runtime::LaunchKind::Kernel);
   BackingScope scope(device);
   launch.queue(device);
+  UnrecordedBackingOps unrecorded;
   const int64_t head_dim = query.size(-1);
   auto [out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, philox_seed, philox_offset,
         debug_mask] =
@@ -148,6 +149,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_attention_overr
                      runtime::LaunchKind::Kernel);
   BackingScope scope(device);
   launch.queue(device);
+  UnrecordedBackingOps unrecorded;
   const int64_t head_dim = query.size(-1);
   auto [grad_query, grad_key, grad_value] = at::_scaled_dot_product_flash_attention_backward_symint(
       pad_head_dim(make_backing_alias(grad_out)), pad_head_dim(make_backing_alias(query)),

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <ATen/core/Generator.h>
+#include <ATen/record_function.h>
 #include <c10/core/Device.h>
 #include <c10/core/Stream.h>
 
@@ -37,6 +38,28 @@ class BackingScope {
   bool entered_cuda_ = false;
   c10::Device previous_device_{c10::DeviceType::CUDA};
   c10::Stream previous_stream_{c10::Stream::DEFAULT, c10::Device(c10::DeviceType::CUDA)};
+};
+
+// What brick runs on the backing device is the brick op's device work, never another call of it.
+// Kernels that compute with ATen ops through full dispatch (convolution, attention, the RNN
+// cells) would otherwise record the backing device's whole op chain again under the brick op,
+// with the same names, in every profiler (brick's registry, the legacy profiler, Kineto): counts
+// above the calls, bricks above 100 % of wall. For the scope the calling thread records no op.
+// Free while no profiler listens (no RecordFunction callback registered); while one does,
+// PyTorch rebuilds the thread's callback lists on entry and exit, which these heavy ops absorb.
+class UnrecordedBackingOps {
+ public:
+  UnrecordedBackingOps() : silenced_(at::hasCallbacks() && at::isRecordFunctionEnabled()) {
+    if (silenced_) at::enableRecordFunction(false);
+  }
+  ~UnrecordedBackingOps() {
+    if (silenced_) at::enableRecordFunction(true);
+  }
+  UnrecordedBackingOps(const UnrecordedBackingOps&) = delete;
+  UnrecordedBackingOps& operator=(const UnrecordedBackingOps&) = delete;
+
+ private:
+  bool silenced_;
 };
 
 // A brick stream for `device`: on CUDA backing a stream of PyTorch's CUDA stream pool (the same

@@ -135,6 +135,14 @@ void order_after(const c10::Stream& first, const c10::Stream& then) {
   event.block(then);
 }
 
+// The copy itself, by the backing device's copy kernel (which also moves bytes between the host
+// and a GPU, and resolves conjugate and negative bits): redispatched, so it is the device work of
+// brick's _copy_from, not a second, recorded aten::copy_ under it.
+void backing_copy(const at::Tensor& target, const at::Tensor& source, bool non_blocking) {
+  at::Tensor self = target;
+  at::_ops::copy_::redispatch(backing_dispatch_key_set(), self, source, non_blocking);
+}
+
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   TORCH_CHECK(self.defined() && dst.defined(), "brick: copy_ got an undefined tensor");
   LaunchScope launch("aten::_copy_from", runtime::LaunchKind::Memcpy);
@@ -145,7 +153,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   if (!cuda_backing()) {
     DeviceScope scope(device);
     launch.queue(device);
-    target.copy_(source, non_blocking);
+    backing_copy(target, source, non_blocking);
     return dst;
   }
   // Between two brick devices, PyTorch's copy orders the current streams of both GPUs: both
@@ -165,12 +173,12 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   BackingScope scope(device);
   launch.queue(device);
   if (!torch_stream) {
-    target.copy_(source, non_blocking);
+    backing_copy(target, source, non_blocking);
     return dst;
   }
   const c10::Stream brick_stream = backing_cuda_stream(device, rt().current_stream(device));
   order_after(*torch_stream, brick_stream);
-  target.copy_(source, non_blocking);
+  backing_copy(target, source, non_blocking);
   order_after(brick_stream, *torch_stream);
   return dst;
 }
@@ -199,6 +207,7 @@ at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& w
   LaunchScope launch("aten::convolution_overrideable", runtime::LaunchKind::Kernel);
   BackingScope scope(input.device().index());
   launch.queue(input.device().index());
+  UnrecordedBackingOps unrecorded;
   at::Tensor out = at::convolution(make_backing_alias(input), make_backing_alias(weight),
                                    make_backing_alias(bias), stride, padding, dilation, transposed,
                                    output_padding, groups);
@@ -213,6 +222,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable
   LaunchScope launch("aten::convolution_backward_overrideable", runtime::LaunchKind::Kernel);
   BackingScope scope(device);
   launch.queue(device);
+  UnrecordedBackingOps unrecorded;
   const int64_t bias_channels = transposed ? weight.size(1) * groups : weight.size(0);
   auto [grad_input, grad_weight, grad_bias] =
       at::convolution_backward(make_backing_alias(grad_output), make_backing_alias(input),

@@ -62,6 +62,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_lstm_cell(
   LaunchScope launch("aten::_thnn_fused_lstm_cell", runtime::LaunchKind::Kernel);
   BackingScope scope(device);
   launch.queue(device);
+  UnrecordedBackingOps unrecorded;
   at::Tensor workspace = gate_sum(make_backing_alias(input_gates), make_backing_alias(hidden_gates),
                                   make_backing_alias(input_bias), make_backing_alias(hidden_bias));
   auto gates = workspace.chunk(4, 1);
@@ -84,6 +85,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_lstm_cell_backward(
   LaunchScope launch("aten::_thnn_fused_lstm_cell_backward_impl", runtime::LaunchKind::Kernel);
   BackingScope scope(device);
   launch.queue(device);
+  UnrecordedBackingOps unrecorded;
   const auto gates = make_backing_alias(workspace).chunk(4, 1);
   const at::Tensor& ingate = gates[0];
   const at::Tensor& forgetgate = gates[1];
@@ -123,6 +125,7 @@ std::tuple<at::Tensor, at::Tensor> fused_gru_cell(const at::Tensor& input_gates,
   LaunchScope launch("aten::_thnn_fused_gru_cell", runtime::LaunchKind::Kernel);
   BackingScope scope(device);
   launch.queue(device);
+  UnrecordedBackingOps unrecorded;
   const at::Tensor input_bias_alias = make_backing_alias(input_bias);
   const at::Tensor hidden_bias_alias = make_backing_alias(hidden_bias);
   at::Tensor input_side = make_backing_alias(input_gates);
@@ -149,6 +152,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_gru
   LaunchScope launch("aten::_thnn_fused_gru_cell_backward", runtime::LaunchKind::Kernel);
   BackingScope scope(device);
   launch.queue(device);
+  UnrecordedBackingOps unrecorded;
   const auto saved = make_backing_alias(workspace).chunk(5, 1);
   const at::Tensor& resetgate = saved[0];
   const at::Tensor& updategate = saved[1];
