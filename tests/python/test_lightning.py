@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import pytest
@@ -29,9 +30,10 @@ def _clean_env():
 
 
 def train(accelerator, devices=1, strategy="auto", precision="32-true", *extra, timeout=240):
-    done = subprocess.run([sys.executable, SCRIPT, accelerator, str(devices), strategy, precision,
-                           *extra], capture_output=True, text=True, timeout=timeout,
-                          env=_clean_env())
+    with tempfile.TemporaryDirectory() as cwd:  # Lightning's profiler writes its traces there
+        done = subprocess.run([sys.executable, SCRIPT, accelerator, str(devices), strategy,
+                               precision, *extra], capture_output=True, text=True,
+                              timeout=timeout, env=_clean_env(), cwd=cwd)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, (
         f"lightning_script.py {accelerator} {devices} {strategy} {precision} exited with "
