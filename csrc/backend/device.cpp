@@ -15,9 +15,6 @@
 #define BRICK_HAS_DEVICE_CAPABILITY 0
 #endif
 
-#include <array>
-#include <mutex>
-
 #include "backend/autocast.h"
 #include "backend/backend.h"
 #include "backend/backing.h"
@@ -225,17 +222,6 @@ class BrickGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
 C10_REGISTER_GUARD_IMPL(PrivateUse1, BrickGuardImpl);
 
-// Default generators, one per device, created on first use.
-const at::Generator& default_generator(c10::DeviceIndex device) {
-  static std::array<at::Generator, runtime::kMaxDevices> generators;
-  static std::array<std::once_flag, runtime::kMaxDevices> created;
-  const auto index = resolve_device_index(device);
-  std::call_once(created[index], [&] {
-    generators[index] = at::make_generator<BrickGenerator>(index, c10::default_rng_seed_val);
-  });
-  return generators[index];
-}
-
 struct BrickHooks final : public at::PrivateUse1HooksInterface {
   bool isBuilt() const override { return true; }
   bool isAvailable() const override { return rt().device_count() > 0; }
@@ -246,7 +232,7 @@ struct BrickHooks final : public at::PrivateUse1HooksInterface {
   }
 
   const at::Generator& getDefaultGenerator(c10::DeviceIndex device_index) const override {
-    return default_generator(device_index);
+    return brick_default_generator(device_index);
   }
 
   at::Generator getNewGenerator(c10::DeviceIndex device_index) const override {
@@ -308,10 +294,6 @@ struct BrickHooks final : public at::PrivateUse1HooksInterface {
 };
 
 }  // namespace
-
-const at::Generator& brick_default_generator(c10::DeviceIndex device) {
-  return default_generator(device);
-}
 
 void ensure_registered() {
   static const bool registered = [] {

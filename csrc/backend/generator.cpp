@@ -1,5 +1,6 @@
 #include "backend/generator.h"
 
+#include <array>
 #include <mutex>
 
 #include "backend/backend.h"
@@ -54,6 +55,17 @@ BrickGenerator* BrickGenerator::clone_impl() const {
   std::lock_guard<std::mutex> lock(backing_.mutex());
   copy->backing_ = backing_.clone();
   return copy;
+}
+
+// Default generators, one per device, created on first use.
+const at::Generator& brick_default_generator(c10::DeviceIndex device) {
+  static std::array<at::Generator, runtime::kMaxDevices> generators;
+  static std::array<std::once_flag, runtime::kMaxDevices> created;
+  const auto index = resolve_device_index(device);
+  std::call_once(created[index], [&] {
+    generators[index] = at::make_generator<BrickGenerator>(index, c10::default_rng_seed_val);
+  });
+  return generators[index];
 }
 
 }  // namespace brick::backend

@@ -13,6 +13,7 @@
 #include "backend/backend.h"
 #include "backend/backing.h"
 #include "backend/errors.h"
+#include "common/steady_clock.h"
 #include "runtime/launch_observer.h"
 
 namespace brick::distributed {
@@ -53,12 +54,6 @@ const char* engine_collective_name(const std::string& engine, Collective op) {
   }();
   const size_t e = engine == "gloo" ? 0 : engine == "nccl" ? 1 : 2;
   return (*names)[e][static_cast<size_t>(op)].c_str();
-}
-
-int64_t steady_ns() noexcept {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
 }
 
 // A collective's Work as the caller sees it: the engine's Work over the aliases, answering with

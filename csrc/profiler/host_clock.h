@@ -7,13 +7,11 @@
 #include <climits>
 #include <cstdint>
 
+#include "common/steady_clock.h"
+
 namespace brick::profiler {
 
-inline int64_t steady_time_ns() noexcept {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+inline int64_t steady_time_ns() noexcept { return steady_ns(); }
 
 inline int64_t unix_time_ns() noexcept {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(

@@ -58,6 +58,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "common/steady_clock.h"
 #include "registry/clock.h"
 
 namespace brick::registry {
@@ -219,12 +220,6 @@ std::vector<BrickStats> Snapshot::by_name() const {
 // Clock
 
 namespace {
-
-int64_t steady_ns() noexcept {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 #if BRICK_REGISTRY_HAS_TSC
 // The calibrated scale, published once: g_tsc's fields first, then g_tsc_mult with release.

@@ -17,7 +17,6 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -29,17 +28,12 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/steady_clock.h"
 #include "runtime/runtime.h"
 #include "runtime/thread_state.h"
 
 namespace brick::runtime {
 namespace {
-
-int64_t now_ns() noexcept {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 std::string cuda_error_text(cudaError_t error) {
   return std::string(cudaGetErrorName(error)) + ": " + cudaGetErrorString(error);
@@ -576,7 +570,7 @@ class CudaRuntime final : public Runtime {
     DeviceState& state = devices_[device];
     std::lock_guard<std::mutex> lock(state.clock_mutex);
     if (state.newest_clock_reference < 0 ||
-        now_ns() - state.clock_references[state.newest_clock_reference].host_ns >
+        steady_ns() - state.clock_references[state.newest_clock_reference].host_ns >
             kClockReferenceMaxAgeNs) {
       add_clock_reference(state, device);
     }
@@ -706,7 +700,7 @@ class CudaRuntime final : public Runtime {
     // the window. Polling (not a blocking synchronize, whose wake-up can take tens of µs) keeps
     // the window short; a wide one (the thread was preempted) is measured again.
     for (int attempt = 0; attempt < kClockReferenceAttempts; ++attempt) {
-      const int64_t before = now_ns();
+      const int64_t before = steady_ns();
       check(cudaEventRecord(reference.event, state.clock_stream),
             "recording a clock calibration event", device);
       cudaError_t status = cudaErrorNotReady;
@@ -714,7 +708,7 @@ class CudaRuntime final : public Runtime {
       }
       (void)cudaGetLastError();  // the polls' "not ready" must not reach PyTorch's next check
       check(status, "waiting for a clock calibration event", device);
-      const int64_t after = now_ns();
+      const int64_t after = steady_ns();
       reference.host_ns = before + (after - before) / 2;
       if (after - before <= kClockReferenceTightSpanNs) break;
     }

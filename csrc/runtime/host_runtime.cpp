@@ -6,13 +6,13 @@
 // ids, per-thread current streams and validation, so stream-aware code is exercised.
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <new>
 #include <string>
 
+#include "common/steady_clock.h"
 #include "runtime/runtime.h"
 #include "runtime/thread_state.h"
 
@@ -37,12 +37,6 @@ struct alignas(kAlignment) BlockHeader {
   int32_t device;
 };
 static_assert(sizeof(BlockHeader) == kAlignment);
-
-int64_t now_ns() noexcept {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 class HostRuntime final : public Runtime {
  public:
@@ -124,7 +118,7 @@ class HostRuntime final : public Runtime {
   bool query_stream(DeviceIndex device, StreamId stream) override {
     check_stream(device, stream);
     // Work completes before the call that issued it returns (deferred: its events later).
-    return !deferred_ || now_ns() >= completes_at(last_recorded_ns_[device]);
+    return !deferred_ || steady_ns() >= completes_at(last_recorded_ns_[device]);
   }
 
   void synchronize_stream(DeviceIndex device, StreamId stream) override {
@@ -166,7 +160,7 @@ class HostRuntime final : public Runtime {
       throw Error("brick: event was created on brick:" + std::to_string(event->device) +
                   " but is being recorded on a stream of brick:" + std::to_string(device));
     }
-    const int64_t now = now_ns();
+    const int64_t now = steady_ns();
     event->recorded_ns.store(now, std::memory_order_release);
     if (deferred_) last_recorded_ns_[device].store(now, std::memory_order_relaxed);
   }
@@ -174,7 +168,7 @@ class HostRuntime final : public Runtime {
   bool query_event(Event* event) override {
     if (!deferred_) return true;
     const int64_t recorded = as_host(event)->recorded_ns.load(std::memory_order_acquire);
-    return recorded < 0 || now_ns() >= recorded + kDeferredCompletionNs;  // never recorded: done
+    return recorded < 0 || steady_ns() >= recorded + kDeferredCompletionNs;  // never recorded: done
   }
 
   void synchronize_event(Event* event) override {
@@ -202,7 +196,7 @@ class HostRuntime final : public Runtime {
       throw Error("brick: elapsed time needs both events on the same device, got brick:" +
                   std::to_string(start->device) + " and brick:" + std::to_string(end->device));
     }
-    if (deferred_ && now_ns() < std::max(t0, t1) + kDeferredCompletionNs) {
+    if (deferred_ && steady_ns() < std::max(t0, t1) + kDeferredCompletionNs) {
       throw Error("brick: elapsed time needs both events to have completed (synchronize first)");
     }
     return static_cast<double>(t1 - t0) / 1e6;
@@ -210,7 +204,7 @@ class HostRuntime final : public Runtime {
 
   int64_t event_host_time_ns(Event* event) override {
     const int64_t recorded = as_host(event)->recorded_ns.load(std::memory_order_acquire);
-    if (deferred_ && recorded >= 0 && now_ns() < recorded + kDeferredCompletionNs) return -1;
+    if (deferred_ && recorded >= 0 && steady_ns() < recorded + kDeferredCompletionNs) return -1;
     return recorded;
   }
 
@@ -232,7 +226,7 @@ class HostRuntime final : public Runtime {
   }
 
   static void wait_until(int64_t deadline_ns) noexcept {
-    while (now_ns() < deadline_ns) {
+    while (steady_ns() < deadline_ns) {
     }
   }
 

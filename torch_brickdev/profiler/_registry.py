@@ -11,7 +11,7 @@ from typing import List, Optional, Union
 import torch
 
 from .. import _C
-from ..brick._utils import check_bool, describe
+from ..argcheck import check_bool, describe
 
 _native = _C._profiler
 

@@ -17,7 +17,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Union
 
-from ..brick._utils import describe
+from ..argcheck import describe
 from .report import Report, load_report
 
 MERGED_FORMAT = "torch_brickdev.merged_report"

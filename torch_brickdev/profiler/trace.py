@@ -30,7 +30,7 @@ from typing import Optional, Union
 import torch
 
 from .. import _C
-from ..brick._utils import check_int, check_path, describe
+from ..argcheck import check_int, check_path, describe
 
 _SKIPPED_EVENTS = ("[memory]", "[OutOfMemory]")
 _ANNOTATION_TID_BASE = 10_000_000
