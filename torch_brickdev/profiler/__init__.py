@@ -28,9 +28,8 @@ collective of brick's c10d backend is one on the device's ``collectives`` track,
 :func:`trace_analysis` runs HolisticTraceAnalysis over the ranks' traces.
 """
 
+from ._stats import BrickStats, SyncMode
 from ._registry import (
-    BrickStats,
-    SyncMode,
     all_brick_stats,
     clear_timeline,
     disable,
@@ -38,7 +37,6 @@ from ._registry import (
     health,
     is_enabled,
     mark,
-    profile,
     range_pop,
     range_push,
     reset,
@@ -50,6 +48,7 @@ from ._kineto import kineto_available, kineto_stats
 from ._kineto import warn_where_unavailable as _warn_where_unavailable
 from .report import (Report, ReportError, WrittenFigures, compare_with_key_averages,
                      folded_by_pytorch, load_report)
+from .session import profile
 from .trace import export_chrome_trace
 from .merge import MergedReport, merge_reports
 from .trace_analysis import late_collective_stragglers, trace_analysis

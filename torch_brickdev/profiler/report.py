@@ -36,7 +36,8 @@ import torch
 from .. import _C
 from ._kineto import is_brick_activity
 from ..argcheck import show_json
-from ._registry import BrickStats, SyncMode, health
+from ._registry import health
+from ._stats import BrickStats, SyncMode
 
 SCHEMA = "torch_brickdev.report"
 VERSION = 1

@@ -1,0 +1,73 @@
+"""The profiler's shared types: what a sync mode is and what one brick's figures are.
+
+A leaf: the registry's surface (_registry.py), the report (report.py) and the session above both
+(session.py) import it; it imports nothing of theirs.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Union
+
+from ..argcheck import describe
+
+
+class SyncMode(str, enum.Enum):
+    """What a brick's duration measures (see the module documentation)."""
+
+    IMMEDIATE = "immediate"
+    DEFERRED = "deferred"
+    EVENT = "event"
+
+    @classmethod
+    def parse(cls, mode: Union["SyncMode", str], *, arg: str = "mode",
+              where: str = "brick profiler: SyncMode.parse()") -> "SyncMode":
+        """The member named ``mode`` (case-insensitive). ``arg`` and ``where`` name the caller's
+        argument and function in error messages."""
+        if isinstance(mode, SyncMode):
+            return mode
+        valid = ", ".join(repr(m.value) for m in cls)
+        if not isinstance(mode, str):
+            raise TypeError(
+                f"{where}: {arg} must be a SyncMode or a str ({valid}), "
+                f"got {describe(mode)}"
+            )
+        try:
+            return cls(mode.lower())
+        except ValueError:
+            raise ValueError(
+                f"{where}: {arg}={mode!r} is not a sync mode; expected one of {valid}"
+            ) from None
+
+
+@dataclass(frozen=True)
+class BrickStats:
+    """Figures of one brick: an op (``aten::mm``) or a range (``record_function("MLP")``).
+
+    Aggregated by name, ``path`` is the name itself; aggregated by call path (``by="path"``),
+    it holds the ancestors too (``"Layer0/MLP/aten::mm"``) and ``depth`` their number.
+    """
+
+    name: str
+    path: str
+    kind: str  # "op" or "range"
+    device: int  # brick device index; -1 when recorded on several devices
+    depth: int
+    count: int
+    total_ns: int
+    min_ns: int
+    max_ns: int
+    last_ns: int
+    p50_ns: float
+    p90_ns: float
+    p99_ns: float
+
+    def avg_us(self) -> float:
+        """The canonical per-call figure: ``total_ns / count / 1000``."""
+        return self.total_ns / self.count / 1000.0 if self.count else 0.0
+
+    def to_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d["avg_us"] = self.avg_us()
+        return d

@@ -1,0 +1,117 @@
+"""The profiling session: ``torch_brickdev.profiler.profile``, which times a region with the
+registry and keeps its :class:`~torch_brickdev.profiler.report.Report`. Above both the registry's
+surface (_registry.py) and the report (report.py)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Optional, Union
+
+import torch
+
+from .. import _C
+from ..argcheck import check_bool, describe
+from ._registry import disable, enable, is_enabled, reset, set_sync_mode, sync_mode
+from ._stats import SyncMode
+from .report import Report
+
+
+def _check_metadata(metadata, where: str) -> dict:
+    """A copy of ``metadata``, checked now rather than when the report is written at the end of
+    the run: it must be a dict that ``json.dumps`` accepts (the report is JSON, without NaN)."""
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, dict):
+        raise TypeError(
+            f"{where}: metadata must be a dict or None, got {describe(metadata)}"
+        )
+    try:
+        json.dumps(metadata, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            f"{where}: metadata must be JSON-serializable (it is written to the "
+            f"report), got {error}"
+        ) from None
+    return dict(metadata)
+
+
+class profile:
+    """Profiles a region with the brick registry and keeps its :class:`Report`.
+
+    >>> with torch_brickdev.profiler.profile(sync_mode="event") as p:
+    ...     model(x)
+    >>> print(p.report.table())
+
+    The registry is reset on entry (``reset=False`` accumulates instead), every brick device is
+    synchronized and every collective of brick's process groups waited for before the wall
+    clock stops, and the previous sync mode is restored on exit.
+    """
+
+    def __init__(self, sync_mode: Optional[Union[SyncMode, str]] = None, *, reset: bool = True,
+                 metadata: Optional[dict] = None):
+        where = "brick profiler: profile()"
+        self._mode = None if sync_mode is None else SyncMode.parse(sync_mode, arg="sync_mode",
+                                                                     where=where)
+        self._reset = check_bool(reset, "reset", where)
+        self._metadata = _check_metadata(metadata, where)
+        self._previous_mode: Optional[SyncMode] = None
+        self.report = None
+        self.wall_ns = 0
+
+    def __enter__(self) -> "profile":
+        if is_enabled():
+            raise RuntimeError("brick profiler: a profile is already running (nesting is not supported)")
+        self._previous_mode = sync_mode()
+        if self._mode is not None:
+            set_sync_mode(self._mode)
+        if self._reset:
+            reset()
+        from ..distributed import collective_counters, wait_for_collectives
+
+        wait_for_collectives()  # earlier collectives end before: the region's counts are its own
+        for index in _C._devices_in_use():  # no CUDA context made on an unused GPU
+            torch.brick.synchronize(index)
+        self._collectives_before = collective_counters()
+        self._start = time.perf_counter_ns()
+        enable()
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        from ..distributed import wait_for_collectives
+
+        try:
+            wait_for_collectives()  # collectives are device work too: their ranges end inside
+            for index in _C._devices_in_use():
+                torch.brick.synchronize(index)
+            self.wall_ns = time.perf_counter_ns() - self._start
+        finally:
+            disable()
+            mode = sync_mode()
+            if self._previous_mode is not None and self._previous_mode != mode:
+                set_sync_mode(self._previous_mode)
+
+        # The caller's own entries win over the ones filled in here.
+        metadata = {**_distributed_metadata(self._collectives_before), **(self._metadata or {})}
+        self.report = Report.capture(wall_ns=self.wall_ns, sync_mode=mode, metadata=metadata or None)
+        return False
+
+
+def _distributed_metadata(before: dict) -> dict:
+    """Where a profiled process is one rank of a group: ``distributed`` (rank, world size,
+    backend) and ``collectives`` (per collective brick's c10d backend ran in the region: calls,
+    input bytes of this rank, group size, and the time in the collective, enqueue to completion,
+    summed over ``timed_calls``). The engine's own bricks (``gloo:all_reduce`` …) hold the time
+    its worker spent. Empty for a process that is no rank."""
+    from .. import distributed
+
+    info = distributed.group_info()
+    if info is None:
+        return {}
+    collectives = {}
+    for name, now in distributed.collective_counters().items():
+        earlier = before.get(name, dict.fromkeys(now, 0))
+        delta = {key: now[key] - earlier[key] for key in ("calls", "bytes", "time_ns", "timed_calls")}
+        if delta["calls"]:
+            collectives[name] = {**delta, "group_size": now["group_size"]}
+    return {"distributed": info, "collectives": collectives}
