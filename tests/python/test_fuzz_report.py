@@ -56,7 +56,7 @@ import torch_brickdev  # noqa: F401  (registers brick)
 from torch_brickdev.tools import contract
 from torch_brickdev.tools.contract import CHECK_IDS, CheckResult, format_results, run_checks
 from torch_brickdev.profiler import Report, load_report
-from torch_brickdev.profiler import report as report_module
+from torch_brickdev.profiler import _report_schema
 from torch_brickdev.profiler.report import ReportError, compare_with_key_averages, folded_by_pytorch
 
 # Every property is deterministic (derandomize) and uses no example database, so CI runs the
@@ -174,7 +174,7 @@ def _no_hang(seconds: float = 5.0):
             signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - start), 1e-3))
 
 
-_path_text = report_module._path_text  # the reader's own naming of a field
+_path_text = _report_schema._path_text  # the reader's own naming of a field
 
 
 def _get(data, path: Tuple):
