@@ -301,7 +301,10 @@ int register_direct_fallback_kernels() {
   //    group norm, addr, ...) would run a generic decomposition that differs numerically from
   //    the backing device's kernel; so would ops with a CompositeImplicitAutograd kernel beside
   //    one (silu_backward, mish_backward: the CPU runs its own kernel, a device without one the
-  //    math formula).
+  //    math formula). A composite-implicit op has no kernel of the backing device's key unless
+  //    that device registered one, so it qualifies only with a kernel for every backing device
+  //    this PyTorch can have (CPU, and CUDA in a CUDA build: _fused_rms_norm_backward has only
+  //    CUDA's).
   // For both, brick runs the backing device's own kernel through the fallback.
   static std::unique_ptr<torch::Library> library;
   static int registered = 0;
@@ -315,6 +318,9 @@ int register_direct_fallback_kernels() {
   // Composite kernels that refuse devices other than CPU/CUDA/XPU; on the backing device they
   // are fine.
   const std::set<std::string> device_checking_composites = {"mode.values"};
+  const auto empty = dispatcher.findOp({"aten::empty", "memory_format"});
+  const bool cuda_build =
+      empty.has_value() && empty->hasKernelForDispatchKey(c10::DispatchKey::CUDA);
   for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
     if (name.name.rfind("aten::", 0) != 0) continue;
     const auto op = dispatcher.findOp(name);
@@ -325,9 +331,13 @@ int register_direct_fallback_kernels() {
                                 op->hasKernelForDispatchKey(c10::DispatchKey::CUDA);
     const bool decomposed =
         op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
-        op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
-        op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
-    if ((backing_kernel && decomposed) || device_checking_composites.count(qualified) != 0) {
+        op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd);
+    const bool math_elsewhere =
+        op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) &&
+        op->hasKernelForDispatchKey(c10::DispatchKey::CPU) &&
+        (!cuda_build || op->hasKernelForDispatchKey(c10::DispatchKey::CUDA));
+    if ((backing_kernel && decomposed) || math_elsewhere ||
+        device_checking_composites.count(qualified) != 0) {
       library->impl(qualified.c_str(),
                     torch::CppFunction::makeFromBoxedFunction<&brick_fallback>());
       ++registered;

@@ -76,9 +76,12 @@ def test_convolution_ops_count_once_per_call(counts_of):
     counts = counts_of(_conv_work("brick"))
     counts = counts[0] if isinstance(counts, tuple) else counts
     for name in ("aten::conv2d", "aten::convolution", "aten::_convolution",
-                 "aten::convolution_overrideable", "aten::convolution_backward",
-                 "aten::convolution_backward_overrideable"):
+                 "aten::convolution_backward"):
         assert counts[name] == CALLS, (name, counts[name])
+    # PyTorch's route to brick's kernels: the overrideable ops, or (where convolution_backward has
+    # a CUDA kernel, torch 2.14 CUDA builds) brick's own kernel for convolution_backward.
+    for name in ("aten::convolution_overrideable", "aten::convolution_backward_overrideable"):
+        assert counts[name] in (0, CALLS), (name, counts[name])
     assert not [k for k in counts if "mkldnn" in k or "slow_conv" in k], counts
 
 
