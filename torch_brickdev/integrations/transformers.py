@@ -12,6 +12,7 @@ with arguments that resolved to another device is moved there with a warning tha
 """
 
 import functools
+import inspect
 import warnings
 
 import torch_brickdev  # noqa: F401  (registers the brick device)
@@ -35,12 +36,20 @@ def register_pipeline() -> None:
     if getattr(Pipeline.__init__, "_brick", False):
         return
     init = Pipeline.__init__
+    # Where `device` sits among the positional parameters (self, model, ...): a caller may pass it
+    # positionally, and then it is theirs.
+    parameters = list(inspect.signature(init).parameters)
+    device_position = parameters.index("device") if "device" in parameters else len(parameters)
 
     @functools.wraps(init)
-    def __init__(self, model, *args, device=None, **kwargs):
-        if device is None and getattr(model, "hf_device_map", None) is None:
+    def __init__(self, model, *args, **kwargs):
+        passed_positionally = 2 + len(args) > device_position
+        if (not passed_positionally and kwargs.get("device") is None
+                and getattr(model, "hf_device_map", None) is None):
             device = _brick_device(model)
-        init(self, model, *args, device=device, **kwargs)
+            if device is not None:
+                kwargs["device"] = device
+        init(self, model, *args, **kwargs)
 
     __init__._brick = True
     Pipeline.__init__ = __init__
