@@ -1,6 +1,5 @@
 // PrivateUse1 registration: the device guard, the generator and the hooks.
 #include <ATen/CPUGeneratorImpl.h>
-#include <ATen/Context.h>
 #include <ATen/core/Generator.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
@@ -15,67 +14,12 @@
 #define BRICK_HAS_DEVICE_CAPABILITY 0
 #endif
 
-#include "backend/autocast.h"
 #include "backend/backend.h"
 #include "backend/backing.h"
 #include "backend/errors.h"
 #include "backend/generator.h"
 
 namespace brick::backend {
-
-namespace detail {
-
-std::atomic<int8_t> g_cuda_backing{-1};
-
-bool decide_cuda_backing() {
-  const bool is_cuda = rt().backing_kind() == runtime::BackingKind::Cuda;
-  // PyTorch's CUDA side (its caching allocator above all) must be initialized before brick
-  // allocates through it: c10::GetAllocator(CUDA)->allocate() on an uninitialized device fails
-  // ("Allocator not initialized for device N: did you call init?"). torch.cuda does the same
-  // lazily (torch.cuda.init, CUDAHooks::init); it runs once per process, before the answer is
-  // published, so no brick op can reach CUDA first.
-  if (is_cuda) at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
-  // Autocast on brick casts as the backing device's autocast does (before any brick tensor
-  // exists: the first one is allocated after this answer).
-  install_autocast_policy(is_cuda);
-  g_cuda_backing.store(is_cuda ? 1 : 0, std::memory_order_relaxed);
-  return is_cuda;
-}
-
-c10::Device backing_cuda_device(c10::DeviceIndex brick_index) {
-  return c10::Device(c10::DeviceType::CUDA,
-                     static_cast<c10::DeviceIndex>(rt().backing_device_index(brick_index)));
-}
-
-}  // namespace detail
-
-void check_device_index(c10::DeviceIndex index, const char* op) {
-  const int count = rt().device_count();
-  TORCH_CHECK(index >= 0 && index < count, "brick: ", op != nullptr ? op : "",
-              op != nullptr ? ": " : "", "device index ", static_cast<int>(index),
-              " is out of range: there are ", count, " brick device(s), valid indices are 0..",
-              count - 1, " (the host runtime's count is set by BRICK_HOST_DEVICES)");
-}
-
-c10::DeviceIndex resolve_device_index(c10::DeviceIndex index) {
-  if (index < 0) return static_cast<c10::DeviceIndex>(rt().current_device());
-  check_device_index(index);
-  return index;
-}
-
-c10::DeviceIndex factory_device_index(std::optional<c10::Device> device, const char* op) {
-  if (!device.has_value() || device->index() < 0) {
-    return static_cast<c10::DeviceIndex>(rt().current_device());
-  }
-  TORCH_CHECK(device->type() == kBrick, "brick: ", op, " expected a brick device, got ", *device);
-  check_device_index(device->index(), op);
-  return device->index();
-}
-
-void check_strided_layout(std::optional<c10::Layout> layout, const char* op) {
-  TORCH_CHECK(!layout.has_value() || *layout == c10::kStrided, "brick: ", op,
-              " supports only the strided layout, got ", *layout);
-}
 
 namespace {
 
