@@ -7,6 +7,15 @@ import sys
 import warnings
 
 
+def _register(name: str, callback) -> None:
+    """Runs ``callback``; a failure is a warning, never a failed import (of brick or of ``name``)."""
+    try:
+        callback()
+    except Exception as error:  # noqa: BLE001
+        warnings.warn(f"torch_brickdev: registering brick with {name} failed: "
+                      f"{type(error).__name__}: {error}")
+
+
 class _AfterImport(importlib.abc.MetaPathFinder):
     """A one-shot post-import hook: `callback()` runs right after module `name` has executed, so
     that brick's part of it exists as soon as the module does, without brick importing it."""
@@ -25,11 +34,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
         def exec_then_register(module):
             exec_module(module)
-            try:
-                callback()
-            except Exception as error:  # noqa: BLE001 - never break the import itself
-                warnings.warn(f"torch_brickdev: registering brick with {fullname} failed: "
-                              f"{type(error).__name__}: {error}")
+            _register(fullname, callback)
 
         spec.loader.exec_module = exec_then_register
         return spec
@@ -38,6 +43,6 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 def after_import(name: str, callback) -> None:
     """Runs ``callback()`` right after module ``name`` is imported, or now if it already is."""
     if name in sys.modules:
-        callback()
+        _register(name, callback)
     else:
         sys.meta_path.insert(0, _AfterImport(name, callback))
