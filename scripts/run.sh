@@ -343,6 +343,9 @@ gpu() {
     local need_cuda_build=1  # (a rehearsal where no CUDA toolkit is installed builds without it)
     [ "$rehearse" = 1 ] && ! command -v nvcc >/dev/null && need_cuda_build=0
     gpu_step smoke 60 "$PYTHON" -c "$GPU_SMOKE" "$runtime" "$need_cuda_build"
+    # What Event mode's CUDA calls cost the host here (a record, a capture check, a query...).
+    [ "$rehearse" = 0 ] && gpu_step api-costs 40 bash -c \
+      "\$(command -v nvcc || echo /usr/local/cuda/bin/nvcc) -O2 -o '$build_dir/cuda_api_costs' benchmarks/cuda_api_costs.cu && '$build_dir/cuda_api_costs'"
     gpu_step gtest 150 ctest --test-dir "$build_dir" --output-on-failure --no-tests=error -j "$cores" \
       --timeout 100
     if [ "$rehearse" = 1 ]; then  # the profilers' asynchronous paths, as the CUDA runtime takes them

@@ -26,6 +26,9 @@ namespace detail {
 // 1 when brick devices are backed by CUDA devices, 0 when by the host, -1 until first asked.
 extern std::atomic<int8_t> g_cuda_backing;
 bool decide_cuda_backing();
+// What CUDA backing adds once it is decided, before the answer is published (installed by
+// registration, so that this floor calls nothing above it).
+void set_cuda_backing_setup(void (*setup)());
 c10::Device backing_cuda_device(c10::DeviceIndex brick_index);
 }  // namespace detail
 
@@ -148,6 +151,13 @@ void run_boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack)
 // Registers the fallback as brick's own kernel for ops PyTorch would otherwise decompose into
 // an allocation plus their out= form; returns how many. Called by ensure_registered().
 int register_direct_fallback_kernels();
+
+// On CUDA backing, registers the fallback as brick's own kernel for ops that decompose on every
+// device but CUDA, whose own kernel is one fused kernel there (_fused_rms_norm: F.rms_norm is
+// one CUDA kernel, six without it); returns how many. Run once CUDA backing is decided
+// (detail::set_cuda_backing_setup): on host backing these ops keep their decomposition (the CPU has
+// no such kernel, nor one for their backward).
+int register_cuda_backing_kernels();
 
 // Registered once: hooks, device guard, generator, allocator. Safe to call repeatedly.
 void ensure_registered();

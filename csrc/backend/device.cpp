@@ -249,6 +249,7 @@ void ensure_registered() {
     at::RegisterPrivateUse1HooksInterface(new BrickHooks());
     c10::SetAllocator(kBrick, brick_allocator());
     register_direct_fallback_kernels();
+    detail::set_cuda_backing_setup([] { register_cuda_backing_kernels(); });
     return true;
   }();
   (void)registered;

@@ -4,6 +4,7 @@
 #include <ATen/Context.h>
 
 #include <atomic>
+#include <mutex>
 #include <optional>
 
 #include "backend/autocast.h"
@@ -14,20 +15,33 @@ namespace brick::backend {
 namespace detail {
 
 std::atomic<int8_t> g_cuda_backing{-1};
+std::atomic<void (*)()> g_cuda_backing_setup{nullptr};
 
 bool decide_cuda_backing() {
+  // Two threads' first ops may ask at once: one decides, the other waits for its answer.
+  static std::mutex deciding;
+  std::lock_guard<std::mutex> lock(deciding);
+  const int8_t known = g_cuda_backing.load(std::memory_order_relaxed);
+  if (known >= 0) return known != 0;
   const bool is_cuda = rt().backing_kind() == runtime::BackingKind::Cuda;
   // PyTorch's CUDA side (its caching allocator above all) must be initialized before brick
   // allocates through it: c10::GetAllocator(CUDA)->allocate() on an uninitialized device fails
   // ("Allocator not initialized for device N: did you call init?"). torch.cuda does the same
   // lazily (torch.cuda.init, CUDAHooks::init); it runs once per process, before the answer is
   // published, so no brick op can reach CUDA first.
-  if (is_cuda) at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
+  if (is_cuda) {
+    at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
+    if (auto setup = g_cuda_backing_setup.load(std::memory_order_acquire)) setup();
+  }
   // Autocast on brick casts as the backing device's autocast does (before any brick tensor
   // exists: the first one is allocated after this answer).
   install_autocast_policy(is_cuda);
   g_cuda_backing.store(is_cuda ? 1 : 0, std::memory_order_relaxed);
   return is_cuda;
+}
+
+void set_cuda_backing_setup(void (*setup)()) {
+  g_cuda_backing_setup.store(setup, std::memory_order_release);
 }
 
 c10::Device backing_cuda_device(c10::DeviceIndex brick_index) {

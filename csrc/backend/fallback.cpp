@@ -346,6 +346,30 @@ int register_direct_fallback_kernels() {
   return registered;
 }
 
+int register_cuda_backing_kernels() {
+  static std::unique_ptr<torch::Library> library;
+  static int registered = 0;
+  if (library) return registered;
+  library = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
+                                             c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  auto& dispatcher = c10::Dispatcher::singleton();
+  for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
+    if (name.name.rfind("aten::", 0) != 0) continue;
+    const auto op = dispatcher.findOp(name);
+    if (!op.has_value() || op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) continue;
+    if (op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) &&
+        op->hasKernelForDispatchKey(c10::DispatchKey::CUDA) &&
+        !op->hasKernelForDispatchKey(c10::DispatchKey::CPU)) {
+      const std::string qualified =
+          name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
+      library->impl(qualified.c_str(),
+                    torch::CppFunction::makeFromBoxedFunction<&brick_fallback>());
+      ++registered;
+    }
+  }
+  return registered;
+}
+
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&brick_fallback>());
 }

@@ -20,6 +20,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "runtime/runtime.h"
@@ -101,7 +102,12 @@ inline void destroy_timing_event(int device, runtime::Event* event) noexcept {
   g_live_events[device].fetch_sub(1, std::memory_order_relaxed);
 }
 
-// A thread's pool of timing events, per device.
+// A thread's pool of timing events, per device. An event in use may mark the same point of a
+// stream for several intervals (nested ops that start at one first kernel, or end with nothing
+// queued between their ends): share() takes another reference, and release() returns the event
+// to the pool when its last reference goes. The shared ones are few at any time (those of the
+// intervals not yet read), so their counts live in a small flat list, searched only when one
+// exists.
 class EventPool {
  public:
   EventPool() = default;
@@ -127,7 +133,29 @@ class EventPool {
     return event;
   }
 
+  // One more reference to `event`, which is in use (acquired, not yet released).
+  void share(runtime::Event* event) {
+    for (auto& [shared, extra] : extra_refs_) {
+      if (shared == event) {
+        ++extra;
+        return;
+      }
+    }
+    extra_refs_.emplace_back(event, 1);
+  }
+
+  // Drops one reference to `event`; the last one returns it to the pool.
   void release(int device, runtime::Event* event) {
+    if (!extra_refs_.empty()) [[unlikely]] {
+      for (auto it = extra_refs_.begin(); it != extra_refs_.end(); ++it) {
+        if (it->first != event) continue;
+        if (--it->second == 0) {
+          *it = extra_refs_.back();
+          extra_refs_.pop_back();
+        }
+        return;
+      }
+    }
     if (device >= static_cast<int>(free_.size())) free_.resize(device + 1);
     free_[device].push_back(event);
   }
@@ -137,9 +165,12 @@ class EventPool {
   }
 
   size_t created() const noexcept { return created_; }
+  // Events in use with more than one reference.
+  size_t shared() const noexcept { return extra_refs_.size(); }
 
  private:
   std::vector<std::vector<runtime::Event*>> free_;
+  std::vector<std::pair<runtime::Event*, uint32_t>> extra_refs_;
   size_t created_ = 0;
 };
 

@@ -82,6 +82,7 @@ struct Frame {
   // Event mode on an asynchronous runtime, an op: its start event is recorded right before the
   // first work it queues (start_awaiting_bricks), on that work's device; none yet.
   bool awaiting_work = false;
+  bool is_op = false;  // an op (scope FUNCTION), not a range or an autograd node
 };
 
 // Finished event pairs whose device work may still be running (asynchronous runtimes).
@@ -191,7 +192,22 @@ struct ThreadState {
   EventPool events;
   uint32_t unpushed = 0;  // enters whose frame could not be pushed (out of memory)
   uint32_t awaiting = 0;  // frames on the stack with awaiting_work set
+  // Event mode: the end event of the op that ended last on this thread, held (one reference)
+  // while this thread has queued no work since: an enclosing op that ends now ends at the same
+  // point of the stream, and shares it instead of recording another (nested ops: aten::linear
+  // around aten::addmm). Forgotten at the next queue hook.
+  struct {
+    runtime::Event* event = nullptr;
+    int device = 0;
+    runtime::StreamId stream = 0;
+  } last_op_end;
 };
+
+void forget_last_op_end(ThreadState& state) {
+  if (state.last_op_end.event == nullptr) return;
+  state.events.release(state.last_op_end.device, state.last_op_end.event);
+  state.last_op_end.event = nullptr;
+}
 
 // The thread that enabled profiling: backward work that PyTorch's autograd engine runs on its
 // device threads is attributed to the brick open on this thread (the one waiting in backward()).
@@ -227,6 +243,7 @@ struct ThreadStateOwner {
     }
     std::lock_guard<std::mutex> lock(state.pending.mutex);
     resolve_locked(state, /*by_owner=*/true, /*wait_all=*/true);  // what this thread still owes
+    forget_last_op_end(state);
     // Events a snapshot freed for this thread go back to its pool, which destroys them next.
     for (auto [device, event] : state.pending.returned) state.events.release(device, event);
     state.pending.returned.clear();
@@ -361,6 +378,7 @@ void drop_open_bricks(ThreadState& state) {
   }
   state.stack.clear();
   state.awaiting = 0;
+  forget_last_op_end(state);
 }
 
 // The parent of a brick that opens with no brick open on its thread.
@@ -433,13 +451,28 @@ void finish_async_timing(ThreadState& state, runtime::Runtime& rt, const Frame& 
     case SyncMode::Event:
       break;
   }
-  runtime::Event* end = acquire_event(state, frame.device);
-  try {
-    rt.record_event(end, frame.device, rt.current_stream(frame.device));
-  } catch (...) {
-    state.events.release(frame.device, end);
-    state.events.release(frame.device, frame.start_event);
-    throw;
+  const runtime::StreamId stream = rt.current_stream(frame.device);
+  auto& last = state.last_op_end;
+  runtime::Event* end = nullptr;
+  if (frame.is_op && last.event != nullptr && last.device == frame.device &&
+      last.stream == stream) {
+    // Nothing was queued since the op nested in this one ended: this one ends there too.
+    end = last.event;
+    state.events.share(end);
+  } else {
+    end = acquire_event(state, frame.device);
+    try {
+      rt.record_event(end, frame.device, stream);
+    } catch (...) {
+      state.events.release(frame.device, end);
+      state.events.release(frame.device, frame.start_event);
+      throw;
+    }
+    if (frame.is_op) {
+      forget_last_op_end(state);
+      state.events.share(end);
+      last = {end, frame.device, stream};
+    }
   }
   std::lock_guard<std::mutex> lock(state.pending.mutex);
   state.pending.pairs.push_back({frame.node, frame.device, frame.start_event, end});
@@ -456,12 +489,18 @@ void finish_async_timing(ThreadState& state, runtime::Runtime& rt, const Frame& 
 // counted, when that stream is being captured into a CUDA graph).
 void start_awaiting_bricks(runtime::DeviceIndex device) noexcept {
   ThreadState* state = tls_state;
-  if (state == nullptr || state->awaiting == 0) [[likely]]
+  if (state == nullptr) return;
+  // Work follows: an op that ends from now on ends after it.
+  if (state->last_op_end.event != nullptr) forget_last_op_end(*state);
+  if (state->awaiting == 0) [[likely]]
     return;
   try {
     runtime::Runtime& rt = *g_runtime.load(std::memory_order_relaxed);
     const runtime::StreamId stream = rt.current_stream(device);
     const bool capturing = rt.is_capturing(device, stream);
+    // Every op waiting for its first work starts here, at one point of the stream: one event,
+    // shared by all of them.
+    runtime::Event* shared_start = nullptr;
     for (auto it = state->stack.rbegin(); it != state->stack.rend() && state->awaiting > 0; ++it) {
       Frame& frame = *it;
       if (!frame.awaiting_work) continue;
@@ -474,10 +513,16 @@ void start_awaiting_bricks(runtime::DeviceIndex device) noexcept {
         frame.node = kSkippedInCapture;
         continue;
       }
+      if (shared_start != nullptr) {
+        state->events.share(shared_start);
+        frame.start_event = shared_start;
+        continue;
+      }
       runtime::Event* event = acquire_event(*state, device);
       try {
         rt.record_event(event, device, stream);
         frame.start_event = event;
+        shared_start = event;
       } catch (...) {
         state->events.release(device, event);
         frame.node = kIgnored;
@@ -499,6 +544,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   }
   runtime::Runtime& rt = *g_runtime.load(std::memory_order_relaxed);
   Frame frame{kIgnored, rt.current_device(), 0, nullptr};
+  frame.is_op = fn.scope() == at::RecordScope::FUNCTION;
   try {
     const uint64_t session = g_session.load(std::memory_order_acquire);
     if (state->session != session) [[unlikely]] {
@@ -511,7 +557,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     frame.node = node_for(*state, fn, parent, frame.device);
     if (frame.node != kIgnored) {
       if (g_async.load(std::memory_order_relaxed)) [[unlikely]] {
-        start_async_timing(*state, rt, frame, fn.scope() == at::RecordScope::FUNCTION);
+        start_async_timing(*state, rt, frame, frame.is_op);
       } else {
         // A synchronous runtime: the brick is the work done before its end's clock read.
         frame.start_ns = registry::Registry::now_ns();

@@ -143,6 +143,31 @@ def test_pairs_owed_by_exiting_threads_are_recorded():
     assert seen["health"]["timing_failures"] == 0
 
 
+def test_nested_ops_share_the_events_of_their_common_start_and_end():
+    """aten::linear's only work is the aten::mm inside its aten::matmul: the three start at the
+    mm's kernel and end with nothing queued after it, so they share one start and one end event
+    (two records where there were six) and their device times are equal to the nanosecond. A
+    range is no op (work it holds need not be brick's): its end is recorded, never shared, and it
+    ends after the add queued behind the linear."""
+    seen = run("""
+        a = torch.randn(8, 16, device="brick"); w = torch.randn(4, 16, device="brick")
+        y = torch.ones(4, device="brick")
+        with bp.profile(sync_mode="event"):
+            for _ in range(200):
+                with record_function("block"):
+                    torch.nn.functional.linear(a, w)
+                    y.add_(1)
+        totals = {s.path: (s.count, s.total_ns) for s in bp.stats(by="path")}
+        print(json.dumps({"totals": totals, "health": bp.health()}))
+    """)
+    totals = seen["totals"]
+    mm = totals["block/aten::linear/aten::matmul/aten::mm"]
+    assert totals["block/aten::linear"] == totals["block/aten::linear/aten::matmul"] == mm, totals
+    assert mm[0] == 200 and mm[1] > 0
+    assert totals["block"][1] > mm[1] + totals["block/aten::add_"][1] - 1, totals
+    assert seen["health"]["timing_failures"] == 0
+
+
 def test_outstanding_events_stay_bounded_without_snapshots():
     seen = run("""
         bp.enable("event")

@@ -297,6 +297,35 @@ torch.save([out.detach().cpu()] + [t.grad.cpu() for t in (q, k, v)], {str(expect
         torch.testing.assert_close(got.to("cuda"), want, rtol=1e-3, atol=1e-3)
 
 
+def test_rms_norm_is_cudas_fused_kernel_and_matches_plain_cuda(tmp_path):
+    """F.rms_norm on CUDA is one fused kernel (aten::_fused_rms_norm), forward and backward; on
+    CUDA-backed brick too, bit-equal to plain cuda (reference in a process without brick, see
+    the SDPA test), and the profiler sees one brick op with one kernel under it."""
+    torch.manual_seed(0)
+    x, w = torch.randn(4, 33, 4096), torch.randn(4096)
+    inputs, expected = tmp_path / "xw.pt", tmp_path / "expected.pt"
+    torch.save([x, w], inputs)
+    reference = f"""
+import torch
+x, w = (t.cuda().requires_grad_() for t in torch.load({str(inputs)!r}))
+out = torch.nn.functional.rms_norm(x, (4096,), w, 1e-6)
+out.sum().backward()
+torch.save([out.detach().cpu(), x.grad.cpu(), w.grad.cpu()], {str(expected)!r})
+"""
+    subprocess.run([sys.executable, "-c", reference], check=True, timeout=120,
+                   env=without_brick_env())
+    want = torch.load(expected)
+    bx, bw = (t.to("brick").requires_grad_() for t in (x, w))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        out = torch.nn.functional.rms_norm(bx, (4096,), bw, 1e-6)
+        torch.brick.synchronize()
+    kernels = [e for e in prof.events() if e.device_type != torch.autograd.DeviceType.CPU]
+    assert len(kernels) == 1, [e.name for e in kernels]  # one fused kernel, not six
+    out.sum().backward()
+    for got, exact in zip((out.detach(), bx.grad, bw.grad), want):
+        torch.testing.assert_close(got.cpu(), exact, rtol=0, atol=0)
+
+
 @contextlib.contextmanager
 def ieee_float32():
     """Plain cuda runs LSTM/GRU through cuDNN, which uses TF32 for float32 by default

@@ -154,7 +154,9 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 # forward would be one range with no bricks in it.
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+    # F.rms_norm, as transformers' and torchtune's Llama norms can: one fused kernel on CUDA
+    # (and on CUDA-backed brick), its decomposition elsewhere.
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
 def _qkv_projection(x, weight, bias, heads: int, kv_heads: int, head_dim: int):

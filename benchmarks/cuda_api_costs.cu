@@ -1,0 +1,99 @@
+// What the CUDA calls on Event mode's op path cost the host, per call, on the machine it runs on:
+// the figures the registry's Event-mode overhead is made of (two event records per timed op, a
+// capture check, a query and an elapsed-time read per interval), beside an empty kernel's launch.
+// Plain CUDA, no PyTorch: built and run by the GPU job (`scripts/run.sh gpu`), nvcc only.
+//
+//   nvcc -O2 -o cuda_api_costs benchmarks/cuda_api_costs.cu && ./cuda_api_costs
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+namespace {
+
+__global__ void empty_kernel() {}
+
+void check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) {
+    std::fprintf(stderr, "cuda_api_costs: %s: %s\n", what, cudaGetErrorString(status));
+    std::exit(1);
+  }
+}
+
+using Clock = std::chrono::steady_clock;
+
+// Host nanoseconds per iteration of `body`, over `iterations`, the stream drained every 1000 so
+// that a queue filling up never throttles the calls measured (best of three).
+template <typename Body>
+double ns_per_call(cudaStream_t stream, int iterations, Body body) {
+  double best = 1e30;
+  for (int round = 0; round < 3; ++round) {
+    check(cudaStreamSynchronize(stream), "synchronize");
+    double total_ns = 0;
+    for (int done = 0; done < iterations; done += 1000) {
+      const auto start = Clock::now();
+      for (int i = 0; i < 1000; ++i) body(done + i);
+      total_ns += std::chrono::duration<double, std::nano>(Clock::now() - start).count();
+      check(cudaStreamSynchronize(stream), "synchronize");
+    }
+    if (total_ns / iterations < best) best = total_ns / iterations;
+  }
+  return best;
+}
+
+}  // namespace
+
+int main() {
+  check(cudaSetDevice(0), "cudaSetDevice");
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0), "properties");
+  cudaStream_t stream = nullptr;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  constexpr int kIterations = 20000;
+  std::vector<cudaEvent_t> timing(2000), plain(2000);
+  for (auto& event : timing) check(cudaEventCreate(&event), "event");
+  for (auto& event : plain) check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "event");
+  empty_kernel<<<1, 1, 0, stream>>>();
+  check(cudaGetLastError(), "launch");
+
+  std::printf("cuda_api_costs on %s: host ns per call (best of 3 x %d calls)\n", prop.name,
+              kIterations);
+  auto report = [](const char* what, double ns) { std::printf("  %-44s %8.0f ns\n", what, ns); };
+  report("empty kernel launch", ns_per_call(stream, kIterations, [&](int) {
+           empty_kernel<<<1, 1, 0, stream>>>();
+         }));
+  report("cudaEventRecord (timing event)", ns_per_call(stream, kIterations, [&](int i) {
+           cudaEventRecord(timing[i % 2000], stream);
+         }));
+  report("cudaEventRecord (no-timing event)", ns_per_call(stream, kIterations, [&](int i) {
+           cudaEventRecord(plain[i % 2000], stream);
+         }));
+  report("cudaStreamIsCapturing", ns_per_call(stream, kIterations, [&](int) {
+           cudaStreamCaptureStatus status;
+           cudaStreamIsCapturing(stream, &status);
+         }));
+  report("cudaGetDevice", ns_per_call(stream, kIterations, [&](int) {
+           int device = 0;
+           cudaGetDevice(&device);
+         }));
+  report("kernel + 2 timing event records", ns_per_call(stream, kIterations, [&](int i) {
+           cudaEventRecord(timing[(2 * i) % 2000], stream);
+           empty_kernel<<<1, 1, 0, stream>>>();
+           cudaEventRecord(timing[(2 * i + 1) % 2000], stream);
+         }));
+  for (int i = 0; i < 2000; ++i) check(cudaEventRecord(timing[i], stream), "record");
+  check(cudaStreamSynchronize(stream), "synchronize");
+  report("cudaEventQuery (completed)", ns_per_call(stream, kIterations, [&](int i) {
+           cudaEventQuery(timing[i % 2000]);
+         }));
+  report("cudaEventElapsedTime (completed pair)", ns_per_call(stream, kIterations, [&](int i) {
+           float ms = 0;
+           cudaEventElapsedTime(&ms, timing[i % 1999], timing[i % 1999 + 1]);
+         }));
+  for (auto event : timing) cudaEventDestroy(event);
+  for (auto event : plain) cudaEventDestroy(event);
+  cudaStreamDestroy(stream);
+  return 0;
+}
