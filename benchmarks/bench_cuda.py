@@ -115,12 +115,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--hidden", type=int, default=None,
+                        help="the decode's width (default: the demo's CPU-sized 512); 4096 with "
+                             "--heads 32 --kv-heads 8 is a Llama-3-8B-wide layer")
+    parser.add_argument("--heads", type=int, default=None)
+    parser.add_argument("--kv-heads", type=int, default=None)
     args = parser.parse_args()
     if torch_brickdev.runtime_name() != "cuda":
         print(f"bench_cuda: skipped: {torch_brickdev.runtime_note()}")
         return 0
 
-    config = demo.DecodeConfig(tokens=args.tokens)
+    sizes = {name: value for name, value in (("hidden", args.hidden), ("heads", args.heads),
+                                             ("kv_heads", args.kv_heads)) if value is not None}
+    config = demo.DecodeConfig(tokens=args.tokens, **sizes)
     models = {device: demo.build_model(config, device) for device in ("brick:0", "cuda:0")}
     models["cuda:0"].load_state_dict(models["brick:0"].state_dict())
     configurations = {
@@ -129,6 +136,9 @@ def main() -> int:
         "brick, event": ("brick:0", lambda: bp.profile(sync_mode="event")),
         "brick, immediate": ("brick:0", lambda: bp.profile(sync_mode="immediate")),
         "brick, deferred": ("brick:0", lambda: bp.profile(sync_mode="deferred")),
+        # For scale: what PyTorch's own profiler (CPU ops + CUPTI kernels) costs plain cuda.
+        "cuda, torch.profiler": ("cuda:0", lambda: torch.profiler.profile(activities=[
+            torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])),
     }
     for device, factory in configurations.values():  # warm-up: kernels, allocator, pools
         decode_seconds(models[device], config, device, factory)

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -54,40 +55,51 @@ int main() {
   constexpr int kIterations = 20000;
   std::vector<cudaEvent_t> timing(2000), plain(2000);
   for (auto& event : timing) check(cudaEventCreate(&event), "event");
-  for (auto& event : plain) check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "event");
+  for (auto& event : plain)
+    check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "event");
   empty_kernel<<<1, 1, 0, stream>>>();
   check(cudaGetLastError(), "launch");
 
   std::printf("cuda_api_costs on %s: host ns per call (best of 3 x %d calls)\n", prop.name,
               kIterations);
-  auto report = [](const char* what, double ns) { std::printf("  %-44s %8.0f ns\n", what, ns); };
-  report("empty kernel launch", ns_per_call(stream, kIterations, [&](int) {
-           empty_kernel<<<1, 1, 0, stream>>>();
-         }));
-  report("cudaEventRecord (timing event)", ns_per_call(stream, kIterations, [&](int i) {
-           cudaEventRecord(timing[i % 2000], stream);
-         }));
-  report("cudaEventRecord (no-timing event)", ns_per_call(stream, kIterations, [&](int i) {
-           cudaEventRecord(plain[i % 2000], stream);
-         }));
-  report("cudaStreamIsCapturing", ns_per_call(stream, kIterations, [&](int) {
-           cudaStreamCaptureStatus status;
-           cudaStreamIsCapturing(stream, &status);
-         }));
+  auto report = [](const char* what, double ns) { std::printf("    %-42s %8.0f ns\n", what, ns); };
+  // PyTorch's default stream is the legacy one (brick's stream 0 on CUDA backing); streams from
+  // its pool are non-blocking ones.
+  const std::pair<const char*, cudaStream_t> streams[] = {{"the legacy default stream", nullptr},
+                                                          {"a non-blocking stream", stream}};
+  for (const auto& labelled : streams) {
+    cudaStream_t on = labelled.second;
+    std::printf("  on %s:\n", labelled.first);
+    report("empty kernel launch",
+           ns_per_call(on, kIterations, [&](int) { empty_kernel<<<1, 1, 0, on>>>(); }));
+    report("cudaEventRecord (timing event)",
+           ns_per_call(on, kIterations, [&](int i) { cudaEventRecord(timing[i % 2000], on); }));
+    report("cudaEventRecord (no-timing event)",
+           ns_per_call(on, kIterations, [&](int i) { cudaEventRecord(plain[i % 2000], on); }));
+    report("cudaStreamIsCapturing", ns_per_call(on, kIterations, [&](int) {
+             cudaStreamCaptureStatus status;
+             cudaStreamIsCapturing(on, &status);
+           }));
+    report("kernel + 2 timing event records", ns_per_call(on, kIterations, [&](int i) {
+             cudaEventRecord(timing[(2 * i) % 2000], on);
+             empty_kernel<<<1, 1, 0, on>>>();
+             cudaEventRecord(timing[(2 * i + 1) % 2000], on);
+           }));
+  }
   report("cudaGetDevice", ns_per_call(stream, kIterations, [&](int) {
            int device = 0;
            cudaGetDevice(&device);
          }));
-  report("kernel + 2 timing event records", ns_per_call(stream, kIterations, [&](int i) {
-           cudaEventRecord(timing[(2 * i) % 2000], stream);
-           empty_kernel<<<1, 1, 0, stream>>>();
-           cudaEventRecord(timing[(2 * i + 1) % 2000], stream);
+  report("cudaSetDevice (same device)",
+         ns_per_call(stream, kIterations, [&](int) { cudaSetDevice(0); }));
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  report("cudaThreadExchangeStreamCaptureMode", ns_per_call(stream, kIterations, [&](int) {
+           cudaThreadExchangeStreamCaptureMode(&mode);
          }));
   for (int i = 0; i < 2000; ++i) check(cudaEventRecord(timing[i], stream), "record");
   check(cudaStreamSynchronize(stream), "synchronize");
-  report("cudaEventQuery (completed)", ns_per_call(stream, kIterations, [&](int i) {
-           cudaEventQuery(timing[i % 2000]);
-         }));
+  report("cudaEventQuery (completed)",
+         ns_per_call(stream, kIterations, [&](int i) { cudaEventQuery(timing[i % 2000]); }));
   report("cudaEventElapsedTime (completed pair)", ns_per_call(stream, kIterations, [&](int i) {
            float ms = 0;
            cudaEventElapsedTime(&ms, timing[i % 1999], timing[i % 1999 + 1]);

@@ -6,12 +6,16 @@ process, so a crash names its case:
   plain         a cuda tensor on NCCL, brick not loaded          (the machine's NCCL itself)
   brick-loaded  a cuda tensor on NCCL, brick loaded, not used    (brick's mere presence)
   brick         a brick tensor through brick's backend on NCCL   (brick's path)
-Under gdb, where the machine has it, a crash also prints its C++ backtrace.
+  engine-alone  a cuda tensor on NCCL made as brick makes it     (no process group around it)
+Under gdb, where the machine has it, a crash also prints its C++ backtrace; without gdb, a
+preloaded handler (scripts/segv_backtrace.c, built with the machine's C compiler) prints the
+crashing thread's frames, each of brick's own named by addr2line where the machine has it.
 
 Run: python scripts/nccl_probe.py [case ...]   (exit status: the number of cases that failed)
 """
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -27,15 +31,63 @@ CASE_BODY = {
     "brick": "import torch, torch_brickdev, torch.distributed as dist\n"
              "dist.init_process_group('brick', store=store, rank=0, world_size=1)\n"
              "t = torch.ones(8, device='brick')\n",
+    # NCCL made as brick makes its engine (no process group around it), on a cuda tensor.
+    "engine-alone": "import torch, torch_brickdev, torch.distributed as dist\n"
+                    "engine = dist.ProcessGroupNCCL(dist.PrefixStore('nccl/', store), 0, 1,\n"
+                    "                               dist.ProcessGroupNCCL.Options())\n"
+                    "all_reduce = lambda t: engine.allreduce([t]).wait()\n"
+                    "t = torch.ones(8, device='cuda')\n",
 }
 
 PRELUDE = ("import datetime, sys\n"
            "import torch.distributed as dist\n"
-           "store = dist.FileStore(sys.argv[1], 1)\n")
-EPILOGUE = ("dist.all_reduce(t)\n"
+           "store = dist.FileStore(sys.argv[1], 1)\n"
+           "all_reduce = dist.all_reduce\n")
+EPILOGUE = ("all_reduce(t)\n"
             "assert t.cpu().tolist() == [1.0] * 8, t\n"
-            "dist.destroy_process_group()\n"
+            "if dist.is_initialized(): dist.destroy_process_group()\n"
             "print('all_reduce ok')\n")
+
+
+def build_backtrace_preload(workdir: str):
+    """The crash-backtrace handler as a shared library, or None (no C compiler)."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        return None
+    source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "segv_backtrace.c")
+    library = os.path.join(workdir, "segv_backtrace.so")
+    done = subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", library, source],
+                          capture_output=True, text=True, timeout=60)
+    return library if done.returncode == 0 else None
+
+
+FRAME = re.compile(r"^(?P<lib>[^ (]+)\((?P<symbol>[^)+]*)\+(?P<offset>0x[0-9a-f]+)\)")
+
+
+def symbolize(output: str) -> str:
+    """Each backtrace frame of a library with an offset, followed by addr2line's function and
+    line where the machine has it (symbols of brick's hidden functions, say)."""
+    addr2line = shutil.which("addr2line")
+    lines = []
+    for line in output.splitlines():
+        lines.append(line)
+        match = FRAME.match(line.strip())
+        if addr2line is None or match is None or match["symbol"]:
+            continue
+        try:
+            named = subprocess.run([addr2line, "-f", "-C", "-e", match["lib"], match["offset"]],
+                                   capture_output=True, text=True, timeout=20).stdout.split("\n")
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        lines.append("        = " + " at ".join(part for part in named[:2] if part))
+    text = "\n".join(lines)
+    if shutil.which("c++filt"):  # the exported C++ symbols' names, demangled
+        try:
+            text = subprocess.run(["c++filt"], input=text, capture_output=True, text=True,
+                                  timeout=20).stdout or text
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return text
 
 
 def run_case(case: str, workdir: str) -> bool:
@@ -48,6 +100,10 @@ def run_case(case: str, workdir: str) -> bool:
         env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"  # brick is not loaded at all
     if shutil.which("gdb"):
         command = ["gdb", "-q", "-batch", "-ex", "run", "-ex", "bt 40", "--args"] + command
+    else:
+        preload = build_backtrace_preload(workdir)
+        if preload is not None:
+            env["LD_PRELOAD"] = preload
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     except subprocess.TimeoutExpired:
@@ -59,7 +115,7 @@ def run_case(case: str, workdir: str) -> bool:
     ok = finished and "all_reduce ok" in output and "received signal" not in output
     print(f"nccl-probe {case}: {'ok' if ok else f'FAILED (exit {done.returncode})'}")
     if not ok:
-        print("\n".join("    " + line for line in output.strip().splitlines()[-60:]))
+        print("\n".join("    " + line for line in symbolize(output).strip().splitlines()[-90:]))
     return ok
 
 

@@ -57,7 +57,7 @@ at::CallbackHandle g_handle = 0;
 // handler): no function-local static guard or lookup on the op path.
 std::atomic<runtime::Runtime*> g_runtime{nullptr};
 std::atomic<registry::Registry*> g_registry{nullptr};
-std::atomic<uint64_t> g_capture_skipped_base{0};  // not reported: a forked child's parent's
+std::atomic<uint64_t> g_capture_skipped_base{0};  // not reported: before reset(), or a parent's
 std::atomic<bool> g_async{false};  // async_runtime(): bricks are timed by device events
 
 // Bumped whenever an operator schema is deregistered: its name's address may then be reused by
@@ -89,6 +89,7 @@ struct Frame {
 struct PendingPair {
   NodeId node;
   int device;
+  runtime::StreamId stream;  // of its end event
   runtime::Event* start;
   runtime::Event* end;
 };
@@ -331,13 +332,29 @@ void publish_top(ThreadState& state) {
 // that cannot be timed is dropped and counted, never retried forever.
 void resolve_locked(ThreadState& state, bool by_owner, bool wait_all) {
   PendingQueue& queue = state.pending;
+  if (queue.pairs.empty()) return;
   auto& rt = runtime::get();
+  // A stream completes its work in order: once the newest pair's end has completed, so has every
+  // older pair's on that stream, which is then read without a query of its own.
+  const PendingPair& newest = queue.pairs.back();
+  bool newest_done = false;
+  try {
+    newest_done = !wait_all && rt.query_event(newest.end);
+  } catch (...) {  // left to that pair's own read below
+  }
+  const int done_device = newest.device;
+  const runtime::StreamId done_stream = newest.stream;
   while (!queue.pairs.empty()) {
     const PendingPair pair = queue.pairs.front();
     try {
-      const bool must_wait = wait_all || queue.pairs.size() > kMaxOutstanding;
+      const bool known_done =
+          newest_done && pair.device == done_device && pair.stream == done_stream;
+      const bool must_wait = wait_all || known_done || queue.pairs.size() > kMaxOutstanding;
       DeviceInterval interval;
-      if (!read_interval(rt, pair.start, pair.end, must_wait, /*place=*/false, &interval)) break;
+      if (!read_interval(rt, pair.start, pair.end, must_wait, /*place=*/false, &interval,
+                         /*known_done=*/known_done)) {
+        break;
+      }
       brick_registry().record(pair.node, interval.duration_ns);
     } catch (...) {
       g_timing_failures.fetch_add(1, std::memory_order_relaxed);
@@ -475,7 +492,7 @@ void finish_async_timing(ThreadState& state, runtime::Runtime& rt, const Frame& 
     }
   }
   std::lock_guard<std::mutex> lock(state.pending.mutex);
-  state.pending.pairs.push_back({frame.node, frame.device, frame.start_event, end});
+  state.pending.pairs.push_back({frame.node, frame.device, stream, frame.start_event, end});
   state.pending.size.store(state.pending.pairs.size(), std::memory_order_relaxed);
   if (state.pending.pairs.size() % kResolveEvery == 0 ||
       state.pending.pairs.size() > kMaxOutstanding) {
@@ -764,6 +781,11 @@ registry::Snapshot snapshot() {
 void reset() {
   std::lock_guard<std::mutex> lock(g_control_mutex);
   brick_registry().reset();
+  // The registry's own counters start again with its figures: a report (bp.profile resets at
+  // its start) says what its profile missed, not what an earlier one in the process did.
+  g_unbalanced_exits.store(0, std::memory_order_relaxed);
+  g_timing_failures.store(0, std::memory_order_relaxed);
+  g_capture_skipped_base.store(capture_skipped(TimingClient::Registry), std::memory_order_relaxed);
 }
 
 Health health() {

@@ -28,7 +28,9 @@ registry::SyncMode sync_mode() noexcept;
 registry::Snapshot snapshot();
 void reset();
 
-// Counters of what the observer could not time (shown in reports, never silently lost).
+// Counters of what the observer could not time (shown in reports, never silently lost). The
+// registry's (unbalanced exits, timing failures, capture skips) count since its last reset(),
+// as its figures do; the legacy stubs' since the process started.
 struct Health {
   uint64_t unbalanced_exits = 0;  // exits with no open brick on the thread (started earlier)
   uint64_t timing_failures = 0;   // a runtime call failed while timing; the brick was dropped

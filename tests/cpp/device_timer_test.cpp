@@ -72,6 +72,23 @@ TEST(DeviceTimer, EventsAreMadeOnlyOnTheDevicesAskedForCountedAndReturnedByThePo
   EXPECT_EQ(g_live_events[0].load(), on_0) << "the pool destroys its events";
 }
 
+TEST(DeviceTimer, ASharedEventReturnsToThePoolWithItsLastReference) {
+  EventPool pool;
+  brick::runtime::Event* event = pool.acquire(0);
+  pool.share(event);  // two intervals end (or start) at this one point of the stream
+  pool.share(event);
+  EXPECT_EQ(pool.shared(), 1u);
+  pool.release(0, event);
+  pool.release(0, event);
+  EXPECT_FALSE(pool.has_free(0)) << "still referenced once: not reusable yet";
+  pool.release(0, event);
+  EXPECT_EQ(pool.shared(), 0u);
+  ASSERT_TRUE(pool.has_free(0));
+  EXPECT_EQ(pool.acquire(0), event);
+  EXPECT_EQ(pool.created(), 1u);
+  pool.release(0, event);
+}
+
 TEST(DeviceTimer, NothingIsSkippedOnAStreamThatIsNotBeingCaptured) {
   auto& rt = brick::runtime::get();
   const uint64_t before = brick::profiler::capture_skipped(TimingClient::Registry);

@@ -60,4 +60,20 @@ TEST(ObserverTest, ABrickWhoseStartFailsStillClosesItsOwnFrameNotItsParents) {
   EXPECT_EQ(counts.count("inner"), 0u);
 }
 
+TEST(ObserverTest, WhatTheRegistryMissedCountsSinceItsReset) {
+  profiler::reset();
+  profiler::enable();
+  ASSERT_GT(fill_node_table(), 0u);
+  { RECORD_USER_SCOPE("a name the full table refuses"); }
+  const auto missed = profiler::health();
+  profiler::disable();
+  profiler::reset();  // a new profile: its report must not carry the last one's misses
+  const auto after_reset = profiler::health();
+
+  EXPECT_EQ(missed.timing_failures, 1u);
+  EXPECT_EQ(after_reset.timing_failures, 0u);
+  EXPECT_EQ(after_reset.unbalanced_exits, 0u);
+  EXPECT_EQ(after_reset.capture_skipped, 0u);
+}
+
 }  // namespace
