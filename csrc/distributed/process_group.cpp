@@ -159,7 +159,7 @@ struct DeviceTiming {
 // The engine Works not known to be finished: what wait_for_collectives() waits for. A lock per
 // collective (milliseconds of communication each), never per op.
 struct InFlight {
-  c10::intrusive_ptr<c10d::Work> work;
+  c10::intrusive_ptr<c10d::Work> work;  // none: the engine queued it on a stream and gave none
   c10::intrusive_ptr<c10::ivalue::Future> timed;  // completes once the collective is accounted
   std::shared_ptr<DeviceTiming> device_timing;    // CUDA backing: settled once done
   // The collective's brick tensors: the engine works on aliases that do not own their memory.
@@ -167,7 +167,7 @@ struct InFlight {
   // the last reference to a tensor can drop its Python object, which needs the interpreter).
   std::vector<at::Tensor> held;
   bool done() const {
-    return work->isCompleted() && (!timed || timed->completed()) &&
+    return (!work || work->isCompleted()) && (!timed || timed->completed()) &&
            (!device_timing || device_timing->completed());
   }
 };
@@ -207,7 +207,7 @@ size_t wait_for_collectives() {
   }
   for (const auto& in_flight : works) {
     try {
-      in_flight.work->wait();
+      if (in_flight.work) in_flight.work->wait();
       if (in_flight.timed) in_flight.timed->wait();
       if (in_flight.device_timing) backend::rt().synchronize_event(in_flight.device_timing->done);
     } catch (...) {  // the collective's failure is reported by its own Work
@@ -378,6 +378,7 @@ struct BrickProcessGroup::Call {
     counter.calls.fetch_add(1, std::memory_order_relaxed);
     counter.bytes.fetch_add(bytes, std::memory_order_relaxed);
     counter.group_size.store(pg.getSize(), std::memory_order_relaxed);
+    if (!work) return queued_without_work(counter, observer, launch, start);
     c10::intrusive_ptr<c10::ivalue::Future> future;
     try {
       future = work->getFuture();
@@ -427,6 +428,33 @@ struct BrickProcessGroup::Call {
     }
     track_in_flight(InFlight{std::move(work), timed, nullptr, std::move(held)});
     return caller_work;
+  }
+
+  // An engine that gives no Work: NCCL asked for a synchronous collective (asyncOp false, c10d's
+  // default for dist.all_reduce(t) and the like) queues it on the current stream, brick's here
+  // (the scope made it the current CUDA stream), and returns none; c10d then waits for nothing,
+  // the stream itself orders what follows. Brick answers the same way. On CUDA backing the
+  // collective's device time ends at an event on that stream, and its tensors are held until
+  // the stream passes it.
+  c10::intrusive_ptr<c10d::Work> queued_without_work(CollectiveCounter& counter,
+                                                     runtime::LaunchObserver* observer,
+                                                     const runtime::Launch& launch,
+                                                     runtime::Event* start) {
+    if (start == nullptr) return {};
+    auto timing = std::make_shared<DeviceTiming>(
+        DeviceTiming{&counter, observer, launch, brick_device, start, nullptr});
+    try {
+      auto& rt = backend::rt();
+      timing->done = backend::runtime_call([&] { return rt.create_event(brick_device, true); });
+      BRICK_RUNTIME_CALL(
+          rt.record_event(timing->done, brick_device, rt.current_stream(brick_device)));
+    } catch (...) {
+      backend::rt().destroy_event(start);
+      if (timing->done != nullptr) backend::rt().destroy_event(timing->done);
+      throw;
+    }
+    track_in_flight(InFlight{nullptr, nullptr, std::move(timing), std::move(held)});
+    return {};
   }
 
   // CUDA backing: a pooled brick side stream is made to wait for the engine's completion events
