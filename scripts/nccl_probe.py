@@ -7,6 +7,9 @@ process, so a crash names its case:
   brick-loaded  a cuda tensor on NCCL, brick loaded, not used    (brick's mere presence)
   brick         a brick tensor through brick's backend on NCCL   (brick's path)
   engine-alone  a cuda tensor on NCCL made as brick makes it     (no process group around it)
+  cuda-after-brick  plain NCCL on a cuda tensor once brick ran    (brick's runtime in the process)
+  mixed-group   brick's and a cuda tensor's all_reduce in one "cpu:gloo,cuda:nccl,brick:brick"
+                group (test_distributed's NCCL scenario)
 Under gdb, where the machine has it, a crash also prints its C++ backtrace; without gdb, a
 preloaded handler (scripts/segv_backtrace.c, built with the machine's C compiler) prints the
 crashing thread's frames, each of brick's own named by addr2line where the machine has it.
@@ -31,6 +34,19 @@ CASE_BODY = {
     "brick": "import torch, torch_brickdev, torch.distributed as dist\n"
              "dist.init_process_group('brick', store=store, rank=0, world_size=1)\n"
              "t = torch.ones(8, device='brick')\n",
+    # Plain NCCL on a cuda tensor after brick's CUDA runtime was used in the process.
+    "cuda-after-brick": "import torch, torch_brickdev, torch.distributed as dist\n"
+                        "dist.init_process_group('nccl', store=store, rank=0, world_size=1)\n"
+                        "(torch.ones(8, device='brick') * 2).cpu()\n"
+                        "t = torch.ones(8, device='cuda')\n",
+    # One group, an engine per device type (as test_distributed's NCCL scenario): brick's
+    # collective, then plain NCCL's on a cuda tensor.
+    "mixed-group": "import torch, torch_brickdev, torch.distributed as dist\n"
+                   "dist.init_process_group('cpu:gloo,cuda:nccl,brick:brick', store=store,\n"
+                   "                        rank=0, world_size=1)\n"
+                   "b = torch.ones(8, device='brick'); dist.all_reduce(b)\n"
+                   "assert b.cpu().tolist() == [1.0] * 8, b\n"
+                   "t = torch.ones(8, device='cuda')\n",
     # NCCL made as brick makes its engine (no process group around it), on a cuda tensor.
     "engine-alone": "import torch, torch_brickdev, torch.distributed as dist\n"
                     "engine = dist.ProcessGroupNCCL(dist.PrefixStore('nccl/', store), 0, 1,\n"
