@@ -26,9 +26,9 @@ namespace detail {
 // 1 when brick devices are backed by CUDA devices, 0 when by the host, -1 until first asked.
 extern std::atomic<int8_t> g_cuda_backing;
 bool decide_cuda_backing();
-// What CUDA backing adds once it is decided, before the answer is published (installed by
-// registration, so that this floor calls nothing above it).
-void set_cuda_backing_setup(void (*setup)());
+// What the backing decision adds to brick's kernels once it is made, before the answer is
+// published (installed by registration, so that this floor calls nothing above it).
+void set_backing_setup(void (*setup)(bool is_cuda));
 c10::Device backing_cuda_device(c10::DeviceIndex brick_index);
 }  // namespace detail
 
@@ -155,9 +155,15 @@ int register_direct_fallback_kernels();
 // On CUDA backing, registers the fallback as brick's own kernel for ops that decompose on every
 // device but CUDA, whose own kernel is one fused kernel there (_fused_rms_norm: F.rms_norm is
 // one CUDA kernel, six without it); returns how many. Run once CUDA backing is decided
-// (detail::set_cuda_backing_setup): on host backing these ops keep their decomposition (the CPU has
+// (detail::set_backing_setup): on host backing these ops keep their decomposition (the CPU has
 // no such kernel, nor one for their backward).
 int register_cuda_backing_kernels();
+
+// On host backing, registers brick's autograd kernels for the composite ops that branch on the
+// device type in ways that change results (the recurrent layers and cells): they run as the CPU
+// runs them, on aliases of brick memory, the CPU's autograd graph included (backing_graph.cpp).
+// Run once host backing is decided. On CUDA backing these ops decompose on brick.
+void register_host_backing_kernels();
 
 // Registered once: hooks, device guard, generator, allocator. Safe to call repeatedly.
 void ensure_registered();

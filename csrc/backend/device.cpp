@@ -249,7 +249,13 @@ void ensure_registered() {
     at::RegisterPrivateUse1HooksInterface(new BrickHooks());
     c10::SetAllocator(kBrick, brick_allocator());
     register_direct_fallback_kernels();
-    detail::set_cuda_backing_setup([] { register_cuda_backing_kernels(); });
+    detail::set_backing_setup([](bool is_cuda) {
+      if (is_cuda) {
+        register_cuda_backing_kernels();
+      } else {
+        register_host_backing_kernels();
+      }
+    });
     return true;
   }();
   (void)registered;

@@ -15,7 +15,7 @@ namespace brick::backend {
 namespace detail {
 
 std::atomic<int8_t> g_cuda_backing{-1};
-std::atomic<void (*)()> g_cuda_backing_setup{nullptr};
+std::atomic<void (*)(bool)> g_backing_setup{nullptr};
 
 bool decide_cuda_backing() {
   // Two threads' first ops may ask at once: one decides, the other waits for its answer.
@@ -29,10 +29,8 @@ bool decide_cuda_backing() {
   // ("Allocator not initialized for device N: did you call init?"). torch.cuda does the same
   // lazily (torch.cuda.init, CUDAHooks::init); it runs once per process, before the answer is
   // published, so no brick op can reach CUDA first.
-  if (is_cuda) {
-    at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
-    if (auto setup = g_cuda_backing_setup.load(std::memory_order_acquire)) setup();
-  }
+  if (is_cuda) at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
+  if (auto setup = g_backing_setup.load(std::memory_order_acquire)) setup(is_cuda);
   // Autocast on brick casts as the backing device's autocast does (before any brick tensor
   // exists: the first one is allocated after this answer).
   install_autocast_policy(is_cuda);
@@ -40,8 +38,8 @@ bool decide_cuda_backing() {
   return is_cuda;
 }
 
-void set_cuda_backing_setup(void (*setup)()) {
-  g_cuda_backing_setup.store(setup, std::memory_order_release);
+void set_backing_setup(void (*setup)(bool is_cuda)) {
+  g_backing_setup.store(setup, std::memory_order_release);
 }
 
 c10::Device backing_cuda_device(c10::DeviceIndex brick_index) {

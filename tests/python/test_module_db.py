@@ -20,9 +20,9 @@ same numbers on both devices):
 
 "Match" means bit-equal: on the host runtime brick runs the CPU's kernels at the same thread
 count, so any difference is a path brick took that the CPU does not (PyTorch's formulas and
-composite ops that test the device type). The one exception, with its reason, is the recurrent
-layers (``RNN_DEVICE_BRANCHES``). Every sample runs, and a test fails listing every sample that
-failed, with its error (for a mismatch, assert_close's account of it). A sample the CPU itself
+composite ops that test the device type; the recurrent layers, whose composite takes CPU-only
+paths, run as the CPU runs them: backing_graph.cpp). Every sample runs, and a test fails listing
+every sample that failed, with its error (for a mismatch, assert_close's account of it). A sample the CPU itself
 rejects is not compared, and counted with its reason; a test whose samples the CPU all rejects
 is skipped with that reason. At the end the module prints ``module db: ...`` with the counts of
 samples compared and not compared, by reason (``pytest ... -q -s``).
@@ -110,7 +110,6 @@ SAMPLE_SKIPS = {}
 # added after the matmul), and a float32 LSTM on the CPU runs oneDNN. Brick takes the non-CPU
 # paths, with results equal within rounding (assert_close's defaults); bit-equality needs brick
 # kernels for the layers themselves (open).
-RNN_DEVICE_BRANCHES = {"nn.RNN", "nn.LSTM", "nn.GRU", "nn.LSTMCell", "nn.GRUCell"}
 TOLERANCES = {
     # PyTorch 2.14+: F.linear_cross_entropy's chunked path picks its accumulation by device
     # *type* (linear_cross_entropy_options._auto_acc_policy): "accurate" (fp32 weight-grad GEMM)
@@ -419,8 +418,6 @@ def _sweep(test, device, dtype, module_info, training, limit, channels_last=Fals
         test.skipTest(f"{module_info.name}: {reason}")
     tolerance = TOLERANCES.get((module_info.name, dtype), TOLERANCES.get(
         module_info.name, BACKING_TOLERANCES.get(dtype, EXACT)))
-    if tolerance is EXACT and module_info.name in RNN_DEVICE_BRANCHES:
-        tolerance = {}  # assert_close's defaults for the dtype
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # deprecations, the same on both devices
         torch.manual_seed(SEED)
