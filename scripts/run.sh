@@ -90,6 +90,15 @@ setup_python() {
       "$PYTHON" -m pip install -q --no-deps "lightning==2.6.0" "torchmetrics==1.8.2" ||
       echo "could not install lightning; its tests will skip" >&2
   fi
+  # torchvision's models train on brick in the tests. Its wheels are built for one torch release
+  # each (and against CUDA): the 2.14 lane's torch is such a build, so it gets the matching
+  # release, pinned, without dependencies (pillow pinned beside it). Elsewhere its tests skip.
+  if TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PYTHON" -c "import sys, torch; sys.exit(not torch.__version__.startswith('2.14.'))" 2>/dev/null &&
+    ! TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PYTHON" -c "import torchvision" 2>/dev/null; then
+    log "installing torchvision"
+    "$PYTHON" -m pip install -q --no-deps "torchvision==0.29.1" "pillow==11.3.0" ||
+      echo "could not install torchvision; its tests will skip" >&2
+  fi
   # HolisticTraceAnalysis loads brick's traces in the tests. Its declared dependencies pull in
   # jupyterlab; it imports only these, so it is installed without them.
   if ! TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PYTHON" -c "import hta.trace_analysis" 2>/dev/null; then
