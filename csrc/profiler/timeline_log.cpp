@@ -4,7 +4,8 @@
 //   A ThreadLog belongs to one thread at a time (`owned`). The owner alone appends: it writes the
 //   entry at `count`, then publishes it by storing count + 1 (release); readers load count
 //   (acquire) and read only entries below it, so they never see a half-written one. A thread
-//   that exits gives its log up, records kept; the next thread that first logs takes it over.
+//   that exits gives its log up, records kept; the next thread that first logs takes it over
+//   (common/thread_claims.h).
 //   So the logs number at most the threads alive at once, and an exited thread's records stay
 //   readable until cleared.
 //
@@ -29,6 +30,8 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+
+#include "common/thread_claims.h"
 
 namespace brick::profiler {
 
@@ -85,34 +88,8 @@ namespace {
 
 std::atomic<uint64_t> g_next_timeline_id{1};
 
-// The log this thread last used, and in which timeline: the fast path. Trivial, so it is read
-// with a direct TLS access even inside a dlopen()ed module.
-struct LogCache {
-  uint64_t timeline_id;
-  TimelineLog::ThreadLog* log;
-  bool exiting;  // set once the thread's ThreadLogs is destroyed: later appends are dropped
-};
-[[gnu::tls_model("initial-exec")]] constinit thread_local LogCache t_cache{0, nullptr, false};
-
-// Every log this thread owns (one per timeline it logged into); given up when it exits.
-struct ThreadLogs {
-  struct Owned {
-    uint64_t timeline_id;
-    TimelineLog::ThreadLog* log;
-    std::weak_ptr<TimelineLog::ThreadLog> alive;  // expires with its timeline
-  };
-  std::vector<Owned> logs;
-  ThreadLogs() = default;
-  ThreadLogs(const ThreadLogs&) = delete;
-  ThreadLogs& operator=(const ThreadLogs&) = delete;
-  ~ThreadLogs() {
-    t_cache = {0, nullptr, true};
-    for (auto& owned : logs) {
-      if (auto log = owned.alive.lock()) log->owned.store(false, std::memory_order_release);
-    }
-  }
-};
-thread_local ThreadLogs t_logs;
+// Each thread appends to its own log of each timeline (common/thread_claims.h).
+using LogClaims = ThreadClaims<TimelineLog::ThreadLog>;
 
 constexpr uint32_t generation_of(uint64_t budget) { return static_cast<uint32_t>(budget >> 32); }
 constexpr uint64_t reserved_of(uint64_t budget) { return budget & 0xffffffffu; }
@@ -141,12 +118,7 @@ TimelineLog::TimelineLog(size_t max_records)
 TimelineLog::~TimelineLog() = default;
 
 TimelineLog::ThreadLog* TimelineLog::owned_by_this_thread() noexcept {
-  if (t_cache.exiting) return nullptr;
-  if (t_cache.timeline_id == id_) return t_cache.log;
-  for (const auto& owned : t_logs.logs) {
-    if (owned.timeline_id == id_) return owned.log;
-  }
-  return nullptr;
+  return LogClaims::held(id_);
 }
 
 uint32_t TimelineLog::generation() const noexcept {
@@ -154,47 +126,26 @@ uint32_t TimelineLog::generation() const noexcept {
 }
 
 TimelineLog::ThreadLog* TimelineLog::my_log() noexcept {
-  const LogCache cache = t_cache;
-  if (cache.timeline_id == id_) [[likely]]
-    return cache.log;
-  return my_log_slow();
-}
-
-[[gnu::noinline]] TimelineLog::ThreadLog* TimelineLog::my_log_slow() noexcept {
-  if (t_cache.exiting) return nullptr;
   try {
-    ThreadLogs& mine = t_logs;
-    std::erase_if(mine.logs, [](const ThreadLogs::Owned& owned) { return owned.alive.expired(); });
-    for (const auto& owned : mine.logs) {
-      if (owned.timeline_id == id_) {
-        t_cache = {id_, owned.log, false};
-        return owned.log;
-      }
-    }
-    mine.logs.reserve(mine.logs.size() + 1);  // so that a log taken below is recorded as ours
-    // Take over a log an exited thread gave up, or start one.
-    std::shared_ptr<ThreadLog> log;
-    {
-      std::lock_guard<std::mutex> lock(logs_mutex_);
-      for (const auto& candidate : logs_) {
-        bool free = false;
-        if (candidate->owned.compare_exchange_strong(free, true, std::memory_order_acq_rel)) {
-          log = candidate;
-          break;
-        }
-      }
-      if (!log) {
-        log = std::make_shared<ThreadLog>();
-        log->generation.store(generation(), std::memory_order_relaxed);
-        logs_.push_back(log);
-      }
-    }
-    mine.logs.push_back({id_, log.get(), log});
-    t_cache = {id_, log.get(), false};
-    return log.get();
+    return LogClaims::mine(id_, [this] { return claim_log(); });
   } catch (...) {
     return nullptr;  // out of memory: the caller counts the record as dropped
   }
+}
+
+// A log an exited thread gave up, taken over, or a new one.
+std::shared_ptr<TimelineLog::ThreadLog> TimelineLog::claim_log() {
+  std::lock_guard<std::mutex> lock(logs_mutex_);
+  for (const auto& candidate : logs_) {
+    bool free = false;
+    if (candidate->owned.compare_exchange_strong(free, true, std::memory_order_acq_rel)) {
+      return candidate;
+    }
+  }
+  auto log = std::make_shared<ThreadLog>();
+  log->generation.store(generation(), std::memory_order_relaxed);
+  logs_.push_back(log);
+  return log;
 }
 
 void TimelineLog::renew_locked(ThreadLog& log, uint32_t generation) noexcept {

@@ -81,7 +81,7 @@ class TimelineLog {
 
  private:
   ThreadLog* my_log() noexcept;
-  ThreadLog* my_log_slow() noexcept;
+  std::shared_ptr<ThreadLog> claim_log();
   ThreadLog* owned_by_this_thread() noexcept;
   uint32_t generation() const noexcept;
   bool reserve(ThreadLog& log) noexcept;

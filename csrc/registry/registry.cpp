@@ -44,7 +44,8 @@
 //   Each thread keeps (registry id -> shard) entries; registry ids come from a global counter and
 //   are never reused, unlike addresses. The last used entry is cached in a trivially
 //   destructible thread_local, the fast path. A thread that exits gives its shards back (they
-//   keep their figures); the next thread that first records into that registry adopts one.
+//   keep their figures); the next thread that first records into that registry adopts one
+//   (common/thread_claims.h).
 #include "registry/registry.h"
 
 #include <algorithm>
@@ -59,6 +60,7 @@
 #include <unordered_map>
 
 #include "common/steady_clock.h"
+#include "common/thread_claims.h"
 #include "registry/clock.h"
 
 namespace brick::registry {
@@ -414,36 +416,8 @@ struct Shard {
 
 std::atomic<uint64_t> g_next_registry_id{1};
 
-// The thread's last used (registry id, shard): the fast path. One trivial thread_local, so an
-// access needs no initialization guard and at most one TLS address lookup.
-struct ThreadCache {
-  uint64_t registry_id;  // 0: none
-  Shard* shard;
-  bool exiting;  // set once the thread's ThreadShards is destroyed
-};
-// initial-exec: a direct %fs access even inside a dlopen()ed module (16 bytes of static TLS).
-[[gnu::tls_model("initial-exec")]] constinit thread_local ThreadCache t_cache{0, nullptr, false};
-
-struct ThreadShards {
-  struct Entry {
-    uint64_t registry_id;
-    Shard* shard;                // valid while the registry with that id lives
-    std::weak_ptr<Shard> owner;  // the registry's reference, to hand the shard back at exit
-  };
-  std::vector<Entry> entries;
-
-  ThreadShards() = default;
-  ThreadShards(const ThreadShards&) = delete;
-  ThreadShards& operator=(const ThreadShards&) = delete;
-  ~ThreadShards() {
-    t_cache = {0, nullptr, true};  // a later thread_local destructor that records is ignored
-    for (Entry& entry : entries) {
-      if (auto shard = entry.owner.lock()) shard->owned.store(false, std::memory_order_release);
-    }
-  }
-};
-
-thread_local ThreadShards t_shards;
+// Each thread records into its own shard of each registry (common/thread_claims.h).
+using ShardClaims = ThreadClaims<Shard>;
 
 struct NodeInfo {
   std::string name;
@@ -510,45 +484,22 @@ struct Registry::Impl {
   std::unordered_map<NodeKey, NodeId, NodeKeyHash, NodeKeyEqual> index;
 
   // The calling thread's shard, created (or adopted) on its first record; null once the
-  // thread is exiting.
+  // thread is exiting. (Allocation failures terminate: noexcept.)
   Shard* shard() noexcept {
-    ThreadCache& cache = t_cache;
-    if (cache.registry_id == id) [[likely]]
-      return cache.shard;
-    return shard_slow();
+    return ShardClaims::mine(id, [this] { return claim_shard(); });
   }
 
-  [[gnu::noinline]] Shard* shard_slow() noexcept {
-    if (t_cache.exiting) return nullptr;
-    ThreadShards& mine = t_shards;
-    for (const auto& entry : mine.entries) {
-      if (entry.registry_id == id) {
-        t_cache.registry_id = id;
-        t_cache.shard = entry.shard;
-        return entry.shard;
+  // A shard whose thread has exited, taken over, or a new one.
+  std::shared_ptr<Shard> claim_shard() {
+    std::lock_guard<std::mutex> lock(shards_mutex);
+    for (const auto& candidate : shards) {
+      if (!candidate->owned.load(std::memory_order_acquire)) {  // its thread has exited
+        candidate->owned.store(true, std::memory_order_relaxed);
+        return candidate;
       }
     }
-    // First record of this thread in this registry (allocation failures terminate: noexcept).
-    std::shared_ptr<Shard> found;
-    {
-      std::lock_guard<std::mutex> lock(shards_mutex);
-      for (const auto& candidate : shards) {
-        if (!candidate->owned.load(std::memory_order_acquire)) {  // its thread has exited
-          candidate->owned.store(true, std::memory_order_relaxed);
-          found = candidate;
-          break;
-        }
-      }
-      if (!found) {
-        found = std::make_shared<Shard>(generation.load(std::memory_order_relaxed));
-        shards.push_back(found);
-      }
-    }
-    std::erase_if(mine.entries, [](const auto& entry) { return entry.owner.expired(); });
-    mine.entries.push_back({id, found.get(), found});
-    t_cache.registry_id = id;
-    t_cache.shard = found.get();
-    return found.get();
+    shards.push_back(std::make_shared<Shard>(generation.load(std::memory_order_relaxed)));
+    return shards.back();
   }
 
   void record_into(Shard& shard, NodeId node, int64_t ns, int64_t end_ns) noexcept {
@@ -646,11 +597,7 @@ void Registry::record(NodeId node, int64_t ns, int64_t end_ns) noexcept {
   impl_->record_into(*shard, node, ns, end_ns);
 }
 
-void Registry::prepare_thread() noexcept {
-  // Touching the thread_local runs its constructor (and registers its destructor) if needed.
-  ThreadShards& mine = t_shards;
-  (void)mine;
-}
+void Registry::prepare_thread() noexcept { ShardClaims::prepare_thread(); }
 
 Snapshot Registry::snapshot() const {
   Impl& impl = *impl_;

@@ -4,10 +4,13 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "common/steady_clock.h"
+#include "common/thread_claims.h"
 
 namespace {
 
@@ -40,6 +43,80 @@ TEST(SteadyClockTest, OneClockForEveryThread) {
   }
   stop = true;
   writer.join();
+}
+
+// An owner of per-thread objects, as a registry owns shards: claims hand back one an exited
+// thread gave up, else a new one.
+struct Item {
+  std::atomic<bool> owned{true};
+  int writes = 0;
+};
+using ItemClaims = brick::ThreadClaims<Item>;
+
+struct Owner {
+  explicit Owner(uint64_t owner_id) : id(owner_id) {}
+  uint64_t id;
+  std::mutex mutex;
+  std::vector<std::shared_ptr<Item>> items;
+  int made = 0;
+  Item* mine() {
+    return ItemClaims::mine(id, [this] {
+      std::lock_guard<std::mutex> lock(mutex);
+      for (const auto& item : items) {
+        bool free = false;
+        if (item->owned.compare_exchange_strong(free, true)) return item;
+      }
+      ++made;
+      return items.emplace_back(std::make_shared<Item>());
+    });
+  }
+};
+
+TEST(ThreadClaimsTest, EachThreadWritesItsOwnObjectAndAnExitedThreadsIsTakenOver) {
+  Owner owner(101);
+  Item* main_item = owner.mine();
+  EXPECT_EQ(owner.mine(), main_item) << "the same object on every call of one thread";
+  EXPECT_EQ(ItemClaims::held(owner.id), main_item);
+  Item* first = nullptr;
+  std::thread([&] {
+    first = owner.mine();
+    first->writes += 1;
+  }).join();
+  EXPECT_NE(first, main_item) << "another thread, another object";
+  EXPECT_FALSE(first->owned.load()) << "given back when its thread exited";
+  Item* second = nullptr;
+  std::thread([&] { second = owner.mine(); }).join();
+  EXPECT_EQ(second, first) << "the next thread takes over what an exited one gave back";
+  EXPECT_EQ(second->writes, 1) << "with what was written in it";
+  EXPECT_EQ(owner.made, 2);
+}
+
+TEST(ThreadClaimsTest, OwnersAreToldApartAndAThreadHoldsOneObjectOfEach) {
+  Owner a(201), b(202);
+  Item* from_a = a.mine();
+  Item* from_b = b.mine();
+  EXPECT_NE(from_a, from_b);
+  EXPECT_EQ(a.mine(), from_a) << "past the one-entry cache, found among the thread's claims";
+  EXPECT_EQ(b.mine(), from_b);
+  EXPECT_EQ(ItemClaims::held(303), nullptr) << "nothing is claimed by asking";
+}
+
+TEST(ThreadClaimsTest, AThreadClaimsNothingOnceItsClaimsWereGivenBack) {
+  // A thread_local constructed before the thread's claim list is destroyed after it: what its
+  // destructor asks for is refused (nullptr), never claimed again after the hand-back.
+  static Owner owner(401);
+  static std::atomic<Item*> asked_at_exit{reinterpret_cast<Item*>(1)};
+  struct AtExit {
+    ~AtExit() { asked_at_exit.store(owner.mine()); }
+  };
+  std::thread([] {
+    thread_local AtExit at_exit;
+    (void)&at_exit;
+    ItemClaims::prepare_thread();
+    EXPECT_NE(owner.mine(), nullptr);
+  }).join();
+  EXPECT_EQ(asked_at_exit.load(), nullptr);
+  EXPECT_EQ(owner.made, 1);
 }
 
 }  // namespace
