@@ -1,0 +1,209 @@
+// The observer's session: enabling and disabling the callback, the sync mode, the registry it
+// records into (its one owner), snapshots and resets, health, the fork handlers, and the probe
+// that tells schema-named RecordFunctions from string-named ones.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/record_function.h>
+#include <c10/util/Exception.h>
+
+#include <memory>
+#include <mutex>
+#include <new>
+#include <vector>
+
+#include "profiler/device_timer.h"
+#include "profiler/fork.h"
+#include "profiler/observer_callback.h"
+#include "profiler/observer_state.h"
+#include "profiler/profiler.h"
+#include "runtime/launch_observer.h"
+#include "runtime/runtime.h"
+
+namespace brick::profiler {
+
+using namespace detail;
+
+namespace {
+
+// Outlives every thread. Replaced (the old one leaked) in a forked child: see after_fork_in_child.
+registry::Registry*& registry_instance() {
+  static registry::Registry* instance = new registry::Registry();
+  return instance;
+}
+
+}  // namespace
+
+registry::Registry& brick_registry() { return *registry_instance(); }
+
+// In a forked child the registry is replaced rather than reset (its node and shard locks may
+// have been held by threads that do not exist there), and this thread's cached nodes of the old
+// registry and its open bricks are dropped. Profiling stays as it was: the child's work is
+// recorded, into the child's registry.
+void prepare_observer_for_fork() { g_control_mutex.lock(); }
+
+void observer_after_fork_in_parent() { g_control_mutex.unlock(); }
+
+void observer_after_fork_in_child() {
+  g_control_mutex.unlock();
+  registry_instance() = new registry::Registry();
+  g_registry.store(registry_instance(), std::memory_order_relaxed);
+  g_session.fetch_add(1, std::memory_order_acq_rel);
+  g_unbalanced_exits.store(0, std::memory_order_relaxed);
+  g_timing_failures.store(0, std::memory_order_relaxed);
+  g_capture_skipped_base.store(capture_skipped(TimingClient::Registry), std::memory_order_relaxed);
+  ThreadState* state = tls_state;
+  // Other threads' states are gone; a lock another thread held at the fork stays held: renew.
+  new (&g_states_mutex) std::mutex();
+  g_states.clear();
+  if (state != nullptr) {
+    g_states.push_back(state);
+    new (&state->pending.mutex) std::mutex();
+    drop_open_bricks(*state);
+    state->session = g_session.load(std::memory_order_relaxed);
+    state->by_schema_name.clear();
+    state->by_name.clear();
+    // The parent resolves these pairs; in the child they are dropped, their events reused.
+    for (const PendingPair& pair : state->pending.pairs) {
+      state->events.release(pair.device, pair.start);
+      state->events.release(pair.device, pair.end);
+    }
+    state->pending.pairs.clear();
+    state->pending.size.store(0, std::memory_order_relaxed);
+    state->published_top.store(registry::kNoParent, std::memory_order_relaxed);
+  }
+  g_owner.store(g_enabled.load(std::memory_order_relaxed) ? state : nullptr,
+                std::memory_order_relaxed);
+}
+
+namespace {
+
+class SchemaDeregistrationListener final : public c10::OpRegistrationListener {
+ public:
+  void onOperatorRegistered(const c10::OperatorHandle& /*op*/) override {}
+  void onOperatorDeregistered(const c10::OperatorHandle& /*op*/) override {
+    g_schema_epoch.fetch_add(1, std::memory_order_relaxed);
+  }
+};
+
+// Once per process: finds the address overload_name() gives for string-named RecordFunctions
+// (two probes, at different addresses, must agree) and starts watching schema deregistrations.
+// Called under g_control_mutex.
+std::atomic<c10::RegistrationHandleRAII*> g_schema_listener{nullptr};
+
+void prepare_schema_names() {
+  static bool prepared = false;
+  if (prepared) return;
+  prepared = true;
+  // A RecordFunction whose before() has not run holds an empty string as its name.
+  at::RecordFunction on_stack(at::RecordScope::USER_SCOPE);
+  const auto on_heap = std::make_unique<at::RecordFunction>(at::RecordScope::USER_SCOPE);
+  const char* marker = on_stack.overload_name();
+  if (marker != nullptr && marker == on_heap->overload_name() && *marker == '\0') {
+    // Never freed (held by g_schema_listener, so still reachable): a deregistration at exit
+    // must find it alive.
+    g_schema_listener.store(
+        new c10::RegistrationHandleRAII(c10::Dispatcher::singleton().addRegistrationListener(
+            std::make_unique<SchemaDeregistrationListener>())),
+        std::memory_order_release);
+    g_string_overload_name.store(marker, std::memory_order_relaxed);
+  }
+}
+
+}  // namespace
+
+void enable() {
+  std::lock_guard<std::mutex> lock(g_control_mutex);
+  TORCH_CHECK(!g_enabled.load(), "brick profiler: enable() called while already enabled");
+  // The runtime is created (a device initialized) now, not inside the first brick.
+  g_runtime.store(&runtime::get(), std::memory_order_relaxed);
+  g_async.store(async_runtime(), std::memory_order_relaxed);
+  g_registry.store(&brick_registry(), std::memory_order_relaxed);
+  prepare_schema_names();
+  g_session.fetch_add(1, std::memory_order_acq_rel);
+  ThreadState& owner = thread_state();
+  drop_open_bricks(owner);
+  owner.session = g_session.load(std::memory_order_relaxed);
+  owner.published_top.store(registry::kNoParent, std::memory_order_relaxed);
+  g_owner.store(&owner, std::memory_order_release);
+  g_handle = at::addGlobalCallback(observer_callback(&on_enter, &on_exit));
+  if (g_async.load(std::memory_order_relaxed) &&
+      g_mode.load(std::memory_order_relaxed) == SyncMode::Event) {
+    runtime::set_queue_hook(&start_awaiting_bricks);
+  }
+  g_enabled.store(true, std::memory_order_release);
+}
+
+void disable() {
+  std::lock_guard<std::mutex> lock(g_control_mutex);
+  TORCH_CHECK(g_enabled.load(), "brick profiler: disable() called while not enabled");
+  at::removeCallback(g_handle);
+  g_handle = 0;
+  runtime::set_queue_hook(nullptr);
+  g_owner.store(nullptr, std::memory_order_release);
+  g_enabled.store(false, std::memory_order_release);
+}
+
+bool is_enabled() noexcept { return g_enabled.load(std::memory_order_acquire); }
+
+void set_sync_mode(SyncMode mode) {
+  std::lock_guard<std::mutex> lock(g_control_mutex);
+  TORCH_CHECK(!g_enabled.load(), "brick profiler: the sync mode cannot change while profiling (",
+              registry::sync_mode_name(g_mode.load()), " is in use); disable() first");
+  g_mode.store(mode, std::memory_order_relaxed);
+}
+
+SyncMode sync_mode() noexcept { return g_mode.load(std::memory_order_relaxed); }
+
+registry::Snapshot snapshot() {
+  // Every thread's outstanding pairs (asynchronous runtimes only) resolve here, waiting for
+  // their device work.
+  {
+    ThreadState* self = &thread_state();
+    std::lock_guard<std::mutex> states(g_states_mutex);
+    for (ThreadState* state : g_states) {
+      if (state->pending.size.load(std::memory_order_relaxed) == 0) continue;
+      std::lock_guard<std::mutex> lock(state->pending.mutex);
+      resolve_locked(*state, /*by_owner=*/state == self, /*wait_all=*/true);
+    }
+  }
+  return brick_registry().snapshot();
+}
+
+void reset() {
+  std::lock_guard<std::mutex> lock(g_control_mutex);
+  brick_registry().reset();
+  // The registry's own counters start again with its figures: a report (bp.profile resets at
+  // its start) says what its profile missed, not what an earlier one in the process did.
+  g_unbalanced_exits.store(0, std::memory_order_relaxed);
+  g_timing_failures.store(0, std::memory_order_relaxed);
+  g_capture_skipped_base.store(capture_skipped(TimingClient::Registry), std::memory_order_relaxed);
+}
+
+Health health() {
+  Health h;
+  h.unbalanced_exits = g_unbalanced_exits.load(std::memory_order_relaxed);
+  h.timing_failures = g_timing_failures.load(std::memory_order_relaxed);
+  {
+    std::lock_guard<std::mutex> states(g_states_mutex);
+    for (const ThreadState* state : g_states) {
+      h.pending_events += state->pending.size.load(std::memory_order_relaxed);
+    }
+  }
+  h.capture_skipped = capture_skipped(TimingClient::Registry) -
+                      g_capture_skipped_base.load(std::memory_order_relaxed);
+  h.stub_capture_skipped = capture_skipped(TimingClient::LegacyStubs);
+  h.stub_failures = stub_failures();
+  for (const int64_t events : live_events_by_device()) h.live_events += events;
+  return h;
+}
+
+std::vector<int64_t> live_events_by_device() {
+  // (The device count is asked only of a runtime that exists: none, no event either.)
+  const int devices = runtime::runtime_created_in_pid() != -1 ? runtime::get().device_count() : 0;
+  std::vector<int64_t> out;
+  for (int device = 0; device < devices; ++device) {
+    out.push_back(g_live_events[device].load(std::memory_order_relaxed));
+  }
+  return out;
+}
+
+}  // namespace brick::profiler

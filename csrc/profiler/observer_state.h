@@ -1,0 +1,240 @@
+// The observer's state, shared by its three parts (internal to csrc/profiler): the hot path
+// (observer.cpp: the RecordFunction callbacks and the node caches), the asynchronous timing
+// (observer_events.cpp: device events, the pending pairs and their resolution, the queue hook)
+// and the session (observer_session.cpp: enable/disable, the registry's owner, fork, health).
+// Hidden from other modules, so the hot path reads these globals as it would file-local ones.
+#pragma once
+
+#include <ATen/record_function.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "profiler/device_timer.h"
+#include "profiler/profiler.h"
+#include "registry/registry.h"
+#include "runtime/runtime.h"
+
+namespace brick::profiler::detail {
+
+#pragma GCC visibility push(hidden)
+
+using registry::NodeId;
+using registry::SyncMode;
+
+constexpr NodeId kIgnored = UINT32_MAX - 1;  // profiler-internal ops are not bricks
+// A brick that began while its stream was being captured into a CUDA graph: nothing may be
+// recorded on such a stream, and the work it launches runs only at replay, so it is skipped
+// (and counted: health().capture_skipped).
+constexpr NodeId kSkippedInCapture = UINT32_MAX - 2;
+
+extern std::mutex g_control_mutex;  // enable / disable / set_sync_mode / reset
+extern std::atomic<bool> g_enabled;
+extern std::atomic<SyncMode> g_mode;
+// bumped by enable: per-thread stacks from older sessions are dropped
+extern std::atomic<uint64_t> g_session;
+extern at::CallbackHandle g_handle;
+
+// What the callbacks need, set by enable() before the callback is registered (and by the fork
+// handler): no function-local static guard or lookup on the op path.
+extern std::atomic<runtime::Runtime*> g_runtime;
+extern std::atomic<registry::Registry*> g_registry;
+extern std::atomic<uint64_t> g_capture_skipped_base;  // not reported: before reset(), or a parent's
+extern std::atomic<bool> g_async;  // async_runtime(): bricks are timed by device events
+
+// Bumped whenever an operator schema is deregistered: its name's address may then be reused by
+// another schema's name, so every thread's node cache keyed by those addresses is flushed.
+extern std::atomic<uint64_t> g_schema_epoch;
+
+// What RecordFunction::overload_name() returns for a RecordFunction named by a string (a
+// record_function range, an autograd node) rather than by an operator schema: the address of
+// one constant empty string, found by probing at enable(). A different address means the name
+// is a schema's. nullptr when the probe did not find one constant: every name is then looked up
+// by its text.
+extern std::atomic<const char*> g_string_overload_name;
+
+extern std::atomic<uint64_t> g_unbalanced_exits;
+extern std::atomic<uint64_t> g_timing_failures;
+
+struct Frame {
+  NodeId node;
+  int device;
+  int64_t start_ns;             // Deferred / Immediate
+  runtime::Event* start_event;  // Event
+  // Event mode on an asynchronous runtime, an op: its start event is recorded right before the
+  // first work it queues (start_awaiting_bricks), on that work's device; none yet.
+  bool awaiting_work = false;
+  bool is_op = false;  // an op (scope FUNCTION), not a range or an autograd node
+};
+
+// Finished event pairs whose device work may still be running (asynchronous runtimes).
+struct PendingPair {
+  NodeId node;
+  int device;
+  runtime::StreamId stream;  // of its end event
+  runtime::Event* start;
+  runtime::Event* end;
+};
+
+struct NameKey {
+  NodeId parent;
+  int device;
+  std::string name;
+  bool operator==(const NameKey& other) const = default;
+};
+
+struct NameKeyView {
+  NodeId parent;
+  int device;
+  std::string_view name;
+};
+
+struct NameKeyHash {
+  using is_transparent = void;
+  size_t operator()(const NameKey& key) const noexcept {
+    return hash(key.parent, key.device, key.name);
+  }
+  size_t operator()(const NameKeyView& key) const noexcept {
+    return hash(key.parent, key.device, key.name);
+  }
+  static size_t hash(NodeId parent, int device, std::string_view name) noexcept {
+    return (std::hash<std::string_view>{}(name)*31 + parent) * 31 + static_cast<size_t>(device);
+  }
+};
+
+struct NameKeyEqual {
+  using is_transparent = void;
+  bool operator()(const NameKey& a, const NameKey& b) const noexcept { return a == b; }
+  bool operator()(const NameKeyView& a, const NameKey& b) const noexcept {
+    return a.parent == b.parent && a.device == b.device && a.name == b.name;
+  }
+  bool operator()(const NameKey& a, const NameKeyView& b) const noexcept {
+    return a.parent == b.parent && a.device == b.device && a.name == b.name;
+  }
+};
+
+// A direct-mapped cache of the nodes of schema-named calls: (name address, parent, device) ->
+// node. A miss (a new call site, or a collision) looks the node up by text and takes the slot.
+class SchemaNodeCache {
+ public:
+  static constexpr size_t kBits = 10;  // 1024 slots: a decode step's call sites fit
+
+  // The node cached for this call site, or kNoNode.
+  NodeId find(const char* name, NodeId parent, int device) const noexcept {
+    const Entry& entry = entries_[index(name, parent, device)];
+    return entry.name == name && entry.parent == parent && entry.device == device ? entry.node
+                                                                                  : kNoNode;
+  }
+  void put(const char* name, NodeId parent, int device, NodeId node) noexcept {
+    entries_[index(name, parent, device)] = {name, parent, device, node};
+  }
+  void clear() noexcept { entries_.fill(Entry{}); }
+
+  static constexpr NodeId kNoNode = registry::kNoParent;
+
+ private:
+  struct Entry {
+    const char* name = nullptr;
+    NodeId parent = 0;
+    int device = 0;
+    NodeId node = kNoNode;
+  };
+  static size_t index(const char* name, NodeId parent, int device) noexcept {
+    // Fibonacci hashing of the three integers: two multiplies, no text.
+    constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ULL;
+    const uint64_t key = reinterpret_cast<uintptr_t>(name) ^
+                         ((uint64_t{parent} << 8 | static_cast<uint8_t>(device)) * kGolden);
+    return static_cast<size_t>((key * kGolden) >> (64 - kBits));
+  }
+  std::array<Entry, size_t{1} << kBits> entries_{};
+};
+
+// Finished event pairs whose device work may still be running. Only an asynchronous runtime
+// queues any (on the host every pair has completed when its brick ends), and only that path
+// takes the lock: snapshot() resolves every thread's queue, so it must see them all.
+struct PendingQueue {
+  std::mutex mutex;
+  std::deque<PendingPair> pairs;  // oldest first: streams complete their work in order
+  // Events of pairs resolved by another thread (snapshot), for the owner's pool.
+  std::vector<std::pair<int, runtime::Event*>> returned;
+  std::atomic<size_t> size{0};  // pairs.size(), readable without the lock
+  std::atomic<bool> has_returned{false};
+};
+
+struct ThreadState {
+  uint64_t session = 0;
+  uint64_t schema_epoch = 0;  // of by_schema_name's entries
+  std::vector<Frame> stack;
+  PendingQueue pending;
+  // Ops named by their schema: looked up by the name's address.
+  SchemaNodeCache by_schema_name;
+  // Everything else (record_function ranges, autograd nodes, per-call op names) by text.
+  std::unordered_map<NameKey, NodeId, NameKeyHash, NameKeyEqual> by_name;
+  // The innermost open brick, readable by other threads (see on_enter: autograd workers).
+  std::atomic<NodeId> published_top{registry::kNoParent};
+  EventPool events;
+  uint32_t unpushed = 0;  // enters whose frame could not be pushed (out of memory)
+  uint32_t awaiting = 0;  // frames on the stack with awaiting_work set
+  // Event mode: the end event of the op that ended last on this thread, held (one reference)
+  // while this thread has queued no work since: an enclosing op that ends now ends at the same
+  // point of the stream, and shares it instead of recording another (nested ops: aten::linear
+  // around aten::addmm). Forgotten at the next queue hook.
+  struct {
+    runtime::Event* event = nullptr;
+    int device = 0;
+    runtime::StreamId stream = 0;
+  } last_op_end;
+};
+
+// Drops the thread's hold on the end event of the op that ended last (work was queued since).
+inline void forget_last_op_end(ThreadState& state) {
+  if (state.last_op_end.event == nullptr) return;
+  state.events.release(state.last_op_end.device, state.last_op_end.event);
+  state.last_op_end.event = nullptr;
+}
+
+// The thread that enabled profiling: backward work that PyTorch's autograd engine runs on its
+// device threads is attributed to the brick open on this thread (the one waiting in backward()).
+extern std::atomic<ThreadState*> g_owner;
+
+// Every live thread's state, so snapshot() can resolve the pairs each thread still owes.
+extern std::mutex g_states_mutex;
+extern std::vector<ThreadState*> g_states;
+
+// The calling thread's state: initial-exec, a direct %fs access even inside a dlopen()ed module.
+[[gnu::tls_model("initial-exec")]] extern constinit thread_local ThreadState* tls_state;
+
+[[gnu::noinline]] ThreadState& create_thread_state();
+
+// The calling thread's state, made on its first brick.
+inline ThreadState& thread_state() {
+  ThreadState* state = tls_state;
+  if (state != nullptr) [[likely]]
+    return *state;
+  return create_thread_state();
+}
+
+// ---- the hot path (observer.cpp) ----
+void drop_open_bricks(ThreadState& state);
+std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn);
+void on_exit(const at::RecordFunction& fn, at::ObserverContext* ctx);
+
+// ---- asynchronous timing (observer_events.cpp) ----
+void resolve_locked(ThreadState& state, bool by_owner, bool wait_all);
+runtime::Event* acquire_event(ThreadState& state, int device);
+void start_async_timing(ThreadState& state, runtime::Runtime& rt, Frame& frame, bool is_op);
+void finish_async_timing(ThreadState& state, runtime::Runtime& rt, const Frame& frame);
+void start_awaiting_bricks(runtime::DeviceIndex device) noexcept;
+
+#pragma GCC visibility pop
+
+}  // namespace brick::profiler::detail
