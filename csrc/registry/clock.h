@@ -1,8 +1,10 @@
 // The registry's clock: TSC ticks scaled to steady_clock nanoseconds where the TSC is invariant.
 //
-// Internal to the registry (registry.cpp and its tests); callers use Registry::now_ns().
+// Internal to the registry (its sources and tests); callers use Registry::now_ns(). The
+// calibration is clock.cpp's; the read, inlined into every record, is clock_now() below.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string_view>
 
@@ -62,6 +64,27 @@ struct TscScale {
 
 #if BRICK_REGISTRY_HAS_TSC
 inline uint64_t read_tsc() noexcept { return __rdtsc(); }
+
+// The calibrated scale, published once: g_tsc's fields first, then g_tsc_mult with release.
+// g_tsc_mult == 0: not calibrated yet, or no usable TSC (steady_clock then). Hidden: the read
+// below reaches them directly, not through the module's symbol table.
+[[gnu::visibility("hidden")]] extern constinit TscScale g_tsc;
+[[gnu::visibility("hidden")]] extern constinit std::atomic<uint64_t> g_tsc_mult;
 #endif
+
+// The first reads (they calibrate) and every read without a usable TSC.
+[[gnu::visibility("hidden"), gnu::noinline]] int64_t clock_slow() noexcept;
+
+// Inlined into record().
+[[gnu::always_inline]] inline int64_t clock_now() noexcept {
+#if BRICK_REGISTRY_HAS_TSC
+  const uint64_t mult = g_tsc_mult.load(std::memory_order_acquire);
+  if (mult != 0) [[likely]] {
+    const TscScale scale{g_tsc.base_tsc, g_tsc.base_ns, mult};
+    return scale.to_ns(read_tsc());
+  }
+#endif
+  return clock_slow();
+}
 
 }  // namespace brick::registry::detail

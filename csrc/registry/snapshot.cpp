@@ -1,0 +1,41 @@
+// The views derived from one snapshot of the registry, so that they always agree.
+#include <map>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "registry/registry.h"
+
+namespace brick::registry {
+
+std::vector<BrickStats> Snapshot::by_name() const {
+  std::vector<BrickStats> merged;
+  // (name, kind) -> index in merged; the names point into `nodes`, which outlives the map.
+  std::map<std::pair<std::string_view, Kind>, size_t> index;
+  for (const BrickStats& node : nodes) {
+    const auto [it, first] = index.try_emplace({node.name, node.kind}, merged.size());
+    if (first) {
+      BrickStats& into = merged.emplace_back(node);
+      into.path = node.name;
+      into.parent = kNoParent;
+      continue;
+    }
+    BrickStats& into = merged[it->second];
+    into.count += node.count;
+    into.total_ns += node.total_ns;
+    into.min_ns = std::min(into.min_ns, node.min_ns);
+    into.max_ns = std::max(into.max_ns, node.max_ns);
+    if (node.last_end_ns > into.last_end_ns) {  // completed later, whatever the node order
+      into.last_end_ns = node.last_end_ns;
+      into.last_ns = node.last_ns;
+    }
+    into.depth = std::min(into.depth, node.depth);
+    into.histogram.add(node.histogram);
+    if (into.device != node.device) into.device = -1;  // seen on several devices
+  }
+  return merged;
+}
+
+}  // namespace brick::registry
