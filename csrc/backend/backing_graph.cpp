@@ -211,18 +211,17 @@ void run_as_the_cpu_does(const c10::OperatorHandle& op, c10::DispatchKeySet /*ke
 }  // namespace
 
 void register_host_backing_kernels() {
-  static const bool registered = [] {
-    // Leaked on purpose: a registration lives as long as the process.
-    auto* library = new torch::Library(torch::Library::IMPL, "aten",
-                                       c10::DispatchKey::AutogradPrivateUse1, __FILE__, __LINE__);
+  static const auto library = [] {
+    auto made = std::make_unique<torch::Library>(
+        torch::Library::IMPL, "aten", c10::DispatchKey::AutogradPrivateUse1, __FILE__, __LINE__);
     for (const char* op : {"lstm.input", "lstm.data", "gru.input", "gru.data", "rnn_tanh.input",
                            "rnn_tanh.data", "rnn_relu.input", "rnn_relu.data", "lstm_cell",
                            "gru_cell", "rnn_tanh_cell", "rnn_relu_cell"}) {
-      library->impl(op, torch::CppFunction::makeFromBoxedFunction<&run_as_the_cpu_does>());
+      made->impl(op, torch::CppFunction::makeFromBoxedFunction<&run_as_the_cpu_does>());
     }
-    return true;
+    return made;
   }();
-  (void)registered;
+  (void)library;
 }
 
 }  // namespace brick::backend

@@ -292,6 +292,35 @@ void run_boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack)
   FallbackCall(op).run(stack);
 }
 
+namespace {
+
+// A library of brick's own aten kernels, alive until the process exits.
+std::unique_ptr<torch::Library> brick_kernel_library() {
+  return std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
+                                          c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+}
+
+// Registers the fallback into `library` as brick's own kernel for every aten op without one
+// that `wanted(op, "name.overload")` picks; returns how many.
+template <typename Wanted>
+int register_fallback_where(torch::Library& library, Wanted&& wanted) {
+  auto& dispatcher = c10::Dispatcher::singleton();
+  int registered = 0;
+  for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
+    if (name.name.rfind("aten::", 0) != 0) continue;
+    const auto op = dispatcher.findOp(name);
+    if (!op.has_value() || op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) continue;
+    const std::string qualified =
+        name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
+    if (!wanted(*op, qualified)) continue;
+    library.impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&brick_fallback>());
+    ++registered;
+  }
+  return registered;
+}
+
+}  // namespace
+
 int register_direct_fallback_kernels() {
   // PyTorch prefers a composite kernel to a backend fallback, which costs brick twice:
   //  - ops with a CompositeExplicitAutogradNonFunctional kernel (functional and in-place forms of
@@ -306,67 +335,43 @@ int register_direct_fallback_kernels() {
   //    this PyTorch can have (CPU, and CUDA in a CUDA build: _fused_rms_norm_backward has only
   //    CUDA's).
   // For both, brick runs the backing device's own kernel through the fallback.
-  static std::unique_ptr<torch::Library> library;
-  static int registered = 0;
-  if (library) return registered;
-  library = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
-                                             c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
-  auto& dispatcher = c10::Dispatcher::singleton();
   // Registered at import, before the runtime (and so the backing device) is chosen: an op with a
   // CPU or a CUDA kernel qualifies. On a backing device without its own kernel for the op, the
   // fallback's redispatch reaches the composite kernel there, as a decomposition would.
   // Composite kernels that refuse devices other than CPU/CUDA/XPU; on the backing device they
   // are fine.
-  const std::set<std::string> device_checking_composites = {"mode.values"};
-  const auto empty = dispatcher.findOp({"aten::empty", "memory_format"});
-  const bool cuda_build =
-      empty.has_value() && empty->hasKernelForDispatchKey(c10::DispatchKey::CUDA);
-  for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
-    if (name.name.rfind("aten::", 0) != 0) continue;
-    const auto op = dispatcher.findOp(name);
-    if (!op.has_value() || op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) continue;
-    const std::string qualified =
-        name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
-    const bool backing_kernel = op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
-                                op->hasKernelForDispatchKey(c10::DispatchKey::CUDA);
-    const bool decomposed =
-        op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
-        op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd);
-    const bool math_elsewhere =
-        op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) &&
-        op->hasKernelForDispatchKey(c10::DispatchKey::CPU) &&
-        (!cuda_build || op->hasKernelForDispatchKey(c10::DispatchKey::CUDA));
-    if ((backing_kernel && decomposed) || math_elsewhere ||
-        device_checking_composites.count(qualified) != 0) {
-      library->impl(qualified.c_str(),
-                    torch::CppFunction::makeFromBoxedFunction<&brick_fallback>());
-      ++registered;
-    }
-  }
+  static const auto library = brick_kernel_library();
+  static const int registered = [] {
+    const std::set<std::string> device_checking_composites = {"mode.values"};
+    const auto empty = c10::Dispatcher::singleton().findOp({"aten::empty", "memory_format"});
+    const bool cuda_build =
+        empty.has_value() && empty->hasKernelForDispatchKey(c10::DispatchKey::CUDA);
+    return register_fallback_where(*library, [&](const c10::OperatorHandle& op,
+                                                 const std::string& name) {
+      const bool backing_kernel = op.hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+                                  op.hasKernelForDispatchKey(c10::DispatchKey::CUDA);
+      const bool decomposed =
+          op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
+          op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd);
+      const bool math_elsewhere =
+          op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) &&
+          op.hasKernelForDispatchKey(c10::DispatchKey::CPU) &&
+          (!cuda_build || op.hasKernelForDispatchKey(c10::DispatchKey::CUDA));
+      return (backing_kernel && decomposed) || math_elsewhere ||
+             device_checking_composites.count(name) != 0;
+    });
+  }();
   return registered;
 }
 
 int register_cuda_backing_kernels() {
-  static std::unique_ptr<torch::Library> library;
-  static int registered = 0;
-  if (library) return registered;
-  library = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
-                                             c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
-  auto& dispatcher = c10::Dispatcher::singleton();
-  for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
-    if (name.name.rfind("aten::", 0) != 0) continue;
-    const auto op = dispatcher.findOp(name);
-    if (!op.has_value() || op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) continue;
-    if (op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) &&
-        op->hasKernelForDispatchKey(c10::DispatchKey::CUDA) &&
-        !op->hasKernelForDispatchKey(c10::DispatchKey::CPU)) {
-      const std::string qualified =
-          name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
-      library->impl(qualified.c_str(),
-                    torch::CppFunction::makeFromBoxedFunction<&brick_fallback>());
-      ++registered;
-    }
-  }
+  static const auto library = brick_kernel_library();
+  static const int registered = register_fallback_where(
+      *library, [](const c10::OperatorHandle& op, const std::string& /*name*/) {
+        return op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) &&
+               op.hasKernelForDispatchKey(c10::DispatchKey::CUDA) &&
+               !op.hasKernelForDispatchKey(c10::DispatchKey::CPU);
+      });
   return registered;
 }
 

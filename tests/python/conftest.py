@@ -24,3 +24,13 @@ def _restore_current_device():
     previous = torch.brick.current_device()
     yield
     torch.brick.set_device(previous)
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread for the test (the count restored after): bit-equality with the CPU is
+    compared at one thread count on both devices."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

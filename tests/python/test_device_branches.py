@@ -19,16 +19,9 @@ import torch.nn.functional as F
 
 import torch_brickdev
 
-pytestmark = pytest.mark.skipif(torch_brickdev.backing_device_type() != "cpu",
-                                reason="bit-equality with the CPU holds on the host runtime")
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = [pytest.mark.skipif(torch_brickdev.backing_device_type() != "cpu",
+                                 reason="bit-equality with the CPU holds on the host runtime"),
+              pytest.mark.usefixtures("one_thread")]
 
 
 def _leaves(tensors, device):

@@ -14,16 +14,9 @@ import torch_brickdev
 
 torchvision = pytest.importorskip("torchvision", reason="torchvision is installed in the 2.14 "
                                                         "lane only (its wheels pin a torch)")
-pytestmark = pytest.mark.skipif(torch_brickdev.backing_device_type() != "cpu",
-                                reason="bit-equality with the CPU holds on the host runtime")
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = [pytest.mark.skipif(torch_brickdev.backing_device_type() != "cpu",
+                                 reason="bit-equality with the CPU holds on the host runtime"),
+              pytest.mark.usefixtures("one_thread")]
 
 
 def _resnet18(device, memory_format=torch.contiguous_format):
