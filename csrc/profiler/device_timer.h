@@ -20,7 +20,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <utility>
 #include <vector>
 
 #include "runtime/runtime.h"
@@ -106,10 +105,8 @@ inline void destroy_timing_event(int device, runtime::Event* event) noexcept {
 
 // A thread's pool of timing events, per device. An event in use may mark the same point of a
 // stream for several intervals (nested ops that start at one first kernel, or end with nothing
-// queued between their ends): share() takes another reference, and release() returns the event
-// to the pool when its last reference goes. The shared ones are few at any time (those of the
-// intervals not yet read), so their counts live in a small flat list, searched only when one
-// exists.
+// queued between their ends): share() takes another reference (counted in the event itself, so
+// both calls are O(1)), and release() returns the event to the pool when its last one goes.
 class EventPool {
  public:
   EventPool() = default;
@@ -136,27 +133,13 @@ class EventPool {
   }
 
   // One more reference to `event`, which is in use (acquired, not yet released).
-  void share(runtime::Event* event) {
-    for (auto& [shared, extra] : extra_refs_) {
-      if (shared == event) {
-        ++extra;
-        return;
-      }
-    }
-    extra_refs_.emplace_back(event, 1);
-  }
+  static void share(runtime::Event* event) noexcept { ++event->extra_refs; }
 
   // Drops one reference to `event`; the last one returns it to the pool.
   void release(int device, runtime::Event* event) {
-    if (!extra_refs_.empty()) [[unlikely]] {
-      for (auto it = extra_refs_.begin(); it != extra_refs_.end(); ++it) {
-        if (it->first != event) continue;
-        if (--it->second == 0) {
-          *it = extra_refs_.back();
-          extra_refs_.pop_back();
-        }
-        return;
-      }
+    if (event->extra_refs > 0) [[unlikely]] {
+      --event->extra_refs;
+      return;
     }
     if (device >= static_cast<int>(free_.size())) free_.resize(device + 1);
     free_[device].push_back(event);
@@ -167,12 +150,9 @@ class EventPool {
   }
 
   size_t created() const noexcept { return created_; }
-  // Events in use with more than one reference.
-  size_t shared() const noexcept { return extra_refs_.size(); }
 
  private:
   std::vector<std::vector<runtime::Event*>> free_;
-  std::vector<std::pair<runtime::Event*, uint32_t>> extra_refs_;
   size_t created_ = 0;
 };
 

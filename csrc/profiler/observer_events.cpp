@@ -164,8 +164,9 @@ void finish_async_timing(ThreadState& state, runtime::Runtime& rt, const Frame& 
 
 // The queue hook (runtime/launch_observer.h), installed in Event mode on an asynchronous runtime:
 // work is about to be queued on `device`'s current stream, so every open op of this thread still
-// waiting for its first work starts now, with one event each recorded there (skipped, and
-// counted, when that stream is being captured into a CUDA graph).
+// waiting for its first work starts now, at one event recorded there and shared by all of them
+// (skipped, and counted, when that stream is being captured into a CUDA graph); and the end of
+// the op that ended last can no longer be shared.
 void start_awaiting_bricks(runtime::DeviceIndex device) noexcept {
   ThreadState* state = tls_state;
   if (state == nullptr) return;
@@ -177,8 +178,6 @@ void start_awaiting_bricks(runtime::DeviceIndex device) noexcept {
     runtime::Runtime& rt = *g_runtime.load(std::memory_order_relaxed);
     const runtime::StreamId stream = rt.current_stream(device);
     const bool capturing = rt.is_capturing(device, stream);
-    // Every op waiting for its first work starts here, at one point of the stream: one event,
-    // shared by all of them.
     runtime::Event* shared_start = nullptr;
     for (auto it = state->stack.rbegin(); it != state->stack.rend() && state->awaiting > 0; ++it) {
       Frame& frame = *it;

@@ -83,8 +83,12 @@ class MemoryTracker {
 };
 
 // An event owned by a runtime. Opaque to callers: each runtime derives its own event type from
-// this empty base (one definition per runtime, so two runtimes can live in one program).
+// this base (one definition per runtime, so two runtimes can live in one program).
 struct Event {
+  // The references its holder keeps beyond the first (the profiler's timing events, one of
+  // which may mark the end of several nested intervals); runtimes never read it.
+  uint32_t extra_refs = 0;
+
  protected:
   Event() = default;
   ~Event() = default;
