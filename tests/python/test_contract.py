@@ -518,7 +518,7 @@ def test_brick_profile_fixture(brick_profile, base_dict):
     assert [r.status for r in results] == ["pass", "pass", "pass"]
     # The machine-timed checks (coverage, per-call-ordering), in their load-robust form.
     assert_contract_holds(prof.report, run_checks(prof.report, layers=LAYERS, tokens=4))
-    with pytest.raises(AssertionError, match=r"structure: T=5, L=2: AttentionScore ran 8 times"):
+    with pytest.raises(AssertionError, match=r"structure: layers=2, tokens=5: AttentionScore ran 8 times"):
         brick_profile.check("structure", layers=LAYERS, tokens=5)
 
     d = copy.deepcopy(base_dict)
@@ -528,5 +528,5 @@ def test_brick_profile_fixture(brick_profile, base_dict):
     with pytest.raises(AssertionError) as info:
         brick_profile.check()
     text = str(info.value)
-    assert "2 decode-contract check(s) failed" in text
+    assert "2 check(s) of the contract 'gpu-decode-profiling-v1' failed" in text
     assert "coverage: top-level 0.50 of wall" in text and "skipped_capture 3" in text

@@ -51,18 +51,22 @@ from .report import (Report, ReportError, WrittenFigures, compare_with_key_avera
 from .session import profile
 from .trace import export_chrome_trace
 from .merge import MergedReport, merge_reports
+from .diff import BrickChange, ReportDiff, diff_reports
 from .trace_analysis import late_collective_stragglers, trace_analysis
 
 __all__ = [
+    "BrickChange",
     "BrickStats",
     "MergedReport",
     "Report",
+    "ReportDiff",
     "ReportError",
     "SyncMode",
     "WrittenFigures",
     "all_brick_stats",
     "clear_timeline",
     "compare_with_key_averages",
+    "diff_reports",
     "folded_by_pytorch",
     "disable",
     "enable",

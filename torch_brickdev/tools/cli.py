@@ -3,21 +3,23 @@
 Commands:
   demo     decode tokens with a Qwen-style model on brick, profile every block, check the
            decode-profiling contract, write report.json and trace.json
-  check    check a report against the decode-profiling contract
+  check    check a report against a profiling contract (default: the decode contract)
   profile  run a Python script with the brick profiler on; write its report and trace
   train    train a small model on a brick device and on the CPU side by side (--nproc N:
            DistributedDataParallel on N ranks, with the merged profile)
   merge    merge the ranks' report.json files of a distributed run into one cross-rank table
+  diff     compare two reports brick by brick; exit 1 when a brick regressed
 """
 
 import argparse
 import copy
+import json
 import sys
 
 import torch
 
 import torch_brickdev  # noqa: F401  (registers brick)
-from torch_brickdev.tools._args import positive_int
+from torch_brickdev.tools._args import fraction, positive_int
 from torch_brickdev.tools.quiet_kineto import QuietProfile
 
 
@@ -195,6 +197,26 @@ def merge_ranks(args) -> int:
     return 0
 
 
+def diff(args) -> int:
+    import torch_brickdev.profiler as bp
+
+    try:
+        base = bp.load_report(args.base, where="diff", arg="base")
+        new = bp.load_report(args.new, where="diff", arg="new")
+    except bp.ReportError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    result = bp.diff_reports(base, new, threshold=args.threshold, by=args.by,
+                             ignore_counts=args.ignore_counts)
+    if args.format == "json":
+        print(json.dumps(result.to_dict(), indent=2))
+    elif args.format == "markdown":
+        print(result.markdown(row_limit=args.rows))
+    else:
+        print(result.table(row_limit=args.rows, changed_only=not args.all))
+    return 0 if result.passed else 1
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torch_brickdev", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -234,10 +256,28 @@ def main(argv=None) -> int:
     p.add_argument("--rows", type=positive_int, default=None, help="rows of the table")
     p.set_defaults(run=merge_ranks)
 
-    p = commands.add_parser("check", help="check a report.json against the decode-profiling contract",
-                            add_help=False)
+    p = commands.add_parser("check", add_help=False,
+                            help="check a report.json against a profiling contract "
+                            "(--contract FILE; default: the decode contract)")
     p.add_argument("rest", nargs=argparse.REMAINDER)
-    p.set_defaults(run=lambda args: __import__("torch_brickdev.tools.contract", fromlist=["main"]).main(args.rest))
+    p.set_defaults(run=None)  # main() hands check's arguments to contract.main as they are
+
+    p = commands.add_parser("diff", help="compare two reports brick by brick (count, p50, p99, "
+                            "total); exit 1 when a brick regressed")
+    p.add_argument("base", help="the baseline report.json")
+    p.add_argument("new", help="the report.json to judge")
+    p.add_argument("--threshold", type=fraction, default=0.10,
+                   help="relative change of a brick's median call that counts, when the runs' "
+                   "spread does not explain it (default 0.10: 10 %%)")
+    p.add_argument("--by", choices=["name", "path"], default="name",
+                   help="compare bricks by name (default) or by call path")
+    p.add_argument("--format", choices=["text", "json", "markdown"], default="text",
+                   help="markdown: a table of the changed bricks for a CI comment")
+    p.add_argument("--ignore-counts", action="store_true",
+                   help="changed call counts and added or removed bricks do not fail")
+    p.add_argument("--all", action="store_true", help="text: list unchanged bricks too")
+    p.add_argument("--rows", type=positive_int, default=None, help="rows of the table")
+    p.set_defaults(run=diff)
 
     p = commands.add_parser("train", help="train a small model on brick and on the CPU side by side")
     p.add_argument("--device", type=_brick_device, default=torch.device("brick", 0))
@@ -265,7 +305,12 @@ def main(argv=None) -> int:
     p.add_argument("script")
     p.add_argument("script_args", nargs=argparse.REMAINDER)
     p.set_defaults(run=profile_script)
-    args = parser.parse_args(argv)
+    given = sys.argv[1:] if argv is None else list(argv)
+    if given[:1] == ["check"]:
+        # check's options come before its report too (argparse's REMAINDER would refuse them)
+        from torch_brickdev.tools import contract
+        return contract.main(given[1:], prog="python -m torch_brickdev check")
+    args = parser.parse_args(given)
     return args.run(args)
 
 

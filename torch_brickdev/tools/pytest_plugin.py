@@ -5,6 +5,7 @@
 ...         decode(model, prompt)
 ...     brick_profile.check()                      # every check of the decode contract
 ...     brick_profile.check("coverage", tokens=8)  # some of them, with overrides
+...     brick_profile.check(contract="my_model.toml", figures={"steps": 3})  # your own contract
 
 The fixture is registered by the top-level module ``pytest_torch_brickdev`` (the ``pytest11``
 entry point), which imports this module, and so torch, only when a test uses the fixture.
@@ -13,16 +14,17 @@ entry point), which imports this module, and so torch, only when a test uses the
 from __future__ import annotations
 
 import contextlib
-from typing import List, Optional
+import os
+from typing import Dict, List, Optional, Union
 
 from .. import profiler
 from torch_brickdev.argcheck import check_int, describe_value
-from .contract import CheckResult, failures, format_results, run_checks
+from .contract import CheckResult, Contract, failures, format_results, load_contract, run_checks
 
 
 class BrickProfile:
     """Profiles regions with :class:`torch_brickdev.profiler.profile` and checks the last
-    report against the decode-profiling contract."""
+    report against a profiling contract (the decode-profiling contract unless told)."""
 
     def __init__(self):
         self.report: Optional[profiler.Report] = None
@@ -40,10 +42,13 @@ class BrickProfile:
             if prof.report is not None:
                 self.report = prof.report
 
-    def check(self, *ids: str, layers: Optional[int] = None,
-              tokens: Optional[int] = None) -> List[CheckResult]:
-        """Runs the checks (all, or ``ids``) on the last report; raises AssertionError listing
-        every failed check's message. Returns the results (n/a does not fail)."""
+    def check(self, *ids: str, contract: Union[None, str, os.PathLike, Contract] = None,
+              layers: Optional[int] = None, tokens: Optional[int] = None,
+              figures: Optional[Dict[str, object]] = None) -> List[CheckResult]:
+        """Runs the checks of ``contract`` (a contract file or Contract; the decode contract by
+        default), all or ``ids``, on the last report; ``layers`` / ``tokens`` / ``figures``
+        stand in for the report's metadata figures. Raises AssertionError listing every failed
+        check's message; returns the results (n/a does not fail)."""
         where = "brick_profile.check()"
         for check_id in ids:
             if not isinstance(check_id, str):
@@ -52,13 +57,16 @@ class BrickProfile:
         # Types here; the contract checks the values (positive) and the ids (known).
         layers = check_int(layers, "layers", where, optional=True)
         tokens = check_int(tokens, "tokens", where, optional=True)
+        contract = load_contract(contract)  # a malformed contract is refused before anything
         if self.report is None:
             raise RuntimeError("brick_profile.check(): nothing profiled yet; use "
                                "`with brick_profile.profile(...):` first")
-        self.results = run_checks(self.report, layers=layers, tokens=tokens, only=ids or None)
+        self.results = run_checks(self.report, contract=contract, layers=layers, tokens=tokens,
+                                  figures=figures, only=ids or None)
         failed = failures(self.results)
         if failed:
             lines = [f"{r.id}: {r.message}" for r in failed]
-            raise AssertionError(f"{len(failed)} decode-contract check(s) failed:\n  "
-                                 + "\n  ".join(lines) + "\n\n" + format_results(self.results))
+            raise AssertionError(f"{len(failed)} check(s) of the contract {contract.name!r} "
+                                 "failed:\n  " + "\n  ".join(lines) + "\n\n"
+                                 + format_results(self.results))
         return self.results

@@ -1,0 +1,202 @@
+"""Two reports compared brick by brick: what changed in count, p50, p99 and total, and whether a
+change is a regression or inside the runs' own spread.
+
+The verdict reads the per-call distributions the registry keeps. A brick is ``slower`` when its
+median call grew by more than ``threshold``, its fastest call grew by as much, and the new median
+lies above the base run's 90th percentile. A shared machine makes calls slower now and then
+(descheduling, caches), which moves the median and the tail but hardly the fastest call; a
+slower kernel moves all three. ``faster`` is the mirror image. A change past the threshold that
+the runs' spread explains is ``noise``; a brick whose number of calls changed is ``count``
+(reported even when its times are equal: the program did different work); ``new`` and ``gone``
+are bricks only one report has.
+
+>>> d = diff_reports(load_report("base.json"), load_report("new.json"), threshold=0.10)
+>>> print(d.table())            # or d.markdown() for a CI comment, d.to_dict() for JSON
+>>> d.regressions               # the slower bricks (and, unless ignore_counts, count changes)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Dict, List, Optional
+
+from ..argcheck import check_bool, describe_value
+from ._stats import BrickStats
+from .report import Report
+
+__all__ = ["BrickChange", "ReportDiff", "VERDICTS", "diff_reports"]
+
+#: Verdicts, most severe first (the order of the table).
+VERDICTS = ("slower", "count", "new", "gone", "noise", "faster", "same")
+
+
+@dataclass(frozen=True)
+class BrickChange:
+    """One brick in both reports (or one): its figures before and after and the verdict."""
+
+    name: str
+    verdict: str
+    base_count: int
+    new_count: int
+    base_p50_ns: Optional[float]
+    new_p50_ns: Optional[float]
+    base_p99_ns: Optional[float]
+    new_p99_ns: Optional[float]
+    base_total_ns: int
+    new_total_ns: int
+    reason: str
+
+    @property
+    def p50_ratio(self) -> Optional[float]:
+        if not self.base_p50_ns or self.new_p50_ns is None:
+            return None
+        return self.new_p50_ns / self.base_p50_ns
+
+
+def _ratio_text(ratio: Optional[float]) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}x"
+
+
+def _us(ns: Optional[float]) -> str:
+    return "-" if ns is None else f"{ns / 1e3:.2f}"
+
+
+def _change(name: str, base: Optional[BrickStats], new: Optional[BrickStats],
+            threshold: float) -> BrickChange:
+    def fig(b, attr):
+        return getattr(b, attr) if b is not None and b.count else None
+    figures = dict(base_count=base.count if base else 0, new_count=new.count if new else 0,
+                   base_p50_ns=fig(base, "p50_ns"), new_p50_ns=fig(new, "p50_ns"),
+                   base_p99_ns=fig(base, "p99_ns"), new_p99_ns=fig(new, "p99_ns"),
+                   base_total_ns=base.total_ns if base else 0,
+                   new_total_ns=new.total_ns if new else 0)
+    if not figures["base_count"]:
+        return BrickChange(name, "new", **figures, reason="only in the new report")
+    if not figures["new_count"]:
+        return BrickChange(name, "gone", **figures, reason="only in the base report")
+    if base.count != new.count:
+        return BrickChange(name, "count", **figures,
+                           reason=f"{base.count} calls, now {new.count}")
+    b50, n50 = base.p50_ns, new.p50_ns
+    ratio = n50 / b50 if b50 > 0 else (math.inf if n50 > 0 else 1.0)
+    fastest = new.min_ns / base.min_ns if base.min_ns > 0 else (math.inf if new.min_ns else 1.0)
+    shown = f"p50 {_ratio_text(ratio)}, min {_ratio_text(fastest)}"
+    if ratio > 1 + threshold:
+        if fastest > 1 + threshold and n50 > base.p90_ns:
+            return BrickChange(name, "slower", **figures, reason=(
+                f"{shown}: even the fastest call slowed, the median above the base run's p90 "
+                f"({_us(base.p90_ns)} us)"))
+        return BrickChange(name, "noise", **figures, reason=(
+            f"{shown}: inside the runs' spread (base min {_us(base.min_ns)} us, p90 "
+            f"{_us(base.p90_ns)} us)"))
+    if ratio < 1 / (1 + threshold):
+        if fastest < 1 / (1 + threshold) and new.p90_ns < b50:
+            return BrickChange(name, "faster", **figures, reason=(
+                f"{shown}: even the fastest call sped up, the new run's p90 below the base "
+                "median"))
+        return BrickChange(name, "noise", **figures, reason=(
+            f"{shown}: inside the runs' spread (new min {_us(new.min_ns)} us, p90 "
+            f"{_us(new.p90_ns)} us)"))
+    return BrickChange(name, "same", **figures, reason=f"{shown}: within {threshold:.0%}")
+
+
+@dataclass(frozen=True)
+class ReportDiff:
+    """The bricks of two reports compared; ``changes`` ordered by verdict, then by how much
+    their total time moved."""
+
+    changes: List[BrickChange]
+    threshold: float
+    ignore_counts: bool
+    base_wall_ns: int
+    new_wall_ns: int
+
+    @property
+    def regressions(self) -> List[BrickChange]:
+        """The changes that fail: slower bricks, and (unless ignore_counts) changed counts and
+        bricks only one report has."""
+        failing = ("slower",) if self.ignore_counts else ("slower", "count", "new", "gone")
+        return [c for c in self.changes if c.verdict in failing]
+
+    @property
+    def passed(self) -> bool:
+        return not self.regressions
+
+    def summary(self) -> str:
+        counts = {v: sum(c.verdict == v for c in self.changes) for v in VERDICTS}
+        shown = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
+        wall = (f"wall {self.base_wall_ns / 1e6:.3f} -> {self.new_wall_ns / 1e6:.3f} ms"
+                if self.base_wall_ns else "")
+        verdict = "PASS" if self.passed else f"FAIL ({len(self.regressions)} regression(s))"
+        return f"verdict: {verdict}; {len(self.changes)} bricks: {shown}; threshold " \
+               f"{self.threshold:.0%}" + (f"; {wall}" if wall else "")
+
+    def _rows(self, changes: Optional[List[BrickChange]] = None):
+        return [(c.name, c.verdict, f"{c.base_count}->{c.new_count}"
+                 if c.base_count != c.new_count else str(c.new_count),
+                 f"{_us(c.base_p50_ns)}->{_us(c.new_p50_ns)}", _ratio_text(c.p50_ratio),
+                 f"{_us(c.base_p99_ns)}->{_us(c.new_p99_ns)}",
+                 f"{c.base_total_ns / 1e6:.3f}->{c.new_total_ns / 1e6:.3f}", c.reason)
+                for c in (self.changes if changes is None else changes)]
+
+    _HEADER = ("brick", "verdict", "calls", "p50 us", "p50", "p99 us", "total ms", "why")
+
+    def table(self, row_limit: Optional[int] = None, changed_only: bool = False) -> str:
+        """A text table, most severe first; ``changed_only`` drops the ``same`` rows."""
+        changes = [c for c in self.changes if not (changed_only and c.verdict == "same")]
+        rows = [self._HEADER] + self._rows(changes[:row_limit] if row_limit else changes)
+        widths = [max(len(r[i]) for r in rows) for i in range(len(self._HEADER) - 1)]
+        lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)) + "  " + r[-1]
+                 for r in rows]
+        return "\n".join(lines + [self.summary()])
+
+    def markdown(self, row_limit: Optional[int] = None) -> str:
+        """A Markdown table of the changed bricks, for a CI comment."""
+        changes = [c for c in self.changes if c.verdict != "same"][:row_limit]
+        lines = [f"**brick profile diff** — {self.summary()}", ""]
+        if changes:
+            lines.append("| " + " | ".join(self._HEADER) + " |")
+            lines.append("|" + "---|" * len(self._HEADER))
+            for row in self._rows(changes):
+                lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
+        else:
+            lines.append("No brick changed beyond the threshold.")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {"threshold": self.threshold, "ignore_counts": self.ignore_counts,
+                "passed": self.passed, "summary": self.summary(),
+                "regressions": [c.name for c in self.regressions],
+                "changes": [dict(asdict(c), p50_ratio=c.p50_ratio) for c in self.changes]}
+
+
+def diff_reports(base: Report, new: Report, *, threshold: float = 0.10, by: str = "name",
+                 ignore_counts: bool = False) -> ReportDiff:
+    """Compares ``new`` with ``base`` brick by brick (``by="name"``, or ``"path"`` for each call
+    path). ``threshold``: the relative change of a brick's median call that counts (0.10:
+    10 %), when the runs' spread does not explain it."""
+    where = "diff_reports"
+    for arg, value in (("base", base), ("new", new)):
+        if not isinstance(value, Report):
+            raise TypeError(f"{where}: {arg} must be a Report (see load_report), got "
+                            f"{type(value).__name__}")
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or \
+            not math.isfinite(threshold) or threshold < 0:
+        raise ValueError(f"{where}: threshold must be a finite number >= 0 (0.10 for 10 %), got "
+                         f"{describe_value(threshold)}")
+    if by not in ("name", "path"):
+        raise ValueError(f"{where}: by must be 'name' or 'path', got {describe_value(by)}")
+    ignore_counts = check_bool(ignore_counts, "ignore_counts", where)
+    key = (lambda b: b.name) if by == "name" else (lambda b: b.path)
+    base_by: Dict[str, BrickStats] = {}
+    new_by: Dict[str, BrickStats] = {}
+    for entries, into in ((base.bricks if by == "name" else base.paths, base_by),
+                          (new.bricks if by == "name" else new.paths, new_by)):
+        for b in entries:
+            into.setdefault(key(b), b)
+    names = list(base_by) + [n for n in new_by if n not in base_by]
+    changes = [_change(n, base_by.get(n), new_by.get(n), threshold) for n in names]
+    severity = {v: i for i, v in enumerate(VERDICTS)}
+    changes.sort(key=lambda c: (severity[c.verdict], -abs(c.new_total_ns - c.base_total_ns)))
+    return ReportDiff(changes, threshold, ignore_counts, base.wall_ns, new.wall_ns)

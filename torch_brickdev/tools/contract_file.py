@@ -1,0 +1,478 @@
+"""Profiling contracts as data: a TOML file, read and validated once, before any report is read.
+
+A contract names the bricks that must appear, the metadata figures its checks read (and what
+each must be), and its checks, each an instance of a check *kind* with its parameters::
+
+    [contract]
+    name = "resnet-train-step"
+    metadata = "train"            # figures are read from report.metadata["train"]
+    bricks = ["forward", "backward", "optimizer"]
+
+    [contract.figures]
+    steps = "count"
+
+    [[checks]]
+    id = "steps"
+    kind = "count"
+    expect = { forward = "steps", "aten::convolution_backward" = "20 * steps" }
+
+Every field is checked here: an unknown kind or field, a parameter of the wrong type, a formula
+that does not parse or names an undeclared figure, a sync mode that does not exist. The error
+(:class:`ContractError`) names the file, the line and the field. The kinds and their parameters
+are listed in ``KINDS`` (and in docs/contracts.md); the checks themselves are in
+``contract_kinds``.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import tomllib
+
+__all__ = ["Check", "Contract", "ContractError", "Formula", "FIGURE_KINDS", "KINDS", "MODES",
+           "builtin_path", "parse_contract", "read_contract"]
+
+MODES = ("immediate", "deferred", "event")
+
+#: What a metadata figure may be declared as, and how the messages say it.
+FIGURE_KINDS = {
+    "count": "a positive integer",
+    "number": "a finite number > 0",
+    "series": "a list of finite numbers > 0",
+    "any": "any value",
+}
+
+_BUILTIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "contracts")
+
+
+def builtin_path(name: str) -> str:
+    """The path of a contract shipped with the package (``"decode"``: the decode contract)."""
+    return os.path.join(_BUILTIN, f"{name}.toml")
+
+
+class ContractError(ValueError):
+    """A contract file that cannot be used: the message names the file, the line and the field."""
+
+
+# ---- formulas ----------------------------------------------------------------------------------
+
+_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+              ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
+              ast.Pow: operator.pow}
+_UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos}
+
+
+@dataclass(frozen=True)
+class Formula:
+    """An arithmetic expression over metadata figures (``"(2 * layers + 1) * tokens"``): numbers,
+    figure names, ``+ - * / // % **`` and parentheses; nothing else is evaluated."""
+
+    text: str
+    names: Tuple[str, ...]  # the figures it reads, in order of first appearance
+    tree: ast.Expression = field(compare=False, repr=False)
+
+    @classmethod
+    def parse(cls, source: Union[str, int]) -> "Formula":
+        """Raises ValueError saying what is wrong."""
+        if isinstance(source, int) and not isinstance(source, bool):
+            source = str(source)
+        if not isinstance(source, str) or not source.strip():
+            raise ValueError(f"expected a formula (a string such as \"2 * tokens\" or an "
+                             f"integer), got {source!r}")
+        try:
+            tree = ast.parse(source.strip(), mode="eval")
+        except SyntaxError as error:
+            raise ValueError(f"formula {source!r} does not parse ({error.msg})") from None
+        names: List[str] = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name):
+                if node.id not in names:
+                    names.append(node.id)
+            elif isinstance(node, ast.Constant):
+                if isinstance(node.value, bool) or not isinstance(node.value, (int, float)):
+                    raise ValueError(f"formula {source!r}: {node.value!r} is not a number")
+            elif not isinstance(node, (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Load,
+                                       *_OPERATORS, *_UNARY)):
+                raise ValueError(f"formula {source!r}: {type(node).__name__} is not allowed "
+                                 "(expected numbers, figure names, + - * / // % ** and "
+                                 "parentheses)")
+        # ast.walk is breadth first: order the names as they are written.
+        names.sort(key=lambda n: re.search(rf"\b{re.escape(n)}\b", source).start())
+        return cls(source.strip(), tuple(names), tree)
+
+    def evaluate(self, values: Dict[str, float]) -> float:
+        def value(node):
+            if isinstance(node, ast.Expression):
+                return value(node.body)
+            if isinstance(node, ast.Constant):
+                return node.value
+            if isinstance(node, ast.Name):
+                return values[node.id]
+            if isinstance(node, ast.UnaryOp):
+                return _UNARY[type(node.op)](value(node.operand))
+            return _OPERATORS[type(node.op)](value(node.left), value(node.right))
+        return value(self.tree)
+
+
+# ---- the contract ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Check:
+    """One check of a contract: its id, kind, title, the sync modes it applies in (None: all)
+    and its parameters, validated for its kind."""
+
+    id: str
+    kind: str
+    title: str
+    modes: Optional[Tuple[str, ...]]
+    params: Dict[str, object]
+    line: int  # where the check starts in the file
+
+
+@dataclass(frozen=True)
+class Contract:
+    name: str
+    description: str
+    metadata: Optional[str]  # the metadata table figures are read from (None: metadata itself)
+    missing: str  # what the user does when figures are missing (said in n/a messages)
+    bricks: Tuple[str, ...]  # the bricks that must appear
+    figures: Dict[str, str]  # figure name -> FIGURE_KINDS key
+    checks: Tuple[Check, ...]
+    source: str  # the file it was read from, or "<string>"
+
+    @property
+    def check_ids(self) -> Tuple[str, ...]:
+        return tuple(c.id for c in self.checks)
+
+    def named_bricks(self) -> List[str]:
+        """Every brick name the contract mentions (required bricks and the checks' bricks)."""
+        names = list(self.bricks)
+        for check in self.checks:
+            for name in _bricks_of(check):
+                if name not in names:
+                    names.append(name)
+        return names
+
+
+def _bricks_of(check: Check) -> List[str]:
+    p = check.params
+    if check.kind == "count":
+        return list(p["expect"])
+    if check.kind == "ordering":
+        return list(p["order"]) + [n for r in p["ratios"] for n in (r["above"], r["below"])]
+    if check.kind == "budget":
+        return list(p["limits"])
+    if check.kind == "rate":
+        return [p["per"]]
+    return []
+
+
+# Parameters of each kind: name -> (validator, default; _REQUIRED when the check must give it).
+_REQUIRED = object()
+
+
+def _number(lo=None, hi=None, integer=False):
+    def check(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                not math.isfinite(value) or (integer and not isinstance(value, int)):
+            raise ValueError(f"expected {'an integer' if integer else 'a finite number'}, got "
+                             f"{value!r}")
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            raise ValueError(f"expected a number in [{lo}, {hi if hi is not None else 'inf'}], "
+                             f"got {value!r}")
+        return value
+    return check
+
+
+def _text(value):
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"expected a non-empty string, got {value!r}")
+    return value
+
+
+def _names(value, what="brick names"):
+    if not isinstance(value, list) or not value or \
+            not all(isinstance(v, str) and v for v in value):
+        raise ValueError(f"expected a non-empty list of {what} (strings), got {value!r}")
+    duplicates = sorted({v for v in value if value.count(v) > 1})
+    if duplicates:
+        raise ValueError(f"{', '.join(map(repr, duplicates))} listed twice")
+    return tuple(value)
+
+
+def _modes(value):
+    names = _names(value, "sync modes")
+    unknown = [m for m in names if m not in MODES]
+    if unknown:
+        raise ValueError(f"unknown sync mode(s) {', '.join(map(repr, unknown))}; expected some "
+                         f"of {', '.join(MODES)}")
+    return names
+
+
+def _expect(value):
+    if not isinstance(value, dict) or not value:
+        raise ValueError("expected a table of brick name = formula, e.g. "
+                         "{ LmHead = \"tokens\" }, got " + repr(value))
+    return {name: Formula.parse(formula) for name, formula in value.items()}
+
+
+def _ratios(value):
+    if not isinstance(value, list):
+        raise ValueError(f"expected a list of {{ above, below, factor[, modes] }} tables, got "
+                         f"{value!r}")
+    ratios = []
+    for i, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise ValueError(f"[{i}]: expected a table {{ above, below, factor[, modes] }}, got "
+                             f"{item!r}")
+        unknown = set(item) - {"above", "below", "factor", "modes"}
+        missing = {"above", "below", "factor"} - set(item)
+        if unknown or missing:
+            raise ValueError(f"[{i}]: " + (f"unknown field(s) {sorted(unknown)}" if unknown else
+                                          f"missing field(s) {sorted(missing)}")
+                             + "; expected above, below, factor and optionally modes")
+        try:
+            ratios.append({"above": _text(item["above"]), "below": _text(item["below"]),
+                           "factor": _number(lo=0)(item["factor"]),
+                           "modes": _modes(item["modes"]) if "modes" in item else None})
+        except ValueError as error:
+            raise ValueError(f"[{i}]: {error}") from None
+    return tuple(ratios)
+
+
+_LIMIT_FIELDS = {"avg_us", "p50_us", "p99_us", "max_us", "share"}
+
+
+def _limits(value):
+    if not isinstance(value, dict) or not value:
+        raise ValueError("expected a table of brick name = { p50_us, p99_us, avg_us, max_us, "
+                         f"share }}, got {value!r}")
+    limits = {}
+    for name, table in value.items():
+        if not isinstance(table, dict) or not table:
+            raise ValueError(f"{name}: expected a table of limits such as {{ p99_us = 500 }}, "
+                             f"got {table!r}")
+        unknown = sorted(set(table) - _LIMIT_FIELDS)
+        if unknown:
+            raise ValueError(f"{name}: unknown limit(s) {unknown}; expected some of "
+                             f"{sorted(_LIMIT_FIELDS)}")
+        try:
+            limits[name] = {k: _number(lo=0, hi=1.0 if k == "share" else None)(v)
+                            for k, v in table.items()}
+        except ValueError as error:
+            raise ValueError(f"{name}: {error}") from None
+    return limits
+
+
+def _metric(value):
+    if value not in ("avg", "p50", "p90", "p99", "total"):
+        raise ValueError(f"expected one of avg, p50, p90, p99, total, got {value!r}")
+    return value
+
+
+KINDS = {
+    # top-level brick time / wall time in [min, max]
+    "coverage": {"min": (_number(0), _REQUIRED), "max": (_number(0), _REQUIRED)},
+    # bricks run as many times as formulas over metadata figures say
+    "count": {"expect": (_expect, _REQUIRED), "units": (_text, None), "explain": (_text, None),
+              "show": (_names, ())},
+    # a metadata rate agrees with count(per) / sum(over)
+    "rate": {"rate": (_text, _REQUIRED), "per": (_text, _REQUIRED), "over": (_text, _REQUIRED),
+             "tolerance": (_number(0, 1), 0.01), "unit": (_text, "token")},
+    # per-call figures ordered: order[0] > order[1] > ...; above > factor x below
+    "ordering": {"order": (_names, ()), "ratios": (_ratios, ()), "by": (_metric, "avg")},
+    # the sync mode the run asked for (a metadata figure) is the one the profiler timed in
+    "sync-mode": {"declared": (_text, None)},
+    # every brick listed once with count > 0; the contract's bricks all present
+    "completeness": {},
+    # avg_us agrees with total_ns / count / 1000
+    "avg-agreement": {"tolerance": (_number(0, 1), 0.01)},
+    # coefficient of variation of a per-run series (the first present) below max_cv
+    "stability": {"series": (lambda v: _names(v, "metadata figures"), _REQUIRED),
+                  "max_cv": (_number(0), _REQUIRED), "unit": (_text, "token")},
+    # every figure is a measurement: consistent min/avg/max, no constant series
+    "measured": {"series": (lambda v: _names(v, "metadata figures"), ())},
+    # health counters that must be 0 (and any whose name holds one of zero_matching)
+    "health": {"zero": (lambda v: _names(v, "health counters"), ()),
+               "zero_matching": (lambda v: _names(v, "name parts"), ("captur",))},
+    # per-call and share-of-wall budgets per brick
+    "budget": {"limits": (_limits, _REQUIRED)},
+}
+_COMMON = {"id", "kind", "title", "modes"}
+
+
+# ---- reading -----------------------------------------------------------------------------------
+
+
+class _Lines:
+    """Finds the line of a table or a key in the TOML text (tomllib keeps no positions)."""
+
+    _HEADER = re.compile(r"^\s*(\[\[?)\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
+
+    def __init__(self, text: str):
+        self.headers: List[Tuple[int, str, bool]] = []  # (line, name, is_array)
+        self.lines = text.splitlines()
+        for number, line in enumerate(self.lines, 1):
+            match = self._HEADER.match(line)
+            if match:
+                self.headers.append((number, match.group(2), match.group(1) == "[["))
+
+    def table(self, name: str, index: int = 0) -> int:
+        found = [n for n, h, _ in self.headers if h == name]
+        return found[index] if index < len(found) else 1
+
+    def key(self, table_line: int, key: str) -> int:
+        """The line of ``key = ...`` in the table starting at ``table_line`` (1: top level)."""
+        start = table_line if any(n == table_line for n, _, _ in self.headers) else 0
+        end = next((n for n, _, _ in self.headers if n > start), len(self.lines) + 1)
+        pattern = re.compile(rf"^\s*(\"{re.escape(key)}\"|'{re.escape(key)}'|{re.escape(key)})"
+                             r"\s*[=.]")
+        for number in range(start + 1, end):
+            if pattern.match(self.lines[number - 1]):
+                return number
+        return table_line
+
+
+def read_contract(path: Union[str, os.PathLike]) -> Contract:
+    """Reads and validates the contract file ``path``; raises ContractError naming the file, the
+    line and the field, or OSError's message for a file that cannot be read."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"read_contract: path must be a path (str or os.PathLike), got "
+                        f"{type(path).__name__}")
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as error:
+        raise ContractError(f"contract {path}: cannot be read ({error.strerror or error})") \
+            from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ContractError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start}); "
+                            "expected a TOML contract") from None
+    return parse_contract(text, path)
+
+
+def parse_contract(text: str, source: str = "<string>") -> Contract:
+    """Validates the TOML text of a contract (``source`` names it in errors)."""
+    if not isinstance(text, str):
+        raise TypeError(f"parse_contract: text must be a str, got {type(text).__name__}")
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ContractError(f"{source}: not valid TOML: {error}") from None
+    lines = _Lines(text)
+
+    def fail(line: int, where: str, problem: str):
+        raise ContractError(f"{source}:{line}: {where}: {problem}")
+
+    unknown = sorted(set(data) - {"contract", "checks"})
+    if unknown:
+        fail(lines.table(unknown[0]) if lines.table(unknown[0]) > 1 else lines.key(1, unknown[0]),
+             unknown[0], "unknown section; expected [contract] and [[checks]]")
+    head = data.get("contract")
+    if not isinstance(head, dict):
+        fail(1, "[contract]", "missing; expected a [contract] table with at least a name")
+    head_line = lines.table("contract")
+    known = {"name", "description", "metadata", "missing", "bricks", "figures"}
+    for key in head:
+        if key not in known:
+            fail(lines.key(head_line, key), f"contract.{key}",
+                 f"unknown field; expected some of {', '.join(sorted(known))}")
+
+    def field_of(table: dict, key: str, line: int, where: str, validate, default=_REQUIRED):
+        if key not in table:
+            if default is _REQUIRED:
+                fail(line, where, "missing (required)")
+            return default
+        try:
+            return validate(table[key])
+        except ValueError as error:
+            fail(lines.key(line, key), where, str(error))
+
+    name = field_of(head, "name", head_line, "contract.name", _text)
+    description = field_of(head, "description", head_line, "contract.description", _text, "")
+    metadata = field_of(head, "metadata", head_line, "contract.metadata", _text, None)
+    missing = field_of(head, "missing", head_line, "contract.missing", _text,
+                       "write them into the report's metadata or pass them")
+    bricks = field_of(head, "bricks", head_line, "contract.bricks", _names, ())
+    figures_table = head.get("figures", {})
+    figures_line = lines.table("contract.figures")
+    if not isinstance(figures_table, dict):
+        fail(lines.key(head_line, "figures"), "contract.figures",
+             f"expected a table of figure name = kind, got {figures_table!r}")
+    figures = {}
+    for key, kind in figures_table.items():
+        if kind not in FIGURE_KINDS:
+            fail(lines.key(figures_line, key), f"contract.figures.{key}",
+                 f"unknown kind {kind!r}; expected one of {', '.join(FIGURE_KINDS)}")
+        figures[key] = kind
+
+    raw_checks = data.get("checks")
+    if not isinstance(raw_checks, list) or not raw_checks:
+        fail(head_line, "[[checks]]", "no checks; expected at least one [[checks]] table")
+    checks, seen = [], {}
+    for index, raw in enumerate(raw_checks):
+        line = lines.table("checks", index)
+        where = f"checks[{index}]"
+        if not isinstance(raw, dict):
+            fail(line, where, "expected a [[checks]] table")
+        check_id = field_of(raw, "id", line, f"{where}.id", _text)
+        where = f"checks[{index}] (id {check_id!r})"
+        if check_id in seen:
+            fail(lines.key(line, "id"), f"{where}.id",
+                 f"already the id of the check at line {seen[check_id]}")
+        seen[check_id] = line
+        kind = field_of(raw, "kind", line, f"{where}.kind", _text)
+        if kind not in KINDS:
+            fail(lines.key(line, "kind"), f"{where}.kind",
+                 f"unknown kind {kind!r}; expected one of {', '.join(KINDS)}")
+        spec = KINDS[kind]
+        for key in raw:
+            if key not in spec and key not in _COMMON:
+                fail(lines.key(line, key), f"{where}.{key}", f"unknown field for kind {kind!r}; "
+                     f"expected some of {', '.join(sorted(_COMMON | set(spec)))}")
+        params = {key: field_of(raw, key, line, f"{where}.{key}", validate, default)
+                  for key, (validate, default) in spec.items()}
+        check = Check(check_id, kind, field_of(raw, "title", line, f"{where}.title", _text,
+                                               check_id),
+                      field_of(raw, "modes", line, f"{where}.modes", _modes, None), params, line)
+        _validate_figures(check, figures, lambda key, problem: fail(
+            lines.key(line, key), f"{where}.{key}", problem))
+        checks.append(check)
+    return Contract(name, description, metadata, missing, bricks, figures, tuple(checks),
+                    source)
+
+
+def _validate_figures(check: Check, figures: Dict[str, str], fail) -> None:
+    """Every metadata figure a check reads is declared, with a kind that fits its use."""
+    def need(key: str, name: str, kinds: Sequence[str]):
+        if name not in figures:
+            fail(key, f"reads the metadata figure {name!r}, which [contract.figures] does not "
+                      f"declare (declared: {', '.join(figures) or 'none'})")
+        if figures[name] not in kinds:
+            fail(key, f"reads {name!r} as {' or '.join(FIGURE_KINDS[k] for k in kinds)}, but "
+                      f"[contract.figures] declares it {figures[name]!r}")
+    p = check.params
+    if check.kind == "count":
+        for formula in p["expect"].values():
+            for name in formula.names:
+                need("expect", name, ("count", "number"))
+        for name in p["show"]:
+            need("show", name, tuple(FIGURE_KINDS))
+    elif check.kind == "rate":
+        need("rate", p["rate"], ("number",))
+        need("over", p["over"], ("series",))
+    elif check.kind == "sync-mode" and p["declared"] is not None:
+        need("declared", p["declared"], tuple(FIGURE_KINDS))
+    elif check.kind in ("stability", "measured"):
+        for name in p["series"]:
+            need("series", name, ("series",))
