@@ -8,7 +8,8 @@ lies above the base run's 90th percentile. A shared machine makes calls slower n
 slower kernel moves all three. ``faster`` is the mirror image. A change past the threshold that
 the runs' spread explains is ``noise``; a brick whose number of calls changed is ``count``
 (reported even when its times are equal: the program did different work); ``new`` and ``gone``
-are bricks only one report has.
+are bricks only one report has. A slower brick that adds less than ``min_share`` of the base
+run's wall time is ``small`` (reported, not failed).
 
 >>> d = diff_reports(load_report("base.json"), load_report("new.json"), threshold=0.10)
 >>> print(d.table())            # or d.markdown() for a CI comment, d.to_dict() for JSON
@@ -28,7 +29,7 @@ from .report import Report
 __all__ = ["BrickChange", "ReportDiff", "VERDICTS", "diff_reports"]
 
 #: Verdicts, most severe first (the order of the table).
-VERDICTS = ("slower", "count", "new", "gone", "noise", "faster", "same")
+VERDICTS = ("slower", "count", "new", "gone", "small", "noise", "faster", "same")
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ def _us(ns: Optional[float]) -> str:
 
 
 def _change(name: str, base: Optional[BrickStats], new: Optional[BrickStats],
-            threshold: float) -> BrickChange:
+            threshold: float, floor_ns: float) -> BrickChange:
     def fig(b, attr):
         return getattr(b, attr) if b is not None and b.count else None
     figures = dict(base_count=base.count if base else 0, new_count=new.count if new else 0,
@@ -84,6 +85,11 @@ def _change(name: str, base: Optional[BrickStats], new: Optional[BrickStats],
     shown = f"p50 {_ratio_text(ratio)}, min {_ratio_text(fastest)}"
     if ratio > 1 + threshold:
         if fastest > 1 + threshold and n50 > base.p90_ns:
+            added = new.total_ns - base.total_ns
+            if added < floor_ns:
+                return BrickChange(name, "small", **figures, reason=(
+                    f"{shown}: slower, but it adds {added / 1e6:.3f} ms, under the "
+                    f"{floor_ns / 1e6:.3f} ms that counts (min_share of the base wall)"))
             return BrickChange(name, "slower", **figures, reason=(
                 f"{shown}: even the fastest call slowed, the median above the base run's p90 "
                 f"({_us(base.p90_ns)} us)"))
@@ -172,10 +178,12 @@ class ReportDiff:
 
 
 def diff_reports(base: Report, new: Report, *, threshold: float = 0.10, by: str = "name",
-                 ignore_counts: bool = False) -> ReportDiff:
+                 ignore_counts: bool = False, min_share: float = 0.005) -> ReportDiff:
     """Compares ``new`` with ``base`` brick by brick (``by="name"``, or ``"path"`` for each call
     path). ``threshold``: the relative change of a brick's median call that counts (0.10:
-    10 %), when the runs' spread does not explain it."""
+    10 %), when the runs' spread does not explain it. ``min_share``: a slower brick whose total
+    grew by less than this share of the base run's wall time (0.005: 0.5 %) is ``small``, not
+    a regression (a microsecond op drifting on a shared machine does not fail a build)."""
     where = "diff_reports"
     for arg, value in (("base", base), ("new", new)):
         if not isinstance(value, Report):
@@ -185,6 +193,10 @@ def diff_reports(base: Report, new: Report, *, threshold: float = 0.10, by: str 
             not math.isfinite(threshold) or threshold < 0:
         raise ValueError(f"{where}: threshold must be a finite number >= 0 (0.10 for 10 %), got "
                          f"{describe_value(threshold)}")
+    if isinstance(min_share, bool) or not isinstance(min_share, (int, float)) or \
+            not 0 <= min_share <= 1:
+        raise ValueError(f"{where}: min_share must be a number in [0, 1] (0.005 for 0.5 % of "
+                         f"the base wall), got {describe_value(min_share)}")
     if by not in ("name", "path"):
         raise ValueError(f"{where}: by must be 'name' or 'path', got {describe_value(by)}")
     ignore_counts = check_bool(ignore_counts, "ignore_counts", where)
@@ -196,7 +208,8 @@ def diff_reports(base: Report, new: Report, *, threshold: float = 0.10, by: str 
         for b in entries:
             into.setdefault(key(b), b)
     names = list(base_by) + [n for n in new_by if n not in base_by]
-    changes = [_change(n, base_by.get(n), new_by.get(n), threshold) for n in names]
+    floor_ns = min_share * base.wall_ns
+    changes = [_change(n, base_by.get(n), new_by.get(n), threshold, floor_ns) for n in names]
     severity = {v: i for i, v in enumerate(VERDICTS)}
     changes.sort(key=lambda c: (severity[c.verdict], -abs(c.new_total_ns - c.base_total_ns)))
     return ReportDiff(changes, threshold, ignore_counts, base.wall_ns, new.wall_ns)

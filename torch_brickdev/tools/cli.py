@@ -207,7 +207,7 @@ def diff(args) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     result = bp.diff_reports(base, new, threshold=args.threshold, by=args.by,
-                             ignore_counts=args.ignore_counts)
+                             ignore_counts=args.ignore_counts, min_share=args.min_share)
     if args.format == "json":
         print(json.dumps(result.to_dict(), indent=2))
     elif args.format == "markdown":
@@ -269,6 +269,9 @@ def main(argv=None) -> int:
     p.add_argument("--threshold", type=fraction, default=0.10,
                    help="relative change of a brick's median call that counts, when the runs' "
                    "spread does not explain it (default 0.10: 10 %%)")
+    p.add_argument("--min-share", type=fraction, default=0.005,
+                   help="a slower brick must add this share of the base wall time to fail "
+                   "(default 0.005: 0.5 %%)")
     p.add_argument("--by", choices=["name", "path"], default="name",
                    help="compare bricks by name (default) or by call path")
     p.add_argument("--format", choices=["text", "json", "markdown"], default="text",

@@ -6,6 +6,9 @@
 ...     brick_profile.check()                      # every check of the decode contract
 ...     brick_profile.check("coverage", tokens=8)  # some of them, with overrides
 ...     brick_profile.check(contract="my_model.toml", figures={"steps": 3})  # your own contract
+...     brick_profile.compare_baseline("baselines/decode.json")  # fails when a brick regressed
+
+``pytest --brick-save-baselines`` records each compared report as its baseline instead.
 
 The fixture is registered by the top-level module ``pytest_torch_brickdev`` (the ``pytest11``
 entry point), which imports this module, and so torch, only when a test uses the fixture.
@@ -26,9 +29,12 @@ class BrickProfile:
     """Profiles regions with :class:`torch_brickdev.profiler.profile` and checks the last
     report against a profiling contract (the decode-profiling contract unless told)."""
 
-    def __init__(self):
+    def __init__(self, baseline_dir: Optional[str] = None, save_baselines: bool = False):
         self.report: Optional[profiler.Report] = None
         self.results: Optional[List[CheckResult]] = None
+        self.diff: Optional[profiler.ReportDiff] = None
+        self._baseline_dir = baseline_dir or os.getcwd()
+        self._save_baselines = save_baselines
 
     @contextlib.contextmanager
     def profile(self, sync_mode=None, metadata: Optional[dict] = None, **kwargs):
@@ -70,3 +76,36 @@ class BrickProfile:
                                  "failed:\n  " + "\n  ".join(lines) + "\n\n"
                                  + format_results(self.results))
         return self.results
+
+    def compare_baseline(self, path: Union[str, os.PathLike], *, threshold: float = 0.10,
+                         by: str = "name", ignore_counts: bool = False
+                         ) -> Optional[profiler.ReportDiff]:
+        """Compares the last report with the baseline report at ``path`` (relative: to the test
+        file's folder) brick by brick (:func:`torch_brickdev.profiler.diff_reports`); raises
+        AssertionError with the diff's table when a brick regressed. Under
+        ``pytest --brick-save-baselines`` it writes the last report there instead (and returns
+        None). A missing baseline is an error saying how to record one."""
+        where = "brick_profile.compare_baseline()"
+        if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+            raise TypeError(f"{where}: path must be the path of a baseline report (str or "
+                            f"os.PathLike), got {describe_value(path)}")
+        if self.report is None:
+            raise RuntimeError(f"{where}: nothing profiled yet; use "
+                               "`with brick_profile.profile(...):` first")
+        path = os.path.join(self._baseline_dir, os.fspath(path))
+        if self._save_baselines:
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            self.report.write_json(path)
+            return None
+        if not os.path.exists(path):
+            raise AssertionError(f"{where}: no baseline report at {path}; record one with "
+                                 "`pytest --brick-save-baselines` (and commit it)")
+        base = profiler.load_report(path, where=where, arg="path")
+        self.diff = profiler.diff_reports(base, self.report, threshold=threshold, by=by,
+                                          ignore_counts=ignore_counts)
+        if not self.diff.passed:
+            raise AssertionError(
+                f"{len(self.diff.regressions)} brick(s) regressed against the baseline {path}: "
+                + ", ".join(c.name for c in self.diff.regressions) + "\n\n"
+                + self.diff.table(changed_only=True))
+        return self.diff

@@ -1,0 +1,193 @@
+"""Regressions between two reports: ``diff_reports`` and ``python -m torch_brickdev diff`` on
+crafted reports (a 2x slower brick fails, an identical rerun passes, a count change is reported
+even when the times are equal, a shift inside the runs' spread is noise), on two real demo runs,
+and the ``brick_profile`` fixture's baselines in a pytest session of its own."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from contract_fixtures import decode_report
+from torch_brickdev.profiler import diff_reports, load_report
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TIMES = ("total_ns", "min_ns", "max_ns", "last_ns", "p50_ns", "p90_ns", "p99_ns")
+
+
+@pytest.fixture(scope="module")
+def base_dict():
+    return json.loads(decode_report("event", runs=1).to_json())
+
+
+def _brick(d, name):
+    return next(b for b in d["bricks"] if b["name"] == name)
+
+
+def _scale(d, name, factor):
+    """``name`` ``factor`` times slower: every call, so every figure, and the wall with it."""
+    b = _brick(d, name)
+    added = b["total_ns"] * (factor - 1)
+    for key in TIMES:
+        b[key] = type(b[key])(b[key] * factor)
+    b["avg_us"] = b["total_ns"] / b["count"] / 1000
+    d["wall_ns"] += int(added)
+
+
+def _diff(tmp_path, base, new, *args):
+    paths = []
+    for label, d in (("base", base), ("new", new)):
+        path = tmp_path / f"{label}.json"
+        path.write_text(json.dumps(d))
+        paths.append(str(path))
+    return subprocess.run([sys.executable, "-m", "torch_brickdev", "diff", *paths, *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_an_identical_rerun_passes(base_dict, tmp_path):
+    d = diff_reports(load_report(base_dict), load_report(copy.deepcopy(base_dict)))
+    assert d.passed and {c.verdict for c in d.changes} == {"same"}
+    done = _diff(tmp_path, base_dict, base_dict)
+    assert done.returncode == 0, done
+    assert done.stdout.splitlines()[-1].startswith("verdict: PASS;")
+
+
+def test_a_two_times_slower_brick_fails(base_dict, tmp_path):
+    slow = copy.deepcopy(base_dict)
+    _scale(slow, "GateProjection", 2.0)
+    d = diff_reports(load_report(base_dict), load_report(slow))
+    assert [c.name for c in d.regressions] == ["GateProjection"]
+    change = d.regressions[0]
+    assert change.verdict == "slower" and change.p50_ratio == pytest.approx(2.0, rel=0.01)
+    done = _diff(tmp_path, base_dict, slow)
+    assert done.returncode == 1, done
+    first = done.stdout.splitlines()[1]
+    assert first.startswith("GateProjection") and " slower " in first and "2.00x" in first
+    markdown = _diff(tmp_path, base_dict, slow, "--format", "markdown")
+    assert markdown.returncode == 1
+    assert "| GateProjection | slower |" in markdown.stdout
+    as_json = json.loads(_diff(tmp_path, base_dict, slow, "--format", "json").stdout)
+    assert as_json["passed"] is False and as_json["regressions"] == ["GateProjection"]
+    # A threshold above the change lets it pass.
+    assert _diff(tmp_path, base_dict, slow, "--threshold", "1.5").returncode == 0
+
+
+def test_a_count_change_is_reported_when_the_times_are_equal(base_dict, tmp_path):
+    more = copy.deepcopy(base_dict)
+    b = _brick(more, "Sampling")
+    b["count"] += 1
+    b["avg_us"] = b["total_ns"] / b["count"] / 1000
+    d = diff_reports(load_report(base_dict), load_report(more, where="t"))
+    [change] = [c for c in d.changes if c.verdict != "same"]
+    assert (change.name, change.verdict) == ("Sampling", "count")
+    assert change.reason == f"{b['count'] - 1} calls, now {b['count']}"
+    assert not d.passed
+    assert diff_reports(load_report(base_dict), load_report(more), ignore_counts=True).passed
+    assert _diff(tmp_path, base_dict, more).returncode == 1
+    assert _diff(tmp_path, base_dict, more, "--ignore-counts").returncode == 0
+
+
+def test_a_shift_inside_the_runs_spread_is_noise(base_dict):
+    base, new = copy.deepcopy(base_dict), copy.deepcopy(base_dict)
+    b, n = _brick(base, "GateProjection"), _brick(new, "GateProjection")
+    wide = int(b["p50_ns"] * 3)  # a wide base distribution
+    n["p50_ns"] = b["p50_ns"] * 1.3  # the new median moved, its fastest call did not
+    for d in (b, n):
+        d["p90_ns"] = d["p99_ns"] = float(wide)
+        d["max_ns"] = max(d["max_ns"], wide)
+        d["total_ns"] = max(d["total_ns"], d["min_ns"] * d["count"])
+    diff = diff_reports(load_report(base), load_report(new))
+    change = next(c for c in diff.changes if c.name == "GateProjection")
+    assert change.verdict == "noise" and diff.passed, change
+
+
+def test_a_slower_microsecond_op_that_moves_no_wall_time_is_small(base_dict):
+    slow = copy.deepcopy(base_dict)
+    op = min(slow["bricks"], key=lambda b: b["total_ns"])
+    _scale(slow, op["name"], 2.0)
+    d = diff_reports(load_report(base_dict), load_report(slow))
+    change = next(c for c in d.changes if c.name == op["name"])
+    assert change.verdict == "small" and d.passed, change
+    assert not diff_reports(load_report(base_dict), load_report(slow), min_share=0).passed
+
+
+def test_bad_arguments_are_named(base_dict, tmp_path):
+    r = load_report(base_dict)
+    with pytest.raises(TypeError, match="diff_reports: base must be a Report"):
+        diff_reports(base_dict, r)
+    with pytest.raises(ValueError, match="threshold must be a finite number >= 0"):
+        diff_reports(r, r, threshold=-0.1)
+    with pytest.raises(ValueError, match="by must be 'name' or 'path'"):
+        diff_reports(r, r, by="op")
+    done = _diff(tmp_path, base_dict, base_dict, "--threshold", "ten")
+    assert done.returncode == 2 and "expected a number >= 0" in done.stderr
+    missing = subprocess.run([sys.executable, "-m", "torch_brickdev", "diff",
+                              str(tmp_path / "none.json"), str(tmp_path / "none.json")],
+                             capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and "none.json" in missing.stderr
+
+
+@pytest.mark.timeout(200)
+def test_two_real_demo_runs_do_not_regress(tmp_path):
+    reports = []
+    for run in ("a", "b"):
+        out = tmp_path / run
+        done = subprocess.run([sys.executable, "-m", "torch_brickdev", "demo", "--no-progress",
+                               "--tokens", "16", "--runs", "2", "-o", str(out)],
+                              capture_output=True, text=True, timeout=180)
+        assert (out / "report.json").exists(), done.stdout + done.stderr
+        reports.append(str(out / "report.json"))
+    done = subprocess.run([sys.executable, "-m", "torch_brickdev", "diff", *reports],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    d = diff_reports(load_report(reports[0]), load_report(reports[1]))
+    assert {c.verdict for c in d.changes} <= {"same", "noise", "small", "faster"}
+    assert len(d.changes) > 30  # every op and range of the decode was compared
+
+
+def _pytest(folder, *args):
+    env = dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
+               PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "-p", "pytest_torch_brickdev", *args], cwd=folder, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.timeout(300)
+def test_the_fixture_records_and_compares_baselines(tmp_path):
+    (tmp_path / "test_model.py").write_text(
+        "import torch\n"
+        "from torch.profiler import record_function\n"
+        "def test_model(brick_profile):\n"
+        "    x = torch.randn(256, 256, device='brick')\n"
+        "    with brick_profile.profile(sync_mode='event'):\n"
+        "        for _ in range(20):\n"
+        "            with record_function('Block'):\n"
+        "                y = x @ x\n"
+        "    brick_profile.compare_baseline('baselines/model.json')\n")
+    missing = _pytest(tmp_path)
+    assert missing.returncode == 1 and "no baseline report at" in missing.stdout
+    assert "--brick-save-baselines" in missing.stdout
+    saved = _pytest(tmp_path, "--brick-save-baselines")
+    assert saved.returncode == 0, saved.stdout + saved.stderr
+    baseline = tmp_path / "baselines" / "model.json"
+    assert load_report(str(baseline)).brick("Block").count == 20
+    again = _pytest(tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    # A baseline where Block was 4x faster: the run regressed, and the table says which brick.
+    d = json.loads(baseline.read_text())
+    block = _brick(d, "Block")
+    for key in TIMES:
+        block[key] = type(block[key])(block[key] / 4)
+    block["avg_us"] = block["total_ns"] / block["count"] / 1000
+    baseline.write_text(json.dumps(d))
+    regressed = _pytest(tmp_path)
+    assert regressed.returncode == 1
+    assert "brick(s) regressed against the baseline" in regressed.stdout
+    assert any(line.startswith("E") and "Block" in line and "slower" in line
+               for line in regressed.stdout.splitlines()), regressed.stdout
