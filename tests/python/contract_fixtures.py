@@ -104,13 +104,14 @@ def decode_report(sync_mode="event", *, layers=LAYERS, tokens=TOKENS, runs=RUNS)
     try:
         model = TinyDecoder(layers)
         model.decode(2)
-        run_means, run_medians, prof = [], [], None
+        run_means, run_medians, run_denied, prof = [], [], [], None
         for _ in range(runs):
             decode = {}
             with bp.profile(sync_mode=sync_mode, metadata={"decode": decode}) as prof:
                 ids, latencies = model.decode(tokens)
             run_means.append(statistics.fmean(latencies))
             run_medians.append(statistics.median(latencies))
+            run_denied.append(prof.report.machine["denied_share"])
     finally:
         torch.set_num_threads(threads)
     ordered = sorted(latencies)
@@ -118,7 +119,7 @@ def decode_report(sync_mode="event", *, layers=LAYERS, tokens=TOKENS, runs=RUNS)
         model="tiny-decoder", layers=layers, hidden=HIDDEN, heads=HEADS, kv_heads=KV_HEADS,
         vocab=VOCAB, intermediate=INTERMEDIATE, prompt_tokens=PROMPT, tokens=tokens, runs=runs,
         device="brick:0", token_latencies_ns=latencies, run_mean_token_ns=run_means,
-        run_median_token_ns=run_medians,
+        run_median_token_ns=run_medians, run_denied_share=run_denied,
         tokens_per_s=prof.report.brick("LmHead").count / sum(latencies) * 1e9,
         p50_token_ns=ordered[len(ordered) // 2],
         p99_token_ns=ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)],

@@ -1044,7 +1044,7 @@ CASES: List[Case] = [
     Case("format_results-empty", lambda: format_results([]), ValueError,
          r"format_results: results is empty; expected the results of at least one check"),
     Case("CheckResult-status", lambda: CheckResult("coverage", "t", "maybe", "m"), ValueError,
-         r"status must be one of 'pass', 'fail', 'n/a'", "'maybe'"),
+         r"status must be one of 'pass', 'fail', 'inconclusive', 'n/a'", "'maybe'"),
     Case("CheckResult-id-None", lambda: CheckResult(None, "t", "pass", "m"), TypeError,
          r"id must be a str", "NoneType"),
     Case("CheckResult-figures", lambda: CheckResult("coverage", "t", "pass", "m", []),

@@ -316,6 +316,9 @@ class Reader:
                     self.fail(("health",), f"has key {key!r} of type {type_name(key)}; expected "
                               "string keys")
                 self.value(value, ("health", key), _COUNT)
+        machine = self.field(data, "machine", (), _OBJECT, required=False)
+        if machine is not None:
+            self.free_form(machine, ("machine",))
         created = self.field(data, "created", (), _TEXT, required=False)
         torch_version = self.field(data, "torch", (), _TEXT, required=False)
         wall_s = self.field(data, "wall_s", (), _FIGURE, required=False)
@@ -323,7 +326,7 @@ class Reader:
         bricks, bricks_avg = self.bricks(self.field(data, "bricks", (), _LIST), "bricks")
         paths, paths_avg = self.bricks(self.field(data, "paths", (), _LIST), "paths")
         return dict(bricks=bricks, paths=paths, wall_ns=wall_ns, sync_mode=mode, device=device,
-                    metadata=metadata, health=counters, created=created,
+                    metadata=metadata, health=counters, machine=machine, created=created,
                     torch_version=torch_version,
                     written=WrittenFigures(wall_s, top_level_ns, bricks_avg, paths_avg))
 

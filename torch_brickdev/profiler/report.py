@@ -7,8 +7,9 @@ what was expected. The rules:
 
 * required top-level fields: ``schema``, ``version``, ``sync_mode``, ``wall_ns``, ``device``,
   ``bricks``, ``paths``; optional: ``created``, ``torch`` (strings), ``metadata`` (an object),
-  ``health`` (an object of counters: non-negative integers), ``wall_s`` and ``top_level_ns``
-  (derived figures: a number, an integer);
+  ``health`` (an object of counters: non-negative integers), ``machine`` (an object: what the
+  machine denied the region, see :mod:`.machine`), ``wall_s`` and ``top_level_ns`` (derived
+  figures: a number, an integer);
 * every brick entry has the thirteen fields of :class:`BrickStats` (names and paths non-empty
   text, ``kind`` ``"op"`` or ``"range"``, ``device`` >= -1, counts and nanosecond figures
   integers in [0, 2**63 - 1], percentiles finite numbers >= 0) and optionally ``avg_us`` (a
@@ -16,7 +17,7 @@ what was expected. The rules:
 * no NaN or Infinity anywhere (the writer never writes one), no integer of more than 400
   digits, no object repeating a key, nothing nested more than 100 levels deep;
 * unknown keys, at the top level and in brick entries, are ignored (a newer writer may add
-  fields); ``device`` and ``metadata`` are kept as written, unknown ``health`` counters too.
+  fields); ``device``, ``metadata`` and ``machine`` are kept as written, unknown ``health`` counters too.
 
 :meth:`Report.validate` applies the same rules to a report built or changed in memory.
 """
@@ -51,7 +52,8 @@ class Report:
     def __init__(self, *, bricks: List[BrickStats], paths: List[BrickStats], wall_ns: int,
                  sync_mode: SyncMode, device: dict, metadata: Optional[dict] = None,
                  health: Optional[dict] = None, created: Optional[str] = None,
-                 torch_version: Optional[str] = None, written: Optional[WrittenFigures] = None):
+                 torch_version: Optional[str] = None, written: Optional[WrittenFigures] = None,
+                 machine: Optional[dict] = None):
         self.bricks = _brick_list(bricks, "bricks")
         self.paths = _brick_list(paths, "paths")
         if isinstance(wall_ns, bool) or not isinstance(wall_ns, int):
@@ -65,7 +67,7 @@ class Report:
                             f"{type_name(sync_mode)}")
         self.sync_mode = SyncMode.parse(sync_mode, arg="sync_mode", where="Report")
         for name, value, optional in (("device", device, False), ("metadata", metadata, True),
-                                      ("health", health, True)):
+                                      ("health", health, True), ("machine", machine, True)):
             if not isinstance(value, dict) and not (optional and value is None):
                 expected = "a dict or None" if optional else "a dict"
                 raise TypeError(f"Report: {name} must be {expected}, got {type_name(value)}")
@@ -78,13 +80,16 @@ class Report:
         self.device = dict(device)
         self.metadata = dict(metadata or {})
         self.health = dict(health or {})
+        # What the machine denied the region (profiler.machine): lets a verdict tell a busy
+        # machine from a slow program.
+        self.machine = dict(machine or {})
         self.created = created or datetime.datetime.now(datetime.timezone.utc).isoformat()
         self.torch_version = torch_version or torch.__version__
         self.written = written
 
     @classmethod
     def capture(cls, *, wall_ns: int, sync_mode: Union[SyncMode, str],
-                metadata: Optional[dict] = None) -> "Report":
+                metadata: Optional[dict] = None, machine: Optional[dict] = None) -> "Report":
         """Builds a report from the registry's current figures: one snapshot, from which both
         views derive, so that they agree even while other threads record."""
         views = _C._profiler.snapshot(["name", "path"])
@@ -97,7 +102,7 @@ class Report:
                 "backing": _C._backing_device_type(),
                 "count": _C._device_count(),
             },
-            metadata=metadata, health=health(),
+            metadata=metadata, health=health(), machine=machine,
         )
 
     def with_metadata(self, **entries) -> "Report":
@@ -107,7 +112,7 @@ class Report:
                       sync_mode=self.sync_mode, device=self.device,
                       metadata={**self.metadata, **entries}, health=self.health,
                       created=self.created, torch_version=self.torch_version,
-                      written=self.written)
+                      written=self.written, machine=self.machine)
 
     def validate(self) -> "Report":
         """Checks this report, built or changed in memory, by the rules :func:`load_report`
@@ -123,7 +128,7 @@ class Report:
         Reader("Report").fields({
             "schema": SCHEMA, "version": VERSION, "sync_mode": mode, "wall_ns": self.wall_ns,
             "device": self.device, "metadata": self.metadata, "health": self.health,
-            "created": self.created, "torch": self.torch_version,
+            "machine": self.machine, "created": self.created, "torch": self.torch_version,
             "bricks": entries(self.bricks), "paths": entries(self.paths),
         })
         return self
@@ -158,6 +163,7 @@ class Report:
             "top_level_ns": self.top_level_ns(),
             "metadata": self.metadata,
             "health": self.health,
+            "machine": self.machine,
             "bricks": [b.to_dict() for b in self.bricks],
             "paths": [p.to_dict() for p in self.paths],
         }

@@ -14,6 +14,7 @@ from .. import _C
 from ..argcheck import check_bool, describe
 from ._registry import disable, enable, is_enabled, reset, set_sync_mode, sync_mode
 from ._stats import SyncMode
+from . import machine
 from .report import Report
 
 
@@ -73,6 +74,7 @@ class profile:
         for index in _C._devices_in_use():  # no CUDA context made on an unused GPU
             torch.brick.synchronize(index)
         self._collectives_before = collective_counters()
+        self._machine_before = machine.sample()
         self._start = time.perf_counter_ns()
         enable()
         return self
@@ -85,6 +87,7 @@ class profile:
             for index in _C._devices_in_use():
                 torch.brick.synchronize(index)
             self.wall_ns = time.perf_counter_ns() - self._start
+            denied = machine.machine_figures(self._machine_before, machine.sample())
         finally:
             disable()
             mode = sync_mode()
@@ -93,7 +96,8 @@ class profile:
 
         # The caller's own entries win over the ones filled in here.
         metadata = {**_distributed_metadata(self._collectives_before), **(self._metadata or {})}
-        self.report = Report.capture(wall_ns=self.wall_ns, sync_mode=mode, metadata=metadata or None)
+        self.report = Report.capture(wall_ns=self.wall_ns, sync_mode=mode, metadata=metadata or None,
+                                     machine=denied)
         return False
 
 

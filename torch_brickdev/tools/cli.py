@@ -132,7 +132,7 @@ def decode_demo(args) -> int:
     results = contract.run_checks(result["report"])
     print()
     print(contract.format_results(results))
-    return 1 if any(r.status == "fail" for r in results) else 0
+    return contract.exit_status(results)
 
 
 def profile_script(args) -> int:

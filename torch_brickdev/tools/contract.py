@@ -25,9 +25,14 @@ as the demo writes it. Its eleven checks, under stable ids:
 ``graph-capture``   the profiler saw every brick: no capture skipped, no timing lost
 ==================  ======================================================================
 
+A timing check (coverage, per-call-ordering, stability) that fails where the report shows the
+machine denied the process the time that explains it (``report.machine``: the time its thread
+waited for a CPU while other processes ran) is ``inconclusive``, not failed.
+
 Command line: ``python -m torch_brickdev check report.json [--contract my.toml] [--layers L]
-[--tokens T] [--set NAME=VALUE] [--only id,id]``; exit status 0 when nothing failed, 1 when a
-check failed, 2 when the contract or the report cannot be read (the contract is read first).
+[--tokens T] [--set NAME=VALUE] [--only id,id]``; exit status 0 when every check passed (or was
+n/a), 1 when a check failed, 3 when none failed but one was inconclusive, 2 when the contract or
+the report cannot be read (the contract is read first).
 """
 
 from __future__ import annotations
@@ -41,7 +46,8 @@ from ..profiler import Report, ReportError, load_report
 
 from ._args import positive_int
 from .contract_file import Contract, ContractError, builtin_path, read_contract
-from .contract_kinds import FAIL, NA, PASS, CheckResult, Subject, run_check, subject
+from .contract_kinds import (FAIL, INCONCLUSIVE, NA, PASS, CheckResult, Subject, run_check,
+                             subject)
 
 __all__ = [
     "CHECKS",
@@ -51,7 +57,9 @@ __all__ = [
     "ContractError",
     "DECODE_BRICKS",
     "DECODE_CONTRACT",
+    "EXIT_INCONCLUSIVE",
     "ReportError",
+    "exit_status",
     "failures",
     "format_results",
     "load",
@@ -226,16 +234,36 @@ def format_results(results: Sequence[CheckResult]) -> str:
 
 def _format(results: List[CheckResult]) -> str:
     width = max([len(r.id) for r in results] + [1])
-    lines = [f"{r.status.upper():<4}  {r.id:<{width}}  {r.message}" for r in results]
+    label = max(len(r.status) for r in results)
+    lines = [f"{r.status.upper():<{max(4, label)}}  {r.id:<{width}}  {r.message}"
+             for r in results]
     failed = [r.id for r in results if r.status == FAIL]
+    unsure = [r.id for r in results if r.status == INCONCLUSIVE]
     passed = sum(r.status == PASS for r in results)
     na = sum(r.status == NA for r in results)
-    counts = f"{passed} passed, {len(failed)} failed, {na} n/a of {len(results)} checks"
+    counts = f"{passed} passed, {len(failed)} failed, " + (
+        f"{len(unsure)} inconclusive, " if unsure else "") + f"{na} n/a of {len(results)} checks"
     if failed:
         lines.append(f"verdict: FAIL ({counts}; failed: {', '.join(failed)})")
+    elif unsure:
+        lines.append(f"verdict: INCONCLUSIVE ({counts}; inconclusive: {', '.join(unsure)}: "
+                     "the machine was busy, rerun on a quiet one)")
     else:
         lines.append(f"verdict: PASS ({counts})")
     return "\n".join(lines)
+
+
+#: The exit status of a verdict that no check failed but one was inconclusive.
+EXIT_INCONCLUSIVE = 3
+
+
+def exit_status(results: Iterable[CheckResult]) -> int:
+    """0 when every check passed (or was n/a), 1 when one failed, 3 (EXIT_INCONCLUSIVE) when
+    none failed but one was inconclusive."""
+    results = _results_list(results, "exit_status")
+    if any(r.failed for r in results):
+        return 1
+    return EXIT_INCONCLUSIVE if any(r.inconclusive for r in results) else 0
 
 
 def _emit(text: str, stream) -> None:
@@ -261,8 +289,9 @@ def _assignment(text: str) -> Tuple[str, object]:
 def main(argv: Optional[Sequence[str]] = None, prog: str = "torch_brickdev check") -> int:
     """``check report.json [--contract FILE] [--layers L] [--tokens T] [--set NAME=VALUE]
     [--only id,id]``: prints one line per check and a verdict; returns 0 when nothing failed, 1
-    when a check failed, 2 when the contract or the report cannot be read or the arguments are
-    wrong (the reason, naming file, line and field, goes to stderr)."""
+    when a check failed, 3 when none failed but one was inconclusive (a busy machine), 2 when
+    the contract or the report cannot be read or the arguments are wrong (the reason, naming
+    file, line and field, goes to stderr)."""
     if argv is not None:
         if not isinstance(argv, (list, tuple)):
             raise TypeError(f"main: argv must be a list of str or None, got {type(argv).__name__}")
@@ -307,7 +336,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "torch_brickdev check
         return 2
     results = _run_all(subject(report, contract, True, given), selected)
     _emit(_format(results), sys.stdout)
-    return 1 if any(r.failed for r in results) else 0
+    return exit_status(results)
 
 
 if __name__ == "__main__":

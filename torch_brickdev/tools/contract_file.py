@@ -45,6 +45,7 @@ FIGURE_KINDS = {
     "count": "a positive integer",
     "number": "a finite number > 0",
     "series": "a list of finite numbers > 0",
+    "shares": "a list of numbers in [0, 1]",
     "any": "any value",
 }
 
@@ -279,6 +280,8 @@ def _metric(value):
 
 KINDS = {
     # top-level brick time / wall time in [min, max]
+    # (a coverage below min that the time the machine denied the thread accounts for is
+    # inconclusive: report.machine.denied_share)
     "coverage": {"min": (_number(0), _REQUIRED), "max": (_number(0), _REQUIRED)},
     # bricks run as many times as formulas over metadata figures say
     "count": {"expect": (_expect, _REQUIRED), "units": (_text, None), "explain": (_text, None),
@@ -287,7 +290,10 @@ KINDS = {
     "rate": {"rate": (_text, _REQUIRED), "per": (_text, _REQUIRED), "over": (_text, _REQUIRED),
              "tolerance": (_number(0, 1), 0.01), "unit": (_text, "token")},
     # per-call figures ordered: order[0] > order[1] > ...; above > factor x below
-    "ordering": {"order": (_names, ()), "ratios": (_ratios, ()), "by": (_metric, "avg")},
+    # (a failure while the machine denied >= busy of the wall, with the order holding by the
+    # median call, is inconclusive)
+    "ordering": {"order": (_names, ()), "ratios": (_ratios, ()), "by": (_metric, "avg"),
+                 "busy": (_number(0, 1), 0.05)},
     # the sync mode the run asked for (a metadata figure) is the one the profiler timed in
     "sync-mode": {"declared": (_text, None)},
     # every brick listed once with count > 0; the contract's bricks all present
@@ -295,8 +301,11 @@ KINDS = {
     # avg_us agrees with total_ns / count / 1000
     "avg-agreement": {"tolerance": (_number(0, 1), 0.01)},
     # coefficient of variation of a per-run series (the first present) below max_cv
+    # (denied: a per-run "shares" figure; when the runs the machine descheduled by >= busy
+    # explain the spread, the verdict is inconclusive)
     "stability": {"series": (lambda v: _names(v, "metadata figures"), _REQUIRED),
-                  "max_cv": (_number(0), _REQUIRED), "unit": (_text, "token")},
+                  "max_cv": (_number(0), _REQUIRED), "unit": (_text, "token"),
+                  "denied": (_text, None), "busy": (_number(0, 1), 0.05)},
     # every figure is a measurement: consistent min/avg/max, no constant series
     "measured": {"series": (lambda v: _names(v, "metadata figures"), ())},
     # health counters that must be 0 (and any whose name holds one of zero_matching)
@@ -476,3 +485,5 @@ def _validate_figures(check: Check, figures: Dict[str, str], fail) -> None:
     elif check.kind in ("stability", "measured"):
         for name in p["series"]:
             need("series", name, ("series",))
+        if check.kind == "stability" and p["denied"] is not None:
+            need("denied", p["denied"], ("shares",))

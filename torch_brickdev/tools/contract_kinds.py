@@ -14,16 +14,21 @@ from ..profiler import BrickStats, Report, ReportError, SyncMode, WrittenFigures
 
 from .contract_file import Check, Contract, FIGURE_KINDS
 
-__all__ = ["CheckResult", "FAIL", "KIND_BODIES", "NA", "PASS", "Subject", "cv", "run_check",
-           "subject"]
+__all__ = ["CheckResult", "FAIL", "INCONCLUSIVE", "KIND_BODIES", "NA", "PASS", "STATUSES",
+           "Subject", "cv", "run_check", "subject"]
 
 PASS, FAIL, NA = "pass", "fail", "n/a"
+# A timing check whose failure the time the machine denied the process explains: neither a pass
+# nor a defect of the program or the profiler.
+INCONCLUSIVE = "inconclusive"
+STATUSES = (PASS, FAIL, INCONCLUSIVE, NA)
 
 
 @dataclass
 class CheckResult:
-    """The outcome of one check: ``status`` is ``"pass"``, ``"fail"`` or ``"n/a"``; ``message``
-    says what was expected and what was found; ``figures`` holds the numbers behind it."""
+    """The outcome of one check: ``status`` is ``"pass"``, ``"fail"``, ``"inconclusive"`` (a
+    timing check whose failure a busy machine explains) or ``"n/a"``; ``message`` says what was
+    expected and what was found; ``figures`` holds the numbers behind it."""
 
     id: str
     title: str
@@ -36,9 +41,9 @@ class CheckResult:
             if not isinstance(getattr(self, name), str):
                 raise TypeError(f"CheckResult: {name} must be a str, got "
                                 f"{type(getattr(self, name)).__name__}")
-        if self.status not in (PASS, FAIL, NA) or not isinstance(self.status, str):
-            raise ValueError(f"CheckResult: status must be one of {PASS!r}, {FAIL!r}, {NA!r}, "
-                             f"got {self.status!r}")
+        if not isinstance(self.status, str) or self.status not in STATUSES:
+            raise ValueError(f"CheckResult: status must be one of "
+                             f"{', '.join(map(repr, STATUSES))}, got {self.status!r}")
         if not isinstance(self.figures, dict):
             raise TypeError(f"CheckResult: figures must be a dict, got "
                             f"{type(self.figures).__name__}")
@@ -50,6 +55,10 @@ class CheckResult:
     @property
     def failed(self) -> bool:
         return self.status == FAIL
+
+    @property
+    def inconclusive(self) -> bool:
+        return self.status == INCONCLUSIVE
 
 
 # ---- what the checks read, validated once -------------------------------------------------------
@@ -80,6 +89,11 @@ def _figure_problem(where: str, key: str, kind: str, value) -> Optional[str]:
     elif kind == "number":
         ok = _positive(value)
     elif kind == "any":
+        ok = True
+    elif kind == "shares" and isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            if not (_finite(item) and 0 <= item <= 1):
+                return f"metadata {where}{key}[{i}] is {show_json(item)}: expected {expected}"
         ok = True
     elif not isinstance(value, (list, tuple)):
         ok = False
@@ -178,6 +192,16 @@ def cv(values: Sequence[float]) -> float:
     return math.sqrt(variance) / mean
 
 
+def _denied(s: Subject) -> Optional[Tuple[float, str]]:
+    """(share of the wall the profiling thread waited for a CPU, how it was measured) from the
+    report's machine section; None when the report has none (or an unusable one)."""
+    share = s.report.machine.get("denied_share")
+    if not _finite(share) or not 0 <= share <= 1:
+        return None
+    source = s.report.machine.get("denied_source")
+    return float(share), source if isinstance(source, str) else "unknown"
+
+
 def _fmt_ms(ns: float) -> str:
     return f"{ns / 1e6:.3f} ms"
 
@@ -216,10 +240,24 @@ def coverage(p: dict, s: Subject, result: Result) -> CheckResult:
     status = PASS if low <= ratio <= high else FAIL
     message = (f"top-level {ratio:.2f} of wall (expected {low}-{high}): {_fmt_ms(top)} of "
                f"{_fmt_ms(wall)}")
+    denied = _denied(s)
+    explained = False
     if ratio < low:
-        message += "; bricks are hidden (e.g. by graph replay) or work runs outside them"
+        if denied is not None and ratio + denied[0] >= low:
+            # Waiting for a CPU stretched the region: at worst all of it fell between bricks.
+            explained = True
+            message += (f"; but the thread waited for a CPU {denied[0]:.0%} of the wall (other "
+                        f"processes ran; {denied[1]}), which accounts for the gap: "
+                        f"{ratio:.2f} + {denied[0]:.2f} >= {low}")
+        else:
+            message += "; bricks are hidden (e.g. by graph replay) or work runs outside them"
+            if denied is not None:
+                message += (f" (the machine denied the thread only {denied[0]:.0%} of the "
+                            "wall: not a busy machine)")
     elif ratio > high:
         message += "; time is counted twice"
+    if explained:
+        status = INCONCLUSIVE
     # The file's own copies of the figures must agree with what they derive from.
     written_top, written_wall_s = (s.written.top_level_ns, s.written.wall_s) if s.written \
         else (None, None)
@@ -232,7 +270,8 @@ def coverage(p: dict, s: Subject, result: Result) -> CheckResult:
         status = FAIL
         message += (f"; the file's wall_s {written_wall_s!r} disagrees with wall_ns / 1e9 "
                     f"({wall / 1e9!r})")
-    return result(status, message, coverage=ratio, top_level_ns=top, wall_ns=wall)
+    return result(status, message, coverage=ratio, top_level_ns=top, wall_ns=wall,
+                  denied_share=denied[0] if denied else None)
 
 
 def count(p: dict, s: Subject, result: Result) -> CheckResult:
@@ -366,8 +405,21 @@ def ordering(p: dict, s: Subject, result: Result) -> CheckResult:
     if shown:
         found += f" ({', '.join(shown)})"
     what = "" if by == "avg" else f" ({by} per call)"
-    return result(PASS if ok else FAIL, f"{found}; expected {' and '.join(expected)}{what}",
-                  **figures)
+    message = f"{found}; expected {' and '.join(expected)}{what}"
+    denied = _denied(s)
+    if not ok and by != "p50" and denied is not None and denied[0] >= p["busy"]:
+        # A preempted call of a short brick moves its mean; the median needs most calls slowed.
+        median = {n: s.named[n].p50_ns for n in names}
+        holds = all(median[a] > median[b] for a, b in zip(order, order[1:])) and all(
+            median[r["above"]] > r["factor"] * median[r["below"]] for r in ratios
+            if r["modes"] is None or s.mode.value in r["modes"])
+        if holds:
+            return result(INCONCLUSIVE, f"{message}; but the thread waited for a CPU "
+                          f"{denied[0]:.0%} of the wall (other processes ran; {denied[1]}) and "
+                          f"the order holds by the median call ("
+                          + ", ".join(f"{n} {median[n] / 1e3:.2f} us" for n in names) + ")",
+                          **figures, denied_share=denied[0])
+    return result(PASS if ok else FAIL, message, **figures)
 
 
 def sync_mode(p: dict, s: Subject, result: Result) -> CheckResult:
@@ -491,10 +543,36 @@ def stability(p: dict, s: Subject, result: Result) -> CheckResult:
                       runs=len(runs))
     spread = cv(runs)
     status = PASS if spread < max_cv else FAIL
-    return result(status, f"CV of per-{unit} time ({what} of each run) across {len(runs)} runs "
-                  f"{spread:.3f} (expected < {max_cv}); run {what}s "
-                  + ", ".join(f"{x / 1e3:.1f}" for x in runs) + " us",
-                  cv=spread, runs=len(runs), figure=key, **{key: list(runs)})
+    message = (f"CV of per-{unit} time ({what} of each run) across {len(runs)} runs "
+               f"{spread:.3f} (expected < {max_cv}); run {what}s "
+               + ", ".join(f"{x / 1e3:.1f}" for x in runs) + " us")
+    figures = dict(cv=spread, runs=len(runs), figure=key, **{key: list(runs)})
+    shares, shares_problem = s.figures.get(p["denied"]) if p["denied"] else (None, None)
+    if status == FAIL and shares_problem:  # cannot excuse a failure, says why
+        message += f"; {shares_problem}"
+    if status == FAIL and shares is not None and len(shares) == len(runs):
+        busy = p["busy"]
+        figures[p["denied"]] = list(shares)
+        descheduled = [f"run {i + 1} {d:.0%}" for i, d in enumerate(shares) if d >= busy]
+        quiet = [r for r, d in zip(runs, shares) if d < busy]
+        if descheduled:
+            denied = (f"; the machine was busy: the thread waited for a CPU "
+                      f"{', '.join(descheduled)} of the run")
+            if len(quiet) < 2:
+                return result(INCONCLUSIVE, message + denied + f"; fewer than 2 runs ran "
+                              f"undisturbed (< {busy:.0%}), so stability cannot be judged",
+                              **figures)
+            quiet_cv = cv(quiet)
+            figures["undisturbed_cv"] = quiet_cv
+            if quiet_cv < max_cv:
+                return result(INCONCLUSIVE, message + denied + f"; the {len(quiet)} undisturbed "
+                              f"runs agree (CV {quiet_cv:.3f}): the runs that differ are the "
+                              "ones the machine descheduled", **figures)
+            message += denied + f"; the {len(quiet)} undisturbed runs differ too (CV " \
+                                f"{quiet_cv:.3f})"
+        else:
+            message += f"; no run was descheduled (each waited < {busy:.0%} for a CPU)"
+    return result(status, message, **figures)
 
 
 def measured(p: dict, s: Subject, result: Result) -> CheckResult:

@@ -507,13 +507,14 @@ def run_demo(config: Optional[DecodeConfig] = None, device: Union[str, torch.dev
         model = build_model(config, device, compile)
         bar.start("warm-up (compiles)" if compile else "warm-up")
         _decode(model, config, device, progress=bar)
-        run_means, run_medians, prof, result = [], [], None, None
+        run_means, run_medians, run_denied, prof, result = [], [], [], None, None
         for r in range(runs):
             bar.start(f"run {r + 1}/{runs}")
             prof = bp.profile(sync_mode=mode)
             result = _decode(model, config, device, region=prof, progress=bar)
             run_means.append(result.mean_token_ns)
             run_medians.append(result.median_token_ns)
+            run_denied.append(prof.report.machine["denied_share"])
         bar.start("legacy trace")
         legacy_prof = torch.autograd.profiler.profile(use_device="brick")
         legacy_result = _decode(model, config, device, region=QuietProfile(legacy_prof),
@@ -526,6 +527,8 @@ def run_demo(config: Optional[DecodeConfig] = None, device: Union[str, torch.dev
         "token_latencies_ns": list(lat),
         "run_mean_token_ns": run_means,
         "run_median_token_ns": run_medians,  # what the stability check compares
+        # the share of each run its thread waited for a CPU: a busy machine, not a slow decode
+        "run_denied_share": run_denied,
         "tokens_per_s": 1e9 * len(lat) / sum(lat),
         "p50_token_ns": _percentile(lat, 50),
         "p99_token_ns": _percentile(lat, 99),

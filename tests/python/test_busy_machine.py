@@ -1,0 +1,192 @@
+"""Verdicts that know a busy machine: a report carries what the machine denied the profiled region
+(report.machine), and a timing check whose failure that explains is INCONCLUSIVE, while the
+same failure with the CPU available still fails. Crafted reports for each rule; the real demo
+beside two busy loops (never FAIL) and a measurement of the denial itself."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from contract_fixtures import decode_report
+from torch_brickdev import profiler as bp
+from torch_brickdev.tools.contract import EXIT_INCONCLUSIVE, format_results, run_checks
+
+
+@pytest.fixture(scope="module")
+def base_dict():
+    d = json.loads(decode_report("event", runs=3).to_json())
+    for entry in d["bricks"] + d["paths"]:  # every call at its median: the checks pass
+        per_call = min(max(entry["p50_ns"], entry["min_ns"]), entry["max_ns"])
+        entry["total_ns"] = round(per_call * entry["count"])
+        entry["avg_us"] = entry["total_ns"] / entry["count"] / 1000
+    d["top_level_ns"] = sum(p["total_ns"] for p in d["paths"] if p["depth"] == 0)
+    d["wall_ns"] = round(d["top_level_ns"] / 0.95)
+    d["wall_s"] = d["wall_ns"] / 1e9
+    d["machine"] = {"denied_share": 0.0, "denied_source": "runqueue"}
+    decode = d["metadata"]["decode"]
+    decode["run_median_token_ns"] = [1e6, 1.01e6, 0.99e6]
+    decode["run_denied_share"] = [0.0, 0.0, 0.0]
+    return d
+
+
+def result_of(d, check):
+    return {r.id: r for r in run_checks(d)}[check]
+
+
+def with_runs(base, medians, denied):
+    d = copy.deepcopy(base)
+    d["metadata"]["decode"]["run_median_token_ns"] = medians
+    d["metadata"]["decode"]["run_denied_share"] = denied
+    return d
+
+
+def test_the_base_passes(base_dict):
+    results = run_checks(base_dict)
+    assert all(r.status == "pass" for r in results), format_results(results)
+
+
+# ---- stability ---------------------------------------------------------------------------------
+
+
+def test_a_slow_run_the_machine_descheduled_is_inconclusive(base_dict):
+    r = result_of(with_runs(base_dict, [1e6, 1.5e6, 1.01e6], [0.0, 0.33, 0.01]), "stability")
+    assert r.status == "inconclusive", r.message
+    assert "run 2 33%" in r.message and "the 2 undisturbed runs agree" in r.message
+
+
+def test_a_slow_run_with_the_cpu_available_still_fails(base_dict):
+    r = result_of(with_runs(base_dict, [1e6, 1.5e6, 1.01e6], [0.0, 0.0, 0.01]), "stability")
+    assert r.status == "fail" and "no run was descheduled" in r.message
+
+
+def test_undisturbed_runs_that_differ_fail_on_a_busy_machine(base_dict):
+    r = result_of(with_runs(base_dict, [1e6, 1.6e6, 0.7e6], [0.0, 0.4, 0.0]), "stability")
+    assert r.status == "fail" and "the 2 undisturbed runs differ too" in r.message
+
+
+def test_every_run_descheduled_cannot_be_judged(base_dict):
+    r = result_of(with_runs(base_dict, [1e6, 1.6e6, 0.7e6], [0.3, 0.4, 0.35]), "stability")
+    assert r.status == "inconclusive" and "fewer than 2 runs ran undisturbed" in r.message
+
+
+def test_a_malformed_denied_series_excuses_nothing_and_is_named(base_dict):
+    r = result_of(with_runs(base_dict, [1e6, 1.6e6, 0.7e6], [0.3, 1.4, 0.35]), "stability")
+    assert r.status == "fail"
+    assert "metadata decode.run_denied_share[1] is number 1.4: expected a list of numbers in " \
+        "[0, 1]" in r.message
+
+
+# ---- coverage and ordering ---------------------------------------------------------------------
+
+
+def test_coverage_the_denied_time_accounts_for_is_inconclusive(base_dict):
+    d = copy.deepcopy(base_dict)
+    d["wall_ns"] = round(d["top_level_ns"] / 0.6)
+    d["wall_s"] = d["wall_ns"] / 1e9
+    d["machine"]["denied_share"] = 0.35
+    r = result_of(d, "coverage")
+    assert r.status == "inconclusive" and "accounts for the gap: 0.60 + 0.35 >= 0.85" in r.message
+    d["machine"]["denied_share"] = 0.1
+    r = result_of(d, "coverage")
+    assert r.status == "fail" and "not a busy machine" in r.message
+    del d["machine"]
+    assert result_of(d, "coverage").status == "fail"  # no figures: nothing excuses it
+
+
+def _set_avg(d, name, avg_ns):
+    b = next(b for b in d["bricks"] if b["name"] == name)
+    b["total_ns"] = int(avg_ns * b["count"])
+    b["max_ns"] = max(b["max_ns"], int(avg_ns) + 1)
+    b["avg_us"] = b["total_ns"] / b["count"] / 1000
+
+
+def test_an_ordering_the_median_keeps_is_inconclusive_on_a_busy_machine(base_dict):
+    d = copy.deepcopy(base_dict)
+    lm = next(b for b in d["bricks"] if b["name"] == "LmHead")
+    _set_avg(d, "RmsNorm", lm["total_ns"] / lm["count"] / 5)  # preempted RmsNorm calls
+    d["machine"]["denied_share"] = 0.2
+    r = result_of(d, "per-call-ordering")
+    assert r.status == "inconclusive" and "the order holds by the median call" in r.message
+    d["machine"]["denied_share"] = 0.01
+    assert result_of(d, "per-call-ordering").status == "fail"
+
+
+def test_the_command_line_exits_with_a_distinct_status(base_dict, tmp_path):
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(with_runs(base_dict, [1e6, 1.5e6, 1.01e6], [0.0, 0.33, 0.01])))
+    done = subprocess.run([sys.executable, "-m", "torch_brickdev", "check", str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == EXIT_INCONCLUSIVE == 3, done
+    assert done.stdout.splitlines()[-1].startswith("verdict: INCONCLUSIVE (10 passed, 0 failed, "
+                                                   "1 inconclusive, 0 n/a of 11 checks")
+
+
+# ---- what the machine denied, measured ---------------------------------------------------------
+
+
+def _busy_loops(n):
+    code = "import time\nend = time.time() + 60\nwhile time.time() < end: pass\n"
+    return [subprocess.Popen([sys.executable, "-c", code]) for _ in range(n)]
+
+
+def test_a_report_carries_what_the_machine_denied(one_thread):
+    x = torch.randn(256, 256, device="brick")
+
+    def profiled():
+        with bp.profile() as prof:
+            end = time.perf_counter() + 0.6
+            while time.perf_counter() < end:
+                x @ x
+        return prof.report.machine
+    quiet = profiled()
+    cpus = len(os.sched_getaffinity(0))
+    loops = _busy_loops(cpus + 1)  # more runnable threads than CPUs: some wait
+    try:
+        time.sleep(0.3)
+        busy = profiled()
+    finally:
+        for p in loops:
+            p.kill()
+            p.wait()
+    for m in (quiet, busy):
+        assert 0 < m["thread_cpu_ns"] <= m["wall_ns"] * 1.05
+        assert 0 <= m["denied_share"] <= 1 and m["denied_source"] in ("runqueue", "off-cpu")
+    # Sharing the CPUs with more busy threads than there are CPUs, the thread waited for one.
+    assert busy["denied_share"] > 0.1, busy
+    assert busy["denied_share"] > quiet["denied_share"], (quiet, busy)
+
+
+@pytest.mark.timeout(300)
+def test_the_demo_beside_two_busy_loops_never_fails(tmp_path):
+    loops = _busy_loops(2)
+    try:
+        done = subprocess.run([sys.executable, "-m", "torch_brickdev", "demo", "--no-progress",
+                               "--tokens", "16", "--runs", "3", "-o", str(tmp_path)],
+                              capture_output=True, text=True, timeout=240)
+    finally:
+        for p in loops:
+            p.kill()
+            p.wait()
+    verdict = done.stdout.splitlines()[-1]
+    assert done.returncode in (0, EXIT_INCONCLUSIVE), done.stdout[-3000:] + done.stderr[-3000:]
+    assert verdict.startswith(("verdict: PASS", "verdict: INCONCLUSIVE")), verdict
+    machine = json.loads((tmp_path / "report.json").read_text())["machine"]
+    assert machine["denied_share"] > 0  # the loops took the CPUs now and then
+
+
+def test_the_fixture_warns_on_an_inconclusive_check_and_does_not_fail(brick_profile, base_dict):
+    from torch_brickdev.tools.pytest_plugin import BrickInconclusiveWarning
+
+    brick_profile.report = bp.load_report(
+        with_runs(base_dict, [1e6, 1.5e6, 1.01e6], [0.0, 0.33, 0.01]))
+    with pytest.warns(BrickInconclusiveWarning, match="stability inconclusive: CV of per-token"):
+        results = brick_profile.check()
+    assert [r.id for r in results if r.inconclusive] == ["stability"]
