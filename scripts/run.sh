@@ -249,18 +249,22 @@ gpu_step() {
   timeout --kill-after=10 "$limit" "$@" >"$logs/$name.log" 2>&1
   rc=$?
   set -e
+  local failed=1
   case $rc in
-    0) verdict=ok ;;
+    0) verdict=ok failed=0 ;;
     124 | 137) verdict="TIMED OUT after ${limit} s" ;;
     *) verdict="FAILED (exit $rc)" ;;
   esac
+  # The demo's contract exits 3 when a timing check is inconclusive: the machine was busy (the
+  # check names the runs and what they were denied), neither a pass nor a defect.
+  if [ $rc = 3 ] && [[ $name == demo-* ]]; then verdict="INCONCLUSIVE (busy)" failed=0; fi
   # The log's verdict line (ctest's and pytest's counts, the contract's verdict), else its last.
   local said
   said=$(grep -E "tests passed|tests failed| passed| failed|verdict:" "$logs/$name.log" | tail -n 1 || true)
   [ -n "$said" ] || said=$(grep -v '^[[:space:]]*$' "$logs/$name.log" | tail -n 1 || true)
   printf 'gpu %-16s %-22s %4ss  %s\n' "$name" "$verdict" "$(($(date +%s) - start))" \
     "$(printf '%s' "$said" | cut -c1-160)" | tee -a "$logs/summary.txt"
-  [ $rc = 0 ] || failures=$((failures + 1))
+  [ $failed = 0 ] || failures=$((failures + 1))
 }
 
 # What the job needs, checked before anything runs; what is missing is named, and the job stops.

@@ -466,6 +466,26 @@ TABLE += [
         received="no reports"),
 ]
 
+DIFF_REPORT = r"must be a Report \(see load_report\), got "
+TABLE += [
+    bad(bp.diff_reports, "base", None, TypeError, r"diff_reports: base " + DIFF_REPORT + "None",
+        new=named("report")),
+    bad(bp.diff_reports, "new", "new.json", TypeError, r"diff_reports: new " + DIFF_REPORT + "str",
+        received="str", before=(named("report"),)),
+    bad(bp.diff_reports, "threshold", -0.1, ValueError,
+        r"threshold must be a finite number >= 0 \(0\.10 for 10 %\), got float \(-0\.1\)",
+        keyword=True, before=(named("report"), named("report"))),
+    bad(bp.diff_reports, "threshold", "10%", ValueError, r"threshold must be a finite number >= 0",
+        keyword=True, received="'10%'", before=(named("report"), named("report"))),
+    bad(bp.diff_reports, "by", "op", ValueError, r"by must be 'name' or 'path', got str \('op'\)",
+        keyword=True, before=(named("report"), named("report"))),
+    bad(bp.diff_reports, "min_share", 2, ValueError, r"min_share must be a number in \[0, 1\]",
+        keyword=True, received=r"int \(2\)", before=(named("report"), named("report"))),
+    bad(bp.diff_reports, "ignore_counts", "yes", TypeError,
+        r"ignore_counts must be a bool \(True or False\), got str", keyword=True,
+        before=(named("report"), named("report"))),
+]
+
 # -- torch_brickdev.tools.demo -----------------------------------------------------------------
 
 
@@ -611,7 +631,12 @@ def _profile_with(**kwargs):
         pass
 
 
+def _compare_baseline(path, **kwargs):
+    return SHARED["brick_profile"].compare_baseline(path, **kwargs)
+
+
 _check.__qualname__ = "BrickProfile.check"
+_compare_baseline.__qualname__ = "BrickProfile.compare_baseline"
 _profile_with.__qualname__ = "BrickProfile.profile"
 PLUGIN = dict(subject="torch_brickdev.tools.pytest_plugin.BrickProfile")
 TABLE += [
@@ -625,6 +650,17 @@ TABLE += [
     bad(_check, "tokens", True, TypeError, r"tokens must be an int or None, got bool", keyword=True,
         **PLUGIN),
     bad(_check, "layers", 0, ValueError, r"layers\b.* must be a positive int, got 0", keyword=True, **PLUGIN),
+    bad(_compare_baseline, "path", None, TypeError, r"path must be the path of a baseline report "
+        r"\(str or os\.PathLike\), got None", **PLUGIN),
+    bad(_compare_baseline, "path", "", TypeError, r"path must be the path of a baseline report",
+        received="''", **PLUGIN),
+    bad(_compare_baseline, "path", NEVER_WRITTEN, AssertionError, r"no baseline report at .*; "
+        r"record one with `pytest --brick-save-baselines`", received=re.escape(NEVER_WRITTEN),
+        **PLUGIN),
+    bad(_check, "contract", 5, TypeError, r"load_contract: source must be the path of a contract "
+        r"file, a Contract or None \(the decode contract\), got int", keyword=True, **PLUGIN),
+    bad(_check, "contract", NEVER_WRITTEN, ValueError, r"contract .*: cannot be read",
+        received=re.escape(NEVER_WRITTEN), keyword=True, **PLUGIN),
     bad(_profile_with, "sync_mode", "bogus", ValueError, NOT_A_MODE, keyword=True, **PLUGIN),
     bad(_profile_with, "metadata", 5, TypeError, r"metadata must be a dict or None, got int",
         keyword=True, **PLUGIN),
@@ -723,6 +759,9 @@ def shared_objects():
     SHARED["one_state_too_many"] = [BRICK.get_rng_state(i) for i in range(COUNT)] + [SHARED["state"]]
     SHARED["good_then_bad"] = [SHARED["state"], torch.zeros(5056)]
     SHARED["event"] = torch.Event(device="brick")
+    with bp.profile() as prof:
+        torch.ones(2, device="brick") + 1
+    SHARED["report"] = prof.report
     SHARED["cpu_stream"] = torch.Stream(device="cpu")
     SHARED["config_with_bad_heads"] = demo.DecodeConfig(**{**TINY, "heads": 6})
     SHARED["torch_profiler_profile"] = torch.profiler.profile()
@@ -819,6 +858,9 @@ EXEMPT = {
     "torch_brickdev.profiler.BrickStats": "a frozen record that stats() builds from the native "
                                           "registry; not an input",
     "torch_brickdev.profiler.MergedReport": "a record that merge_reports() builds; not an input",
+    "torch_brickdev.profiler.ReportDiff": "a record that diff_reports() builds; not an input",
+    "torch_brickdev.profiler.BrickChange": "a record that diff_reports() builds; not an input",
+    "torch_brickdev.tools.pytest_plugin.BrickInconclusiveWarning": "a warning class",
     "torch_brickdev.tools.demo.DecodeResult": "a record that decode() returns; not an input",
     "torch_brickdev.tools.demo.DecodeConfigTypeError": "an exception class",
     "torch_brickdev.runtime_note": NO_ARGUMENTS,

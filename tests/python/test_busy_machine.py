@@ -15,21 +15,14 @@ import time
 import pytest
 import torch
 
-from contract_fixtures import decode_report
+from contract_fixtures import decode_report, undisturbed_dict
 from torch_brickdev import profiler as bp
 from torch_brickdev.tools.contract import EXIT_INCONCLUSIVE, format_results, run_checks
 
 
 @pytest.fixture(scope="module")
 def base_dict():
-    d = json.loads(decode_report("event", runs=3).to_json())
-    for entry in d["bricks"] + d["paths"]:  # every call at its median: the checks pass
-        per_call = min(max(entry["p50_ns"], entry["min_ns"]), entry["max_ns"])
-        entry["total_ns"] = round(per_call * entry["count"])
-        entry["avg_us"] = entry["total_ns"] / entry["count"] / 1000
-    d["top_level_ns"] = sum(p["total_ns"] for p in d["paths"] if p["depth"] == 0)
-    d["wall_ns"] = round(d["top_level_ns"] / 0.95)
-    d["wall_s"] = d["wall_ns"] / 1e9
+    d = undisturbed_dict(decode_report("event", runs=3))  # every check passes on it
     d["machine"] = {"denied_share": 0.0, "denied_source": "runqueue"}
     decode = d["metadata"]["decode"]
     decode["run_median_token_ns"] = [1e6, 1.01e6, 0.99e6]

@@ -19,7 +19,7 @@ from torch_brickdev.tools.contract import CHECK_IDS, format_results, load, main,
 from torch_brickdev.profiler import load_report
 
 from contract_fixtures import (
-    LAYERS, RUNS, TOKENS, TinyDecoder, assert_contract_holds, decode_report,
+    LAYERS, RUNS, TOKENS, TinyDecoder, assert_contract_holds, decode_report, undisturbed_dict,
 )
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -36,14 +36,7 @@ def base_dict(reports):
     one check at a time. The figures that other processes move whatever the code does (see
     MACHINE_TIMED) are set as the run would read undisturbed: every call at its median time,
     the wall 5% above the bricks, per-run medians 1% apart around the last run's median."""
-    d = json.loads(reports["event"].to_json())
-    for entry in d["bricks"] + d["paths"]:
-        per_call = min(max(entry["p50_ns"], entry["min_ns"]), entry["max_ns"])
-        entry["total_ns"] = round(per_call * entry["count"])
-        entry["avg_us"] = entry["total_ns"] / entry["count"] / 1000
-    d["top_level_ns"] = sum(p["total_ns"] for p in d["paths"] if p["depth"] == 0)
-    d["wall_ns"] = round(d["top_level_ns"] / 0.95)
-    d["wall_s"] = d["wall_ns"] / 1e9
+    d = undisturbed_dict(reports["event"])
     median = statistics.median(_decode(d)["token_latencies_ns"])
     _decode(d)["run_median_token_ns"] = [median * (1 + 0.01 * (k - 1)) for k in range(RUNS)]
     return d

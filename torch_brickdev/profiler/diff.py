@@ -22,7 +22,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Dict, List, Optional
 
-from ..argcheck import check_bool, describe_value
+from ..argcheck import check_bool, describe, describe_value
 from ._stats import BrickStats
 from .report import Report
 
@@ -188,7 +188,7 @@ def diff_reports(base: Report, new: Report, *, threshold: float = 0.10, by: str 
     for arg, value in (("base", base), ("new", new)):
         if not isinstance(value, Report):
             raise TypeError(f"{where}: {arg} must be a Report (see load_report), got "
-                            f"{type(value).__name__}")
+                            f"{describe(value)}")
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or \
             not math.isfinite(threshold) or threshold < 0:
         raise ValueError(f"{where}: threshold must be a finite number >= 0 (0.10 for 10 %), got "
