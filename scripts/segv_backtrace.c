@@ -32,4 +32,5 @@ __attribute__((constructor)) static void install(void) {
   sigaction(SIGBUS, &action, 0);
   sigaction(SIGILL, &action, 0);
   sigaction(SIGFPE, &action, 0);
+  sigaction(SIGABRT, &action, 0); /* std::terminate, failed assertions */
 }

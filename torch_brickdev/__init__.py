@@ -95,6 +95,14 @@ if hasattr(_C, "_distributed"):
 
     _distributed_backend.register()
 
+# Backward on brick runs on PyTorch's autograd device threads: they finish before the
+# interpreter shuts down (see _autograd_exit).
+import atexit as _atexit  # noqa: E402
+
+from ._autograd_exit import drain_autograd_device_threads as _drain  # noqa: E402
+
+_atexit.register(_drain)
+
 # The profiler is part of the package's API, as torch.profiler is of torch's: usable as
 # `torch_brickdev.profiler` right after `import torch_brickdev`.
 from . import profiler  # noqa: E402,F401

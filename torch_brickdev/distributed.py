@@ -27,7 +27,6 @@ BACKEND = "brick"
 __all__ = ["BACKEND", "collective_counters", "group_info", "is_registered", "register",
            "wait_for_collectives"]
 
-_drain_registered = False
 _groups_made = []  # (rank, world size) of each brick backend this process made
 
 
@@ -44,12 +43,6 @@ def _create_backend(store, rank: int, world_size: int, timeout: datetime.timedel
     """c10d's creator for ``brick``: one engine per kind of tensor, wrapped."""
     import torch_brickdev
 
-    global _drain_registered
-    if not _drain_registered:  # DDP's backward tail is what makes the race likely
-        import atexit
-
-        atexit.register(_drain_autograd_device_threads)
-        _drain_registered = True
     _groups_made.append((rank, world_size))
     cpu_engine = _engine("gloo", store, rank, world_size, timeout)
     if torch_brickdev.backing_device_type() == "cuda":
@@ -57,29 +50,6 @@ def _create_backend(store, rank: int, world_size: int, timeout: datetime.timedel
     else:
         brick_engine = cpu_engine  # brick memory is host memory: one gloo engine for both
     return _C._distributed.BrickProcessGroup(brick_engine, cpu_engine)
-
-
-def _drain_autograd_device_threads() -> None:
-    """Lets PyTorch's autograd threads of the brick devices finish their last backward before
-    the interpreter shuts down.
-
-    Backward on brick runs on PyTorch's autograd device threads. After DDP's backward returns,
-    such a thread still runs its tail (DDP's final callback) and then drops the task's last
-    reference, whose thread-local state holds Python objects: done while the interpreter
-    finalizes, taking the GIL ends the thread inside a C++ frame and the process aborts
-    ("terminate called without an active exception"), turning a finished run into a failed
-    one. Queuing a trivial backward on each device that ran one waits for the thread to take
-    its next task, i.e. to finish the previous one; a short sleep (the GIL released) then lets
-    it drop that trivial task too, which carries the same thread-local state."""
-    import time
-
-    for index in _C._devices_in_use():  # (a context is never made on an unused GPU)
-        try:
-            x = torch.zeros((), device=torch.device(BACKEND, index), requires_grad=True)
-            x.sum().backward()
-        except Exception:  # shutting down: never turn an exit into an error
-            pass
-    time.sleep(0.05)
 
 
 def is_registered() -> bool:

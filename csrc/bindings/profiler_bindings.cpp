@@ -7,6 +7,7 @@
 
 #include "profiler/kineto_plugin.h"
 #include "profiler/profiler.h"
+#include "profiler/range_stack.h"
 
 namespace py = pybind11;
 
@@ -127,6 +128,10 @@ void bind_profiler(py::module_& parent) {
   m.def("mark", [](const std::string& name) { profiler::mark(name.c_str()); });
   m.def("range_push", [](const std::string& name) { profiler::range_push(name.c_str()); });
   m.def("range_pop", &profiler::range_pop);
+  // Module bricks: a RecordFunction range per module call, on a per-thread stack.
+  m.def("push_range", &profiler::push_range, py::arg("name"));
+  m.def("pop_ranges", &profiler::pop_ranges, py::arg("depth"));
+  m.def("range_depth", &profiler::range_depth);
   m.def("kineto_plugin_available", &profiler::kineto_plugin_available);
   profiler::set_device_properties_source(&device_properties_json);
   m.def("kineto_plugin_stats", [] {

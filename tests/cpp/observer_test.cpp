@@ -7,6 +7,7 @@
 #include <string>
 
 #include "profiler/profiler.h"
+#include "profiler/range_stack.h"
 #include "registry/registry.h"
 
 namespace {
@@ -19,6 +20,42 @@ std::map<std::string, uint64_t> counts_by_path() {
   for (const auto& node : profiler::snapshot().nodes) counts[node.path] += node.count;
   return counts;
 }
+
+// The module bricks' ranges: pushed and popped by depth, nested as pushed; popping to an outer
+// depth ends the inner ranges too (a forward that raised inside a child).
+TEST(RangeStackTest, RangesNestAsPushedAndPopToADepth) {
+  profiler::enable();
+  const std::size_t root = profiler::push_range("model");
+  const std::size_t layer = profiler::push_range("model.layer");
+  (void)profiler::push_range("model.layer.attn");
+  EXPECT_EQ(profiler::range_depth(), root + 3);
+  profiler::pop_ranges(layer);  // ends attn and layer
+  EXPECT_EQ(profiler::range_depth(), root + 1);
+  (void)profiler::push_range("model.head");
+  profiler::pop_ranges(root + 1);
+  profiler::pop_ranges(root);
+  const auto counts = counts_by_path();
+  const auto health = profiler::health();
+  profiler::disable();
+  profiler::reset();
+
+  EXPECT_EQ(profiler::range_depth(), root);
+  EXPECT_EQ(counts.at("model"), 1u);
+  EXPECT_EQ(counts.at("model/model.layer"), 1u);
+  EXPECT_EQ(counts.at("model/model.layer/model.layer.attn"), 1u);
+  EXPECT_EQ(counts.at("model/model.head"), 1u);
+  EXPECT_EQ(health.unbalanced_exits, 0u);
+}
+
+TEST(RangeStackTest, RangesOpenedWhileDisabledCostNothingAndRecordNothing) {
+  const std::size_t depth = profiler::push_range("unprofiled");
+  profiler::pop_ranges(depth);
+  EXPECT_EQ(profiler::range_depth(), depth);
+  EXPECT_EQ(counts_by_path().count("unprofiled"), 0u);
+}
+
+// (Before the tests that fill the registry's node table: each test runs in its own process
+// under CTest, but in one when the program is run by hand.)
 
 // Fills the registry's node table, so that the next new brick name cannot be interned: its enter
 // fails inside the observer. Returns how many fillers it took.

@@ -206,9 +206,10 @@ class Report:
     def table(self, sort_by: str = "total", row_limit: Optional[int] = None, by: str = "name") -> str:
         """A text table in the style of ``key_averages().table()``.
 
-        ``sort_by``: ``total``, ``avg``, ``count``, ``max``, ``p99`` or ``name``; ``by``: ``name``
-        or ``path`` (per call path, indented by depth); ``row_limit``: the first rows only (None:
-        every row).
+        ``sort_by``: ``total``, ``avg``, ``count``, ``max``, ``p99`` or ``name``; ``by``: ``name``,
+        ``path`` (per call path, indented by depth) or ``module`` (the module bricks of
+        ``profile(modules=True)``, each with its self and total time, slowest self time first;
+        ``sort_by`` does not apply); ``row_limit``: the first rows only (None: every row).
         """
         keys = {
             "total": lambda b: -b.total_ns, "avg": lambda b: -b.avg_us(), "count": lambda b: -b.count,
@@ -218,9 +219,11 @@ class Report:
         if sort_by not in keys:
             raise ValueError(f"brick report: sort_by must be one of {', '.join(keys)}, got {sort_by!r}")
         _check_str(by, "Report.table", "by")
-        if by not in ("name", "path"):
-            raise ValueError(f"brick report: by must be 'name' or 'path', got {by!r}")
+        if by not in ("name", "path", "module"):
+            raise ValueError(f"brick report: by must be 'name', 'path' or 'module', got {by!r}")
         _check_row_limit(row_limit, "Report.table")
+        if by == "module":
+            return self._module_table(row_limit)
         rows = (sorted(self.bricks, key=keys[sort_by]) if by == "name"
                 else _tree_order(self.paths, keys[sort_by]))
         if row_limit is not None:
@@ -256,6 +259,51 @@ class Report:
             value = self.health.get(key, 0)
             if value:
                 lines.append(f"warning: {value} {meaning} ({key})")
+        return "\n".join(lines)
+
+    def module_times(self) -> List[dict]:
+        """Per module brick (``profile(modules=True)``): name, calls, total and self time (its
+        total less its child modules' totals), slowest self time first. Empty when the report
+        has no module bricks."""
+        modules = self.metadata.get("modules")
+        if not isinstance(modules, list):
+            return []
+        modules = {m for m in modules if isinstance(m, str)}
+        named = {b.name: b for b in self.bricks if b.kind == "range" and b.name in modules}
+        children_ns = dict.fromkeys(named, 0)
+        for p in self.paths:
+            parts = p.path.split("/")
+            if parts[-1] not in named:
+                continue
+            parent = next((n for n in reversed(parts[:-1]) if n in named), None)
+            if parent is not None:
+                children_ns[parent] += p.total_ns
+        rows = [{"name": n, "calls": b.count, "total_ns": b.total_ns,
+                 "self_ns": b.total_ns - children_ns[n]} for n, b in named.items()]
+        rows.sort(key=lambda r: -r["self_ns"])
+        return rows
+
+    def _module_table(self, row_limit: Optional[int]) -> str:
+        rows = self.module_times()
+        if not rows:
+            raise ValueError("brick report: no module bricks; profile with modules=True "
+                             "(python -m torch_brickdev profile --modules) for table(by='module')")
+        shown = rows[:row_limit] if row_limit is not None else rows
+        width = max(len("Module"), *(len(r["name"]) for r in shown)) + 2
+        header = (f"{'Module':<{width}}{'Calls':>9}{'Self ms':>12}{'Total ms':>12}"
+                  f"{'Self us/call':>14}{'% wall':>8}")
+        rule = "-" * len(header)
+        wall = self.wall_ns or 1
+        lines = [rule, header, rule]
+        for r in shown:
+            lines.append(f"{r['name']:<{width}}{r['calls']:>9}{r['self_ns'] / 1e6:>12.3f}"
+                         f"{r['total_ns'] / 1e6:>12.3f}{r['self_ns'] / r['calls'] / 1e3:>14.3f}"
+                         f"{100 * r['self_ns'] / wall:>7.1f}%")
+        lines.append(rule)
+        roots = sum(r["self_ns"] for r in rows)  # self times add up to the outermost modules'
+        lines.append(f"sync mode: {self.sync_mode.value}; wall time: {self.wall_ns / 1e6:.3f} ms; "
+                     f"module time: {roots / 1e6:.3f} ms ({100 * roots / wall:.1f}% of wall); "
+                     f"{len(rows)} modules, slowest self time first (self: less child modules)")
         return "\n".join(lines)
 
     def __str__(self) -> str:

@@ -15,6 +15,7 @@ from ..argcheck import check_bool, describe
 from ._registry import disable, enable, is_enabled, reset, set_sync_mode, sync_mode
 from ._stats import SyncMode
 from . import machine
+from .modules import ModuleBricks
 from .report import Report
 
 
@@ -46,16 +47,19 @@ class profile:
 
     The registry is reset on entry (``reset=False`` accumulates instead), every brick device is
     synchronized and every collective of brick's process groups waited for before the wall
-    clock stops, and the previous sync mode is restored on exit.
+    clock stops, and the previous sync mode is restored on exit. ``modules=True`` makes every
+    ``nn.Module`` call a brick named by its qualified path (:mod:`.modules`); the report's
+    ``metadata["modules"]`` lists them and ``report.table(by="module")`` shows their tree.
     """
 
     def __init__(self, sync_mode: Optional[Union[SyncMode, str]] = None, *, reset: bool = True,
-                 metadata: Optional[dict] = None):
+                 metadata: Optional[dict] = None, modules: bool = False):
         where = "brick profiler: profile()"
         self._mode = None if sync_mode is None else SyncMode.parse(sync_mode, arg="sync_mode",
                                                                      where=where)
         self._reset = check_bool(reset, "reset", where)
         self._metadata = _check_metadata(metadata, where)
+        self._modules = ModuleBricks() if check_bool(modules, "modules", where) else None
         self._previous_mode: Optional[SyncMode] = None
         self.report = None
         self.wall_ns = 0
@@ -75,6 +79,8 @@ class profile:
             torch.brick.synchronize(index)
         self._collectives_before = collective_counters()
         self._machine_before = machine.sample()
+        if self._modules is not None:
+            self._modules.__enter__()
         self._start = time.perf_counter_ns()
         enable()
         return self
@@ -90,12 +96,17 @@ class profile:
             denied = machine.machine_figures(self._machine_before, machine.sample())
         finally:
             disable()
+            if self._modules is not None:
+                self._modules.__exit__(*exc)
             mode = sync_mode()
             if self._previous_mode is not None and self._previous_mode != mode:
                 set_sync_mode(self._previous_mode)
 
         # The caller's own entries win over the ones filled in here.
         metadata = {**_distributed_metadata(self._collectives_before), **(self._metadata or {})}
+        if self._modules is not None:
+            # which range bricks are modules: Report.table(by="module") builds its tree from them
+            metadata.setdefault("modules", list(self._modules.names))
         self.report = Report.capture(wall_ns=self.wall_ns, sync_mode=mode, metadata=metadata or None,
                                      machine=denied)
         return False

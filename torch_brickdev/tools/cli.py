@@ -161,8 +161,8 @@ def profile_script(args) -> int:
     try:
         if quiet_legacy is not None:
             quiet_legacy.__enter__()
-        with bp.profile(sync_mode=args.sync_mode, metadata={"script": args.script,
-                                                            "argv": list(args.script_args)}) as p:
+        with bp.profile(sync_mode=args.sync_mode, modules=args.modules,
+                        metadata={"script": args.script, "argv": list(args.script_args)}) as p:
             try:
                 runpy.run_path(args.script, run_name="__main__")
             except SystemExit as exit_:
@@ -173,6 +173,9 @@ def profile_script(args) -> int:
         sys.argv = saved_argv
     report_path = p.report.write_json(os.path.join(args.output, "report.json"))
     print(p.report.table(row_limit=args.rows))
+    if args.modules and p.report.module_times():
+        print()
+        print(p.report.table(by="module", row_limit=args.rows))
     print(f"\nreport: {report_path}")
     if legacy is not None:
         trace_path = bp.export_chrome_trace(legacy, os.path.join(args.output, "trace.json"))
@@ -305,6 +308,9 @@ def main(argv=None) -> int:
     p.add_argument("--no-trace", dest="trace", action="store_false",
                    help="skip the legacy profiler and the chrome trace (less overhead)")
     p.add_argument("--rows", type=positive_int, default=30, help="rows of the printed table")
+    p.add_argument("--modules", action="store_true",
+                   help="every nn.Module call a brick named by its qualified path, and the "
+                   "module table (self and total time per module)")
     p.add_argument("script")
     p.add_argument("script_args", nargs=argparse.REMAINDER)
     p.set_defaults(run=profile_script)
