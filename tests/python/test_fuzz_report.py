@@ -942,7 +942,7 @@ CASES: List[Case] = [
     Case("table-by-None", lambda: _report().table(by=None), TypeError, r"by must be a str",
          "NoneType"),
     Case("table-by-unknown", lambda: _report().table(by="layer"), ValueError,
-         r"by must be 'name' or 'path'", "'layer'"),
+         r"by must be 'name', 'path' or 'module'", "'layer'"),
     Case("table-row_limit-str", lambda: _report().table(row_limit="3"), TypeError,
          r"row_limit must be an int >= 0 or None", "str"),
     Case("table-row_limit-bool", lambda: _report().table(row_limit=True), TypeError,
