@@ -3,6 +3,7 @@
 #include <pybind11/stl.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "profiler/kineto_plugin.h"
@@ -35,10 +36,37 @@ py::dict to_dict(const BrickStats& s) {
   return d;
 }
 
-py::list to_list(const std::vector<BrickStats>& stats) {
+// The histogram's non-empty buckets as [bucket, count] pairs: what a reader needs to take the
+// percentiles of an interval (the difference of two readings) with percentile_of_buckets().
+py::list sparse_histogram(const registry::Histogram& histogram) {
   py::list out;
-  for (const BrickStats& s : stats) out.append(to_dict(s));
+  for (int bucket = 0; bucket < registry::Histogram::kBuckets; ++bucket) {
+    if (histogram.counts[bucket] != 0) out.append(py::make_tuple(bucket, histogram.counts[bucket]));
+  }
   return out;
+}
+
+py::list to_list(const std::vector<BrickStats>& stats, bool histograms) {
+  py::list out;
+  for (const BrickStats& s : stats) {
+    py::dict d = to_dict(s);
+    if (histograms) d["histogram"] = sparse_histogram(s.histogram);
+    out.append(std::move(d));
+  }
+  return out;
+}
+
+double percentile_of_buckets(const std::vector<std::pair<int, int64_t>>& buckets, double q) {
+  if (!(q >= 0.0 && q <= 1.0)) throw py::value_error("percentile_of_buckets: q must be in [0, 1]");
+  registry::Histogram histogram;
+  for (const auto& [bucket, count] : buckets) {
+    if (bucket < 0 || bucket >= registry::Histogram::kBuckets || count < 0) {
+      throw py::value_error("percentile_of_buckets: bucket " + std::to_string(bucket) +
+                            " with count " + std::to_string(count) + " out of range");
+    }
+    histogram.counts[bucket] += static_cast<uint64_t>(count);
+  }
+  return histogram.percentile_ns(q);
 }
 
 // torch.brick's device properties as Kineto's "deviceProperties" entries (profiler/_kineto.py),
@@ -70,7 +98,7 @@ void bind_profiler(py::module_& parent) {
   // together always agree.
   m.def(
       "snapshot",
-      [](const std::vector<std::string>& views) {
+      [](const std::vector<std::string>& views, bool histograms) {
         for (const std::string& view : views) {
           if (view != "name" && view != "path") {
             throw py::value_error("brick profiler: snapshot(): unknown view '" + view +
@@ -85,11 +113,15 @@ void bind_profiler(py::module_& parent) {
         }
         py::dict out;
         for (const std::string& view : views) {
-          out[py::str(view)] = to_list(view == "name" ? snapshot.by_name() : snapshot.nodes);
+          out[py::str(view)] =
+              to_list(view == "name" ? snapshot.by_name() : snapshot.nodes, histograms);
         }
         return out;
       },
-      py::arg("views"));
+      py::arg("views"), py::arg("histograms") = false);
+  // The q-th percentile of the durations a sparse histogram ([bucket, count] pairs, e.g. the
+  // difference of two snapshots' histograms) holds, interpolated as the registry's own.
+  m.def("percentile_of_buckets", &percentile_of_buckets, py::arg("buckets"), py::arg("q"));
   m.def("live_events_by_device", &profiler::live_events_by_device);
   m.def("health", [] {
     const auto h = profiler::health();

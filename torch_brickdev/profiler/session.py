@@ -5,6 +5,7 @@ surface (_registry.py) and the report (report.py)."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Optional, Union
 
@@ -15,6 +16,7 @@ from ..argcheck import check_bool, describe
 from ._registry import disable, enable, is_enabled, reset, set_sync_mode, sync_mode
 from ._stats import SyncMode
 from . import machine
+from .live import Publisher
 from .modules import ModuleBricks
 from .report import Report
 
@@ -50,16 +52,23 @@ class profile:
     clock stops, and the previous sync mode is restored on exit. ``modules=True`` makes every
     ``nn.Module`` call a brick named by its qualified path (:mod:`.modules`); the report's
     ``metadata["modules"]`` lists them and ``report.table(by="module")`` shows their tree.
+    ``live=True`` (or ``BRICK_LIVE=1``) publishes the registry while the region runs, for
+    ``python -m torch_brickdev top`` (:mod:`.live`).
     """
 
     def __init__(self, sync_mode: Optional[Union[SyncMode, str]] = None, *, reset: bool = True,
-                 metadata: Optional[dict] = None, modules: bool = False):
+                 metadata: Optional[dict] = None, modules: bool = False,
+                 live: Optional[bool] = None):
         where = "brick profiler: profile()"
         self._mode = None if sync_mode is None else SyncMode.parse(sync_mode, arg="sync_mode",
                                                                      where=where)
         self._reset = check_bool(reset, "reset", where)
         self._metadata = _check_metadata(metadata, where)
         self._modules = ModuleBricks() if check_bool(modules, "modules", where) else None
+        # live=None: as BRICK_LIVE says (1: every profile of the process is watchable)
+        self._live = (os.environ.get("BRICK_LIVE", "0") not in ("", "0")) if live is None \
+            else check_bool(live, "live", where)
+        self._publisher = None
         self._previous_mode: Optional[SyncMode] = None
         self.report = None
         self.wall_ns = 0
@@ -67,6 +76,9 @@ class profile:
     def __enter__(self) -> "profile":
         if is_enabled():
             raise RuntimeError("brick profiler: a profile is already running (nesting is not supported)")
+        # The publishing directory is checked before anything is changed (it may be refused).
+        self._publisher = Publisher(modules=self._modules.names if self._modules is not None
+                                    else None) if self._live else None
         self._previous_mode = sync_mode()
         if self._mode is not None:
             set_sync_mode(self._mode)
@@ -83,11 +95,25 @@ class profile:
             self._modules.__enter__()
         self._start = time.perf_counter_ns()
         enable()
+        if self._publisher is not None:
+            try:
+                self._publisher.start()
+            except BaseException:  # e.g. a full disk: the region is not profiled at all
+                disable()
+                if self._modules is not None:
+                    self._modules.__exit__(None, None, None)
+                self._publisher.stop()
+                set_sync_mode(self._previous_mode)
+                raise
         return self
 
     def __exit__(self, *exc) -> bool:
         from ..distributed import wait_for_collectives
 
+        if self._publisher is not None:
+            self._publisher.stop()  # its file goes: top says the profile ended
+            published = {"snapshots": self._publisher.snapshots,
+                         "cost_ns": self._publisher.cost_ns}
         try:
             wait_for_collectives()  # collectives are device work too: their ranges end inside
             for index in _C._devices_in_use():
@@ -104,6 +130,11 @@ class profile:
 
         # The caller's own entries win over the ones filled in here.
         metadata = {**_distributed_metadata(self._collectives_before), **(self._metadata or {})}
+        if self._publisher is not None:
+            # what publishing cost the process: the time its thread spent taking and writing
+            # snapshots (it holds the GIL for part of it), against the region's wall time
+            metadata.setdefault("live", {**published,
+                                         "share": published["cost_ns"] / max(self.wall_ns, 1)})
         if self._modules is not None:
             # which range bricks are modules: Report.table(by="module") builds its tree from them
             metadata.setdefault("modules", list(self._modules.names))

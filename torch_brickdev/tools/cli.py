@@ -9,6 +9,7 @@ Commands:
            DistributedDataParallel on N ranks, with the merged profile)
   merge    merge the ranks' report.json files of a distributed run into one cross-rank table
   diff     compare two reports brick by brick; exit 1 when a brick regressed
+  top      a live view of the bricks of running processes (profile --live, BRICK_LIVE=1)
 """
 
 import argparse
@@ -161,7 +162,7 @@ def profile_script(args) -> int:
     try:
         if quiet_legacy is not None:
             quiet_legacy.__enter__()
-        with bp.profile(sync_mode=args.sync_mode, modules=args.modules,
+        with bp.profile(sync_mode=args.sync_mode, modules=args.modules, live=args.live or None,
                         metadata={"script": args.script, "argv": list(args.script_args)}) as p:
             try:
                 runpy.run_path(args.script, run_name="__main__")
@@ -265,6 +266,11 @@ def main(argv=None) -> int:
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(run=None)  # main() hands check's arguments to contract.main as they are
 
+    p = commands.add_parser("top", add_help=False,
+                            help="a live view of the bricks of running processes (profile --live)")
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(run=None)  # main() hands top's arguments to tools.top as they are
+
     p = commands.add_parser("diff", help="compare two reports brick by brick (count, p50, p99, "
                             "total); exit 1 when a brick regressed")
     p.add_argument("base", help="the baseline report.json")
@@ -311,6 +317,9 @@ def main(argv=None) -> int:
     p.add_argument("--modules", action="store_true",
                    help="every nn.Module call a brick named by its qualified path, and the "
                    "module table (self and total time per module)")
+    p.add_argument("--live", action="store_true",
+                   help="publish the bricks while the script runs, for `python -m "
+                   "torch_brickdev top`")
     p.add_argument("script")
     p.add_argument("script_args", nargs=argparse.REMAINDER)
     p.set_defaults(run=profile_script)
@@ -319,6 +328,9 @@ def main(argv=None) -> int:
         # check's options come before its report too (argparse's REMAINDER would refuse them)
         from torch_brickdev.tools import contract
         return contract.main(given[1:], prog="python -m torch_brickdev check")
+    if given[:1] == ["top"]:
+        from torch_brickdev.tools import top
+        return top.main(given[1:])
     args = parser.parse_args(given)
     return args.run(args)
 

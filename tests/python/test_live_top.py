@@ -1,0 +1,182 @@
+"""The live view: a process profiled with live=True publishes its bricks, ``top`` lists and
+watches it (one reading as text or JSON, a stream, the terminal UI), says when it ends, and only
+this user's publishers in a directory only this user can write are read. Each publisher runs in
+a subprocess with its own BRICK_LIVE_DIR."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+import torch
+import torch_brickdev  # noqa: F401
+from torch_brickdev import profiler as bp
+from torch_brickdev.profiler import live
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+LOOP = """
+import sys, time, torch, torch_brickdev
+from torch.profiler import record_function
+from torch_brickdev import profiler as bp
+x = torch.randn(64, 64, device="brick")
+with bp.profile(live=True):
+    print("publishing", flush=True)
+    end = time.time() + float(sys.argv[1])
+    while time.time() < end:
+        with record_function("Block"):
+            x @ x
+        time.sleep(0.002)
+"""
+
+
+@pytest.fixture
+def env(tmp_path):
+    directory = tmp_path / "live"
+    return dict(os.environ, BRICK_LIVE_DIR=str(directory),
+                PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+
+
+def start(env, seconds, tmp_path):
+    script = tmp_path / "loop.py"
+    script.write_text(LOOP)
+    proc = subprocess.Popen([sys.executable, str(script), str(seconds)], env=env,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "publishing"
+    return proc
+
+
+def top(env, *args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "torch_brickdev", "top", *args], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.timeout(200)
+def test_top_lists_and_reads_a_running_process(env, tmp_path):
+    proc = start(env, 60, tmp_path)
+    try:
+        listed = top(env, "--list")
+        assert listed.returncode == 0 and str(proc.pid) in listed.stdout
+        assert "loop.py 60" in listed.stdout
+        reading = top(env, "--once", "--json", "--pid", str(proc.pid))
+        assert reading.returncode == 0, reading.stderr
+        data = json.loads(reading.stdout)
+        assert [p["pid"] for p in data["publishers"]] == [proc.pid]
+        block = next(r for r in data["rows"] if r["name"] == "Block")
+        for part in ("interval", "start"):
+            figures = block[part]
+            assert figures["calls_per_s"] > 0 and 0 < figures["wall"] <= 1.0
+            assert 0 < figures["p50_us"] <= figures["p99_us"]
+        text = top(env, "--once", "--filter", "mm", "--sort", "name")
+        lines = text.stdout.splitlines()
+        names = [line.split()[0] for line in lines[5:]]
+        assert names == sorted(names) and all("mm" in n for n in names) and names
+        assert "last interval" in lines[3] and "since start" in lines[3]
+        # The publishing directory and file: this user's only.
+        directory = env["BRICK_LIVE_DIR"]
+        assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
+        assert stat.S_IMODE(os.stat(os.path.join(directory, f"{proc.pid}.json")).st_mode) == 0o600
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.timeout(200)
+def test_top_says_when_the_watched_process_ends(env, tmp_path):
+    proc = start(env, 3, tmp_path)
+    try:
+        stream = top(env, "--pid", str(proc.pid), "--rows", "3")  # not a terminal: a stream
+    finally:
+        proc.wait()
+    assert stream.returncode == 0, stream.stderr
+    assert stream.stdout.count("brick top") >= 1
+    assert stream.stdout.rstrip().splitlines()[-1].startswith(f"process {proc.pid} ended")
+    assert not os.listdir(env["BRICK_LIVE_DIR"])  # the publisher removed its file
+    gone = top(env, "--once")
+    assert gone.returncode == 1 and "no brick process of this user is publishing" in gone.stderr
+
+
+@pytest.mark.timeout(200)
+def test_the_terminal_view_runs_and_quits(env, tmp_path):
+    proc = start(env, 60, tmp_path)
+    main, child = pty.openpty()
+    view = subprocess.Popen([sys.executable, "-m", "torch_brickdev", "top", "--pid",
+                             str(proc.pid)], env=dict(env, TERM="xterm", COLUMNS="160",
+                                                      LINES="40"),
+                            stdin=child, stdout=child, stderr=child)
+    os.close(child)
+    seen = b""
+    try:
+        deadline = time.monotonic() + 60
+        while b"Block" not in seen and time.monotonic() < deadline:
+            ready, _, _ = select.select([main], [], [], 1.0)
+            if ready:
+                try:
+                    seen += os.read(main, 65536)
+                except OSError:
+                    break
+        assert b"brick top" in seen and b"Block" in seen, seen[-2000:]
+        os.write(main, b"s")  # next sort column, then quit
+        os.write(main, b"q")
+        assert view.wait(timeout=30) == 0
+    finally:
+        if view.poll() is None:
+            view.kill()
+        proc.kill()
+        proc.wait()
+        os.close(main)
+
+
+def test_a_dead_publisher_leaves_nothing_behind(env, monkeypatch):
+    monkeypatch.setenv("BRICK_LIVE_DIR", env["BRICK_LIVE_DIR"])
+    directory = live.live_dir(create=True)
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True, timeout=60)
+    dead = int(finished.stdout)
+    with open(os.path.join(directory, f"{dead}.json"), "w") as f:
+        json.dump({"format": live.FORMAT, "version": live.VERSION, "pid": dead,
+                   "start_time": None, "bricks": []}, f)
+    with open(os.path.join(directory, f"{dead}.7.tmp"), "w") as f:
+        f.write("{half a snap")
+    assert live.publishers() == []
+    assert os.listdir(directory) == []
+
+
+def test_a_directory_others_may_write_is_refused(env, monkeypatch):
+    directory = env["BRICK_LIVE_DIR"]
+    os.makedirs(directory)
+    os.chmod(directory, 0o777)
+    monkeypatch.setenv("BRICK_LIVE_DIR", directory)
+    with pytest.raises(live.LiveError, match=r"has mode 0777; expected 0700"):
+        live.publishers()
+    with pytest.raises(live.LiveError, match=r"has mode 0777"):
+        with bp.profile(live=True):
+            pass
+    assert not bp.is_enabled()  # the refused profile left nothing on
+    done = top(env, "--once")
+    assert done.returncode == 2 and "expected 0700" in done.stderr
+
+
+def test_nothing_is_published_unless_asked(env, monkeypatch, one_thread):
+    monkeypatch.setenv("BRICK_LIVE_DIR", env["BRICK_LIVE_DIR"])
+    monkeypatch.delenv("BRICK_LIVE", raising=False)
+    x = torch.ones(8, device="brick")
+    with bp.profile() as p:
+        x + 1
+        assert not os.path.exists(env["BRICK_LIVE_DIR"])
+    assert "live" not in p.report.metadata
+    monkeypatch.setenv("BRICK_LIVE", "1")
+    with bp.profile() as p:
+        x + 1
+        assert [d["pid"] for d in live.publishers()] == [os.getpid()]
+    assert live.publishers() == []
+    cost = p.report.metadata["live"]
+    assert cost["snapshots"] >= 1 and cost["cost_ns"] > 0
