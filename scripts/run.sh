@@ -38,6 +38,7 @@ setup_system() {
   [ -f /usr/include/gtest/gtest.h ] || missing+=(libgtest-dev)
   [ -f /usr/include/benchmark/benchmark.h ] || missing+=(libbenchmark-dev)
   command -v clang-format >/dev/null || missing+=(clang-format)
+  command -v tmux >/dev/null || missing+=(tmux)  # drives top's terminal view in the tests
   if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
       log "installing system packages: ${missing[*]}"

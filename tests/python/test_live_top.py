@@ -91,7 +91,7 @@ def test_top_lists_and_reads_a_running_process(env, tmp_path):
 
 @pytest.mark.timeout(200)
 def test_top_says_when_the_watched_process_ends(env, tmp_path):
-    proc = start(env, 3, tmp_path)
+    proc = start(env, 10, tmp_path)  # long enough for top to start on a loaded machine
     try:
         stream = top(env, "--pid", str(proc.pid), "--rows", "3")  # not a terminal: a stream
     finally:
@@ -180,3 +180,69 @@ def test_nothing_is_published_unless_asked(env, monkeypatch, one_thread):
     assert live.publishers() == []
     cost = p.report.metadata["live"]
     assert cost["snapshots"] >= 1 and cost["cost_ns"] > 0
+
+
+TMUX_SESSION = "brick-top-test"
+
+
+@pytest.mark.timeout(200)
+def test_the_live_view_in_a_real_terminal(tmp_path):
+    """top's terminal view, driven in tmux as a user would: it shows the bricks of a running
+    process, sorts on a key, filters, and quits."""
+    import shutil
+
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed (scripts/run.sh installs it)")
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, BRICK_LIVE_DIR=str(tmp_path / "live"),
+               PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]))
+    script = tmp_path / "model.py"
+    script.write_text(
+        "import time, torch, torch_brickdev\n"
+        "from torch import nn\n"
+        "from torch_brickdev import profiler as bp\n"
+        "model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8)).to('brick')\n"
+        "x = torch.randn(16, 64, device='brick')\n"
+        "with bp.profile(live=True, modules=True):\n"
+        "    print('publishing', flush=True)\n"
+        "    end = time.time() + 90\n"
+        "    while time.time() < end:\n"
+        "        model(x)\n"
+        "        time.sleep(0.002)\n")
+    proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
+                            text=True)
+
+    def tmux(*args):
+        return subprocess.run(["tmux", *args], capture_output=True, text=True, timeout=30,
+                              env=env)
+
+    def screen_with(text, seconds=60):
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            shown = tmux("capture-pane", "-p", "-t", TMUX_SESSION).stdout
+            if text in shown:
+                return shown
+            time.sleep(0.3)
+        raise AssertionError(f"{text!r} never shown; the screen:\n{shown}")
+
+    try:
+        assert proc.stdout.readline().strip() == "publishing"
+        command = f"{sys.executable} -m torch_brickdev top --pid {proc.pid}"
+        assert tmux("new-session", "-d", "-s", TMUX_SESSION, "-x", "160", "-y", "40",
+                    command).returncode == 0
+        shown = screen_with("Sequential")
+        assert f"pid {proc.pid}" in shown and "last interval" in shown and "0" in shown
+        tmux("send-keys", "-t", TMUX_SESSION, "s")  # wall -> calls
+        screen_with("sort calls")
+        tmux("send-keys", "-t", TMUX_SESSION, "m")  # module bricks only
+        shown = screen_with("module bricks")
+        assert "aten::addmm" not in shown and "Sequential" in shown
+        tmux("send-keys", "-t", TMUX_SESSION, "q")
+        deadline = time.monotonic() + 30
+        while tmux("has-session", "-t", TMUX_SESSION).returncode == 0:
+            assert time.monotonic() < deadline, "top did not quit on q"
+            time.sleep(0.2)
+    finally:
+        tmux("kill-session", "-t", TMUX_SESSION)
+        proc.kill()
+        proc.wait()

@@ -179,3 +179,22 @@ def test_qwen2_module_tree_adds_up_to_the_forward(one_thread):
     assert sum(r["self_ns"] for r in rows) == root.total_ns
     # The model's calls are the region: the root module's total is its time, less the loop.
     assert 0.8 * p.report.wall_ns <= root.total_ns <= p.report.wall_ns
+
+
+def test_a_ddp_wrapped_model_is_named_as_named_modules_names_it(net, tmp_path, one_thread):
+    import torch.distributed as dist
+
+    model, x = net
+    dist.init_process_group("brick", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    try:
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        with bp.profile(modules=True) as p:
+            ddp(x).sum().backward()
+    finally:
+        dist.destroy_process_group()
+    counts = _counts(p.report)
+    assert counts["DistributedDataParallel"] == 1
+    assert counts["module"] == 1 and counts["module.layers.0.conv"] == 2
+    assert {n for n, _ in ddp.named_modules() if n} >= set(counts) - {"DistributedDataParallel"}
+

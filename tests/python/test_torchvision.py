@@ -70,3 +70,26 @@ def test_compiled_resnet18_on_brick_equals_the_compiled_cpu_model():
     torch.testing.assert_close(brick_eager.cpu(), cpu_eager, rtol=0, atol=0)
     torch.testing.assert_close(brick_compiled.cpu(), cpu_compiled, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(brick_compiled.cpu(), cpu_eager, rtol=1e-4, atol=1e-4)
+
+
+def test_resnet18_module_bricks_find_the_slowest_layer():
+    """profile(modules=True) on an unedited resnet18 training step: every layer a brick under its
+    qualified name, ReLU(inplace=True) after each convolution untouched, and the module tree's
+    self times adding up to the model's time."""
+    from torch_brickdev import profiler as bp
+
+    model = _resnet18("brick")
+    images = torch.randn(4, 3, 64, 64, device="brick")
+    model(images)
+    with bp.profile(modules=True) as p:
+        loss = model(images).sum()
+        loss.backward()
+    rows = {r["name"]: r for r in p.report.module_times()}
+    for name in ("ResNet", "conv1", "layer1.0.conv2", "layer4.1.bn2", "layer2.0.downsample.0",
+                 "fc", "avgpool"):
+        assert rows[name]["calls"] == 1, name
+    assert rows["layer1.0.relu"]["calls"] == 2  # BasicBlock calls its one ReLU twice
+    root = p.report.brick("ResNet")
+    assert sum(r["self_ns"] for r in rows.values()) == root.total_ns
+    first = p.report.table(by="module").splitlines()[3].split()[0]
+    assert first == max(rows.values(), key=lambda r: r["self_ns"])["name"]
