@@ -90,6 +90,24 @@ def test_top_lists_and_reads_a_running_process(env, tmp_path):
 
 
 @pytest.mark.timeout(200)
+def test_two_processes_merged_or_one_view_each(env, tmp_path):
+    first, second = start(env, 60, tmp_path), start(env, 60, tmp_path)
+    try:
+        merged = top(env, "--once", "--json")
+        data = json.loads(merged.stdout)
+        assert sorted(p["pid"] for p in data["publishers"]) == sorted([first.pid, second.pid])
+        assert [r["name"] for r in data["rows"]].count("Block") == 1  # one row, both summed
+        apart = top(env, "--once", "--per-rank")
+        assert apart.returncode == 0, apart.stderr
+        assert apart.stdout.count("brick top — pid") == 2
+        assert f"pid {first.pid}" in apart.stdout and f"pid {second.pid}" in apart.stdout
+    finally:
+        for proc in (first, second):
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.timeout(200)
 def test_top_says_when_the_watched_process_ends(env, tmp_path):
     proc = start(env, 10, tmp_path)  # long enough for top to start on a loaded machine
     try:

@@ -2,6 +2,7 @@
 block top"), read from what they publish (:mod:`torch_brickdev.profiler.live`).
 
     top                       the publishers of this user; watches the only one, or all merged
+    top --per-rank            one view per process (per torchrun rank) instead
     top --pid P               watches one process
     top --once [--json]       one reading (two snapshots apart) for scripts and tests
     top --sort p99 --filter attn --modules
@@ -161,6 +162,8 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m torch_bric
     parser.add_argument("--filter", default="", help="show bricks whose name holds this text")
     parser.add_argument("--modules", action="store_true", help="module bricks only")
     parser.add_argument("--rows", type=positive_int, default=None, help="rows to show")
+    parser.add_argument("--per-rank", action="store_true",
+                        help="one view per process (e.g. per torchrun rank) instead of merged")
     args = parser.parse_args(argv)
     try:
         found = _watched(args.pid)
@@ -200,6 +203,18 @@ def _print_loop(args, found, pids, interval, once: bool) -> int:
             print(f"process {', '.join(map(str, pids))} ended (its profile finished or it "
                   "exited)", file=sys.stderr if once else sys.stdout)
             return 1 if once else 0
+        if args.per_rank and len(now) > 1 and not args.json:
+            # one view per process (rank), each from its own two snapshots
+            old = {d["pid"]: d for d in before}
+            print("\n\n".join(
+                render([snap], _table(args, [old[snap["pid"]]] if snap["pid"] in old else None,
+                                      [snap], args.modules, args.filter, args.sort),
+                       args.sort, args.filter, args.modules, args.rows) for snap in now),
+                flush=True)
+            if once:
+                return 0
+            before = now
+            continue
         table = _table(args, before, now, args.modules, args.filter, args.sort)
         if args.json:
             print(json.dumps({"publishers": [{k: s[k] for k in ("pid", "rank", "argv", "seq",
