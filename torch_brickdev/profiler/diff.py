@@ -9,7 +9,9 @@ slower kernel moves all three. ``faster`` is the mirror image. A change past the
 the runs' spread explains is ``noise``; a brick whose number of calls changed is ``count``
 (reported even when its times are equal: the program did different work); ``new`` and ``gone``
 are bricks only one report has. A slower brick that adds less than ``min_share`` of the base
-run's wall time is ``small`` (reported, not failed).
+run's wall time is ``small`` (reported, not failed). Where the new report shows its thread waited
+for a CPU 5 % more of its wall than the base run's (``report.machine``), a slower brick is
+``busy``: inconclusive, not failed.
 
 >>> d = diff_reports(load_report("base.json"), load_report("new.json"), threshold=0.10)
 >>> print(d.table())            # or d.markdown() for a CI comment, d.to_dict() for JSON
@@ -29,7 +31,11 @@ from .report import Report
 __all__ = ["BrickChange", "ReportDiff", "VERDICTS", "diff_reports"]
 
 #: Verdicts, most severe first (the order of the table).
-VERDICTS = ("slower", "count", "new", "gone", "small", "noise", "faster", "same")
+VERDICTS = ("slower", "count", "new", "gone", "busy", "small", "noise", "faster", "same")
+
+# The share of its wall the new run's thread waited for a CPU, beyond the base run's, past which
+# a slower brick is "busy" (inconclusive), not "slower": as the contract's timing checks judge.
+BUSY_SHARE = 0.05
 
 
 @dataclass(frozen=True)
@@ -64,7 +70,7 @@ def _us(ns: Optional[float]) -> str:
 
 
 def _change(name: str, base: Optional[BrickStats], new: Optional[BrickStats],
-            threshold: float, floor_ns: float) -> BrickChange:
+            threshold: float, floor_ns: float, busy: Optional[float]) -> BrickChange:
     def fig(b, attr):
         return getattr(b, attr) if b is not None and b.count else None
     figures = dict(base_count=base.count if base else 0, new_count=new.count if new else 0,
@@ -90,6 +96,10 @@ def _change(name: str, base: Optional[BrickStats], new: Optional[BrickStats],
                 return BrickChange(name, "small", **figures, reason=(
                     f"{shown}: slower, but it adds {added / 1e6:.3f} ms, under the "
                     f"{floor_ns / 1e6:.3f} ms that counts (min_share of the base wall)"))
+            if busy is not None:
+                return BrickChange(name, "busy", **figures, reason=(
+                    f"{shown}: slower, but the new run's thread waited {busy:.0%} more of its "
+                    "wall for a CPU than the base run's (other processes ran): inconclusive"))
             return BrickChange(name, "slower", **figures, reason=(
                 f"{shown}: even the fastest call slowed, the median above the base run's p90 "
                 f"({_us(base.p90_ns)} us)"))
@@ -129,12 +139,19 @@ class ReportDiff:
     def passed(self) -> bool:
         return not self.regressions
 
+    @property
+    def inconclusive(self) -> bool:
+        """No regression, but a brick slowed while the machine was busy: rerun on a quiet one."""
+        return self.passed and any(c.verdict == "busy" for c in self.changes)
+
     def summary(self) -> str:
         counts = {v: sum(c.verdict == v for c in self.changes) for v in VERDICTS}
         shown = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
         wall = (f"wall {self.base_wall_ns / 1e6:.3f} -> {self.new_wall_ns / 1e6:.3f} ms"
                 if self.base_wall_ns else "")
-        verdict = "PASS" if self.passed else f"FAIL ({len(self.regressions)} regression(s))"
+        verdict = ("INCONCLUSIVE (the new run was denied the CPU; rerun on a quiet machine)"
+                   if self.inconclusive else "PASS" if self.passed
+                   else f"FAIL ({len(self.regressions)} regression(s))")
         return f"verdict: {verdict}; {len(self.changes)} bricks: {shown}; threshold " \
                f"{self.threshold:.0%}" + (f"; {wall}" if wall else "")
 
@@ -172,9 +189,22 @@ class ReportDiff:
 
     def to_dict(self) -> dict:
         return {"threshold": self.threshold, "ignore_counts": self.ignore_counts,
-                "passed": self.passed, "summary": self.summary(),
+                "passed": self.passed, "inconclusive": self.inconclusive,
+                "summary": self.summary(),
                 "regressions": [c.name for c in self.regressions],
                 "changes": [dict(asdict(c), p50_ratio=c.p50_ratio) for c in self.changes]}
+
+
+def _denied(report: Report) -> float:
+    share = report.machine.get("denied_share")
+    ok = isinstance(share, (int, float)) and not isinstance(share, bool) and 0 <= share <= 1
+    return float(share) if ok else 0.0
+
+
+def _busier(base: Report, new: Report) -> Optional[float]:
+    """How much more of its wall the new run waited for a CPU (None: not past BUSY_SHARE)."""
+    more = _denied(new) - _denied(base)
+    return more if more >= BUSY_SHARE else None
 
 
 def diff_reports(base: Report, new: Report, *, threshold: float = 0.10, by: str = "name",
@@ -209,7 +239,9 @@ def diff_reports(base: Report, new: Report, *, threshold: float = 0.10, by: str 
             into.setdefault(key(b), b)
     names = list(base_by) + [n for n in new_by if n not in base_by]
     floor_ns = min_share * base.wall_ns
-    changes = [_change(n, base_by.get(n), new_by.get(n), threshold, floor_ns) for n in names]
+    busy = _busier(base, new)
+    changes = [_change(n, base_by.get(n), new_by.get(n), threshold, floor_ns, busy)
+               for n in names]
     severity = {v: i for i, v in enumerate(VERDICTS)}
     changes.sort(key=lambda c: (severity[c.verdict], -abs(c.new_total_ns - c.base_total_ns)))
     return ReportDiff(changes, threshold, ignore_counts, base.wall_ns, new.wall_ns)

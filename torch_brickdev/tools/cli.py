@@ -218,7 +218,7 @@ def diff(args) -> int:
         print(result.markdown(row_limit=args.rows))
     else:
         print(result.table(row_limit=args.rows, changed_only=not args.all))
-    return 0 if result.passed else 1
+    return 1 if not result.passed else 3 if result.inconclusive else 0
 
 
 def main(argv=None) -> int:
@@ -272,7 +272,8 @@ def main(argv=None) -> int:
     p.set_defaults(run=None)  # main() hands top's arguments to tools.top as they are
 
     p = commands.add_parser("diff", help="compare two reports brick by brick (count, p50, p99, "
-                            "total); exit 1 when a brick regressed")
+                            "total); exit 1 when a brick regressed, 3 when a slower brick's run "
+                            "was denied the CPU")
     p.add_argument("base", help="the baseline report.json")
     p.add_argument("new", help="the report.json to judge")
     p.add_argument("--threshold", type=fraction, default=0.10,

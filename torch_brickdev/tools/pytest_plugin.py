@@ -114,6 +114,10 @@ class BrickProfile:
         base = profiler.load_report(path, where=where, arg="path")
         self.diff = profiler.diff_reports(base, self.report, threshold=threshold, by=by,
                                           ignore_counts=ignore_counts)
+        if self.diff.inconclusive:
+            warnings.warn(f"{where}: inconclusive: {self.diff.summary()}\n"
+                          + self.diff.table(changed_only=True), BrickInconclusiveWarning,
+                          stacklevel=2)
         if not self.diff.passed:
             raise AssertionError(
                 f"{len(self.diff.regressions)} brick(s) regressed against the baseline {path}: "
