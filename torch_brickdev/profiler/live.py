@@ -103,7 +103,7 @@ class Publisher:
         self._start_time = _start_time(os.getpid())
         self._seq = 0
         self.snapshots = 0
-        self.cost_ns = 0  # time the publishing thread spent, for its stated cost
+        self.cost_ns = 0  # CPU time the publishing took, for its stated cost
 
     def _header(self) -> dict:
         rank = os.environ.get("RANK")
@@ -112,7 +112,9 @@ class Publisher:
                 else None, "argv": list(sys.argv), "started_ns": self._started_ns}
 
     def publish(self, final: bool = False) -> None:
-        begin = time.perf_counter_ns()
+        # The CPU time of the publishing thread: what it takes from the process (its wall time
+        # also counts the waits for the GIL while the profiled code holds it).
+        begin = time.thread_time_ns()
         bricks = _C._profiler.snapshot(["name"], histograms=True)["name"]
         self._seq += 1
         self.snapshots = self._seq
@@ -123,9 +125,9 @@ class Publisher:
         temporary = f"{self.path}.{self._seq}.tmp"
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f)
+            json.dump(data, f, separators=(",", ":"))
         os.replace(temporary, self.path)
-        self.cost_ns += time.perf_counter_ns() - begin
+        self.cost_ns += time.thread_time_ns() - begin
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
