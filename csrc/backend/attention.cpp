@@ -19,17 +19,14 @@
 #include <optional>
 #include <tuple>
 
-#include "backend/backend.h"
 #include "backend/backing.h"
-#include "backend/launch.h"
+#include "backend/backing_alias.h"
+#include "backend/backing_call.h"
+#include "backend/device_index.h"
 
 namespace brick::backend {
 
 namespace {
-
-at::Tensor backing_view(const at::Tensor& tensor) {
-  return tensor.defined() && tensor.is_privateuseone() ? make_backing_alias(tensor) : tensor;
-}
 
 // For the kernel choice, which also depends on which inputs need gradients (the fused kernels
 // have no gradient for a mask, for one).
@@ -43,9 +40,10 @@ bool is_metadata_only(const at::Tensor& tensor) {
 }
 
 at::Tensor backing_view_for_choice(const at::Tensor& tensor) {
-  if (tensor.defined() && is_metadata_only(tensor)) return tensor;
-  at::Tensor view = backing_view(tensor);
-  if (view.defined() && tensor.requires_grad() && !view.requires_grad()) {
+  if (!tensor.defined() || !tensor.is_privateuseone() || is_metadata_only(tensor)) return tensor;
+  // An alias of its own, not a lent one: it may be marked as requiring grad.
+  at::Tensor view = make_backing_alias(tensor);
+  if (tensor.requires_grad() && !view.requires_grad()) {
     view.requires_grad_(true);
   }
   return view;
@@ -92,9 +90,9 @@ double softmax_scale(const at::Tensor& query, std::optional<double> scale) {
 
 // Results on the backing device become brick tensors; host tensors (CUDA flash's philox seed and
 // offset) stay where they are.
-at::Tensor to_brick_result(at::Tensor tensor, c10::DeviceIndex device) {
+at::Tensor to_brick_result(const DispatchingBackingCall& call, at::Tensor tensor) {
   if (!tensor.defined() || tensor.device().type() != backing_device_type()) return tensor;
-  return adopt_result(std::move(tensor), device);
+  return call.adopt(std::move(tensor));
 }
 
 void check_cuda_flash(const char* op, const std::optional<at::Tensor>& attn_bias) {
@@ -112,28 +110,25 @@ fused_attention_overrideable(const at::Tensor& query, const at::Tensor& key,
                              double dropout_p, bool is_causal, bool return_debug_mask,
                              std::optional<double> scale) {
   check_cuda_flash("_scaled_dot_product_fused_attention_overrideable", attn_bias);
-  const auto device = query.device().index();
-  LaunchScope launch("aten::_scaled_dot_product_fused_attention_overrideable",
-                     runtime::LaunchKind::Kernel);
-  BackingScope scope(device);
-  launch.queue(device);
-  UnrecordedBackingOps unrecorded;
+  DispatchingBackingCall call("aten::_scaled_dot_product_fused_attention_overrideable", "",
+                              query.device().index());
   const int64_t head_dim = query.size(-1);
   auto [out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, philox_seed, philox_offset,
-        debug_mask] =
-      at::_scaled_dot_product_flash_attention(
-          pad_head_dim(make_backing_alias(query)), pad_head_dim(make_backing_alias(key)),
-          pad_head_dim(make_backing_alias(value)), dropout_p, is_causal, return_debug_mask,
-          softmax_scale(query, scale));
-  return {to_brick_result(unpad_head_dim(out, head_dim), device),
-          to_brick_result(std::move(logsumexp), device),
-          to_brick_result(std::move(cum_seq_q), device),
-          to_brick_result(std::move(cum_seq_k), device),
+        debug_mask] = call.run([&] {
+    return at::_scaled_dot_product_flash_attention(
+        pad_head_dim(call.alias(query)), pad_head_dim(call.alias(key)),
+        pad_head_dim(call.alias(value)), dropout_p, is_causal, return_debug_mask,
+        softmax_scale(query, scale));
+  });
+  return {to_brick_result(call, unpad_head_dim(out, head_dim)),
+          to_brick_result(call, std::move(logsumexp)),
+          to_brick_result(call, std::move(cum_seq_q)),
+          to_brick_result(call, std::move(cum_seq_k)),
           std::move(max_q),
           std::move(max_k),
-          to_brick_result(std::move(philox_seed), device),
-          to_brick_result(std::move(philox_offset), device),
-          to_brick_result(std::move(debug_mask), device)};
+          to_brick_result(call, std::move(philox_seed)),
+          to_brick_result(call, std::move(philox_offset)),
+          to_brick_result(call, std::move(debug_mask))};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_attention_overrideable_backward(
@@ -144,22 +139,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_attention_overr
     bool is_causal, const at::Tensor& philox_seed, const at::Tensor& philox_offset,
     std::optional<double> scale) {
   check_cuda_flash("_scaled_dot_product_fused_attention_overrideable_backward", attn_bias);
-  const auto device = query.device().index();
-  LaunchScope launch("aten::_scaled_dot_product_fused_attention_overrideable_backward",
-                     runtime::LaunchKind::Kernel);
-  BackingScope scope(device);
-  launch.queue(device);
-  UnrecordedBackingOps unrecorded;
+  DispatchingBackingCall call("aten::_scaled_dot_product_fused_attention_overrideable_backward", "",
+                              query.device().index());
   const int64_t head_dim = query.size(-1);
-  auto [grad_query, grad_key, grad_value] = at::_scaled_dot_product_flash_attention_backward_symint(
-      pad_head_dim(make_backing_alias(grad_out)), pad_head_dim(make_backing_alias(query)),
-      pad_head_dim(make_backing_alias(key)), pad_head_dim(make_backing_alias(value)),
-      pad_head_dim(make_backing_alias(out)), backing_view(logsumexp), backing_view(cum_seq_q),
-      backing_view(cum_seq_k), std::move(max_q), std::move(max_k), dropout_p, is_causal,
-      backing_view(philox_seed), backing_view(philox_offset), softmax_scale(query, scale));
-  return {to_brick_result(unpad_head_dim(grad_query, head_dim), device),
-          to_brick_result(unpad_head_dim(grad_key, head_dim), device),
-          to_brick_result(unpad_head_dim(grad_value, head_dim), device), at::Tensor()};
+  auto [grad_query, grad_key, grad_value] = call.run([&] {
+    return at::_scaled_dot_product_flash_attention_backward_symint(
+        pad_head_dim(call.alias(grad_out)), pad_head_dim(call.alias(query)),
+        pad_head_dim(call.alias(key)), pad_head_dim(call.alias(value)),
+        pad_head_dim(call.alias(out)), call.alias(logsumexp), call.alias(cum_seq_q),
+        call.alias(cum_seq_k), std::move(max_q), std::move(max_k), dropout_p, is_causal,
+        call.alias(philox_seed), call.alias(philox_offset), softmax_scale(query, scale));
+  });
+  return {to_brick_result(call, unpad_head_dim(grad_query, head_dim)),
+          to_brick_result(call, unpad_head_dim(grad_key, head_dim)),
+          to_brick_result(call, unpad_head_dim(grad_value, head_dim)), at::Tensor()};
 }
 
 }  // namespace

@@ -13,7 +13,7 @@
 #include <c10/core/Device.h>
 #include <c10/core/Stream.h>
 
-#include "backend/backend.h"
+#include "backend/device_index.h"
 
 namespace brick::backend {
 

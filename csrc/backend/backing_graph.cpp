@@ -14,6 +14,8 @@
 // refused with a message (the CPU graph is differentiated once).
 //
 // Registered when host backing is decided; on CUDA backing these ops decompose on brick as before.
+#include "backend/backing_graph.h"
+
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -31,8 +33,10 @@
 #include <utility>
 #include <vector>
 
-#include "backend/backend.h"
+#include "backend/allocator.h"
 #include "backend/backing.h"
+#include "backend/backing_alias.h"
+#include "backend/device_index.h"
 
 namespace brick::backend {
 

@@ -14,10 +14,15 @@
 #define BRICK_HAS_DEVICE_CAPABILITY 0
 #endif
 
-#include "backend/backend.h"
+#include "backend/allocator.h"
 #include "backend/backing.h"
+#include "backend/backing_graph.h"
+#include "backend/device_index.h"
 #include "backend/errors.h"
+#include "backend/fallback.h"
 #include "backend/generator.h"
+#include "backend/pinned_memory.h"
+#include "backend/registration.h"
 
 namespace brick::backend {
 

@@ -1,6 +1,8 @@
 // Device identity, the floor every other backend file stands on: whether brick devices are
 // backed by CUDA (decided once), which backing device backs a brick device, and the checks of a
 // brick device index. Registration with PyTorch (device.cpp) stands on it, never the reverse.
+#include "backend/device_index.h"
+
 #include <ATen/Context.h>
 
 #include <atomic>
@@ -8,7 +10,6 @@
 #include <optional>
 
 #include "backend/autocast.h"
-#include "backend/backend.h"
 
 namespace brick::backend {
 

@@ -27,10 +27,9 @@
 #include <utility>
 #include <vector>
 
-#include "backend/alias_pool.h"
-#include "backend/backend.h"
-#include "backend/backing.h"
-#include "backend/launch.h"
+#include "backend/backing_call.h"
+#include "backend/device_index.h"
+#include "backend/fallback.h"
 
 namespace brick::backend {
 
@@ -104,24 +103,23 @@ struct BackingList {
 };
 
 // The backing-device argument for a brick argument: an alias lent for the call.
-const at::Tensor& backing(LentAliases& aliases, const at::Tensor& tensor) {
-  // A CPU scalar goes as it is.
-  return tensor.defined() && tensor.device().type() == kBrick ? aliases(tensor) : tensor;
+const at::Tensor& backing(BackingCall<>& call, const at::Tensor& tensor) {
+  return call.alias(tensor);  // a CPU scalar goes as it is
 }
-std::optional<at::Tensor> backing(LentAliases& aliases, const std::optional<at::Tensor>& tensor) {
+std::optional<at::Tensor> backing(BackingCall<>& call, const std::optional<at::Tensor>& tensor) {
   if (!tensor.has_value()) return std::nullopt;
-  return backing(aliases, *tensor);
+  return call.alias(*tensor);
 }
-BackingList backing(LentAliases& /*aliases*/, const at::ITensorListRef& tensors) {
+BackingList backing(BackingCall<>& call, const at::ITensorListRef& tensors) {
   BackingList list;
   list.tensors.reserve(tensors.size());
   for (const at::Tensor& tensor : tensors) {
-    list.tensors.push_back(make_reused_backing_alias(tensor));
+    list.tensors.push_back(call.alias(tensor));
   }
   return list;
 }
 template <typename T>
-const T& backing(LentAliases& /*aliases*/, const T& value) {
+const T& backing(BackingCall<>& /*call*/, const T& value) {
   return value;
 }
 
@@ -167,18 +165,6 @@ template <typename... Tensors>
 constexpr bool kIsFreshResults<std::tuple<Tensors...>> = (std::is_same_v<Tensors, at::Tensor> &&
                                                           ...);
 
-// The backing kernel's results, made brick tensors of `device`.
-at::Tensor adopt_results(at::Tensor result, c10::DeviceIndex device) {
-  return adopt_result(std::move(result), device);
-}
-c10::Scalar adopt_results(c10::Scalar value, c10::DeviceIndex /*device*/) { return value; }
-template <typename... Tensors>
-std::tuple<Tensors...> adopt_results(std::tuple<Tensors...> results, c10::DeviceIndex device) {
-  std::apply([&](auto&... result) { ((result = adopt_result(std::move(result), device)), ...); },
-             results);
-  return results;
-}
-
 // A functional op: fresh results.
 template <typename Op, typename Return, typename... Args>
 struct Direct<Op, Return(Args...)> {
@@ -191,19 +177,9 @@ struct Direct<Op, Return(Args...)> {
     if (!check.usual(/*in_place=*/false)) [[unlikely]] {
       return call_boxed<Op, Return, Args...>(args...);
     }
-    const c10::DeviceIndex device = check.device();
-    LaunchScope launch(Op::name, runtime::LaunchKind::Kernel);
-    BackingScope scope(device);
-    launch.queue(device);
-    LentAliases aliases;
-    Return results;
-    try {
-      results = Op::redispatch(backing_dispatch_key_set(), backing(aliases, args)...);
-    } catch (c10::Error& error) {
-      add_backing_failure_context(error, Op::name, Op::overload_name, device);
-      throw;
-    }
-    return adopt_results(std::move(results), device);
+    BackingCall call(Op::name, Op::overload_name, check.device());
+    return call.adopt(
+        call.run([&] { return Op::redispatch(call.keys(), backing(call, args)...); }));
   }
 };
 
@@ -221,18 +197,9 @@ struct Direct<Op, at::Tensor&(at::Tensor&, Rest...)> {
       (void)result;  // self, changed by the fallback
       return self;
     }
-    const c10::DeviceIndex device = check.device();
-    LaunchScope launch(Op::name, runtime::LaunchKind::Kernel);
-    BackingScope scope(device);
-    launch.queue(device);
-    LentAliases aliases;
-    at::Tensor& self_backing = self.device().type() == kBrick ? aliases(self) : self;
-    try {
-      Op::redispatch(backing_dispatch_key_set(), self_backing, backing(aliases, rest)...);
-    } catch (c10::Error& error) {
-      add_backing_failure_context(error, Op::name, Op::overload_name, device);
-      throw;
-    }
+    BackingCall call(Op::name, Op::overload_name, check.device());
+    call.run(
+        [&] { Op::redispatch(call.keys(), call.mutable_alias(self), backing(call, rest)...); });
     return self;
   }
 };
@@ -252,17 +219,9 @@ struct Factory<Op, at::Tensor(Args...)> {
   static at::Tensor call(Args... args) {
     c10::DeviceIndex device = -1;
     (find_device(args, &device), ...);
-    LaunchScope launch(Op::name, runtime::LaunchKind::Kernel);
-    BackingScope scope(device);
-    launch.queue(device);
-    at::Tensor result;
-    try {
-      result = Op::redispatch(backing_dispatch_key_set(), on_backing(args, device)...);
-    } catch (c10::Error& error) {
-      add_backing_failure_context(error, Op::name, Op::overload_name, device);
-      throw;
-    }
-    return adopt_result(std::move(result), device);
+    BackingCall call(Op::name, Op::overload_name, device);
+    return call.adopt(
+        call.run([&] { return Op::redispatch(call.keys(), on_backing(args, device)...); }));
   }
 
  private:
@@ -308,21 +267,12 @@ at::Tensor to_copy(const at::Tensor& self, std::optional<c10::ScalarType> dtype,
     return at::native::_to_copy(self, dtype, layout, device, pin_memory, non_blocking,
                                 memory_format);
   }
-  const c10::DeviceIndex index = self.device().index();
-  LaunchScope launch(at::_ops::_to_copy::name, runtime::LaunchKind::Kernel);
-  BackingScope scope(index);
-  launch.queue(index);
-  LentAliases aliases;
-  at::Tensor result;
-  try {
-    result = at::_ops::_to_copy::redispatch(backing_dispatch_key_set(), backing(aliases, self),
-                                            dtype, layout, std::nullopt, std::nullopt, non_blocking,
-                                            memory_format);
-  } catch (c10::Error& error) {
-    add_backing_failure_context(error, at::_ops::_to_copy::name, "", index);
-    throw;
-  }
-  return adopt_result(std::move(result), index);
+  using Op = at::_ops::_to_copy;
+  BackingCall call(Op::name, Op::overload_name, self.device().index());
+  return call.adopt(call.run([&] {
+    return Op::redispatch(call.keys(), call.alias(self), dtype, layout, std::nullopt, std::nullopt,
+                          non_blocking, memory_format);
+  }));
 }
 
 // `Op`'s name as TORCH_LIBRARY_IMPL(aten, ...) registers it: "add.Tensor" for aten::add.Tensor.

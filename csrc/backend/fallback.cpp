@@ -6,6 +6,8 @@
 //   - the very tensor passed in, for in-place and out= results (its metadata synced back);
 //   - a brick view of the argument's storage, for view results;
 //   - an adopted brick storage, for fresh results (the backing allocation is relabelled).
+#include "backend/fallback.h"
+
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
@@ -15,11 +17,13 @@
 #include <set>
 #include <string>
 
-#include "backend/backend.h"
-#include "backend/backing.h"
+#include "backend/adoption.h"
+#include "backend/allocator.h"
+#include "backend/backing_alias.h"
+#include "backend/backing_call.h"
+#include "backend/device_index.h"
 #include "backend/errors.h"
 #include "backend/generator.h"
-#include "backend/launch.h"
 
 namespace brick::backend {
 
@@ -30,26 +34,11 @@ class FallbackCall {
   explicit FallbackCall(const c10::OperatorHandle& op) : op_(op), schema_(op.schema()) {}
 
   void run(torch::jit::Stack* stack) {
-    LaunchScope launch(schema_.name().c_str(), runtime::LaunchKind::Kernel);
     const auto& arguments = schema_.arguments();
     const size_t first = stack->size() - arguments.size();
-    for (size_t i = 0; i < arguments.size(); ++i) {
-      convert_argument(arguments[i], (*stack)[first + i]);
-    }
-    if (device_ < 0) device_ = static_cast<c10::DeviceIndex>(rt().current_device());
-    if (mismatch_argument_ != nullptr) device_mismatch(*mismatch_argument_, mismatch_tensor_);
-    for (size_t i : pending_generators_) {
-      (*stack)[first + i] = c10::IValue(generator_backing(brick_default_generator(device_)));
-    }
-
-    BackingScope scope(device_);
-    launch.queue(device_);
-    try {
-      op_.redispatchBoxed(backing_dispatch_key_set(), stack);
-    } catch (c10::Error& error) {
-      add_backing_failure_context(error, schema_.name(), schema_.overload_name(), device_);
-      throw;
-    }
+    BackingCall call(schema_.name().c_str(), schema_.overload_name().c_str(),
+                     runtime::LaunchKind::Kernel, [&] { return prepare(*stack, first); });
+    call.run([&] { op_.redispatchBoxed(call.keys(), stack); });
 
     for (Alias& alias : aliases_) {
       if (alias.is_write) sync_back(alias);
@@ -70,6 +59,20 @@ class FallbackCall {
     c10::Storage backing;
     c10::Storage brick;
   };
+
+  // Converts the arguments on `stack` from `first` on; returns the device the op runs on.
+  c10::DeviceIndex prepare(torch::jit::Stack& stack, size_t first) {
+    const auto& arguments = schema_.arguments();
+    for (size_t i = 0; i < arguments.size(); ++i) {
+      convert_argument(arguments[i], stack[first + i]);
+    }
+    if (device_ < 0) device_ = static_cast<c10::DeviceIndex>(rt().current_device());
+    if (mismatch_argument_ != nullptr) device_mismatch(*mismatch_argument_, mismatch_tensor_);
+    for (size_t i : pending_generators_) {
+      stack[first + i] = c10::IValue(generator_backing(brick_default_generator(device_)));
+    }
+    return device_;
+  }
 
   [[noreturn]] void device_mismatch(const c10::Argument& argument, const at::Tensor& other) const {
     TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two ",
@@ -280,13 +283,6 @@ void brick_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*key_set
 }
 
 }  // namespace
-
-void add_backing_failure_context(c10::Error& error, const std::string& name,
-                                 const std::string& overload_name, c10::DeviceIndex device) {
-  error.add_context("brick: " + name + (overload_name.empty() ? "" : "." + overload_name) + " on " +
-                    c10::Device(kBrick, device).str() + " failed on its backing device (" +
-                    c10::DeviceTypeName(backing_device_type(), /*lower_case=*/true) + ")");
-}
 
 void run_boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   FallbackCall(op).run(stack);

@@ -3,8 +3,8 @@
 #include <array>
 #include <mutex>
 
-#include "backend/backend.h"
 #include "backend/backing.h"
+#include "backend/device_index.h"
 
 namespace brick::backend {
 

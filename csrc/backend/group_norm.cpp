@@ -18,7 +18,8 @@
 #include <c10/core/TensorImpl.h>
 #include <torch/library.h>
 
-#include "backend/backend.h"
+#include "backend/device_index.h"
+#include "backend/fallback.h"
 
 namespace brick::backend {
 

@@ -16,11 +16,13 @@
 
 #include <optional>
 
-#include "backend/alias_pool.h"
-#include "backend/backend.h"
+#include "backend/adoption.h"
+#include "backend/allocator.h"
 #include "backend/backing.h"
+#include "backend/backing_alias.h"
+#include "backend/backing_call.h"
+#include "backend/device_index.h"
 #include "backend/errors.h"
-#include "backend/launch.h"
 
 namespace brick::backend {
 
@@ -145,41 +147,34 @@ void backing_copy(const at::Tensor& target, const at::Tensor& source, bool non_b
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   TORCH_CHECK(self.defined() && dst.defined(), "brick: copy_ got an undefined tensor");
-  LaunchScope launch("aten::_copy_from", runtime::LaunchKind::Memcpy);
-  LentAliases aliases;
-  const at::Tensor& source = self.is_privateuseone() ? aliases(self) : self;
-  const at::Tensor& target = dst.is_privateuseone() ? aliases(dst) : dst;
   const auto device = dst.is_privateuseone() ? dst.device().index() : self.device().index();
-  if (!cuda_backing()) {
-    DeviceScope scope(device);
-    launch.queue(device);
-    backing_copy(target, source, non_blocking);
-    return dst;
-  }
   // Between two brick devices, PyTorch's copy orders the current streams of both GPUs: both
-  // become brick's. A plain cuda tensor on another GPU is ordered by PyTorch the same way.
+  // become brick's (the other one entered first, left last). A plain cuda tensor on another GPU
+  // is ordered by PyTorch the same way.
   const at::Tensor& other = dst.is_privateuseone() ? self : dst;
   std::optional<BackingScope> other_brick;
-  if (other.is_privateuseone() && other.device() != c10::Device(kBrick, device)) {
+  if (cuda_backing() && other.is_privateuseone() && other.device() != c10::Device(kBrick, device)) {
     other_brick.emplace(other.device().index());
   }
   // A plain cuda tensor on the same GPU: the copy runs on brick's stream, which PyTorch's
   // current stream there does not follow, so the two are ordered both ways around it.
-  const bool same_gpu_cuda = other.is_cuda() && other.device() == backing_device(device);
   std::optional<c10::Stream> torch_stream;
-  if (same_gpu_cuda) {
+  if (cuda_backing() && other.is_cuda() && other.device() == backing_device(device)) {
     torch_stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(other.device());
   }
-  BackingScope scope(device);
-  launch.queue(device);
+  BackingCall call("aten::_copy_from", "", device, runtime::LaunchKind::Memcpy);
+  const at::Tensor& source = call.alias(self);
+  const at::Tensor& target = call.alias(dst);
   if (!torch_stream) {
-    backing_copy(target, source, non_blocking);
+    call.run([&] { backing_copy(target, source, non_blocking); });
     return dst;
   }
   const c10::Stream brick_stream = backing_cuda_stream(device, rt().current_stream(device));
-  order_after(*torch_stream, brick_stream);
-  backing_copy(target, source, non_blocking);
-  order_after(brick_stream, *torch_stream);
+  call.run([&] {
+    order_after(*torch_stream, brick_stream);
+    backing_copy(target, source, non_blocking);
+    order_after(brick_stream, *torch_stream);
+  });
   return dst;
 }
 
@@ -204,32 +199,25 @@ at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& w
                                     int64_t groups) {
   TORCH_CHECK(input.device() == weight.device(), "brick: convolution got input on ", input.device(),
               " and weight on ", weight.device());
-  LaunchScope launch("aten::convolution_overrideable", runtime::LaunchKind::Kernel);
-  BackingScope scope(input.device().index());
-  launch.queue(input.device().index());
-  UnrecordedBackingOps unrecorded;
-  at::Tensor out = at::convolution(make_backing_alias(input), make_backing_alias(weight),
-                                   make_backing_alias(bias), stride, padding, dilation, transposed,
-                                   output_padding, groups);
-  return adopt_result(std::move(out), input.device().index());
+  DispatchingBackingCall call("aten::convolution_overrideable", "", input.device().index());
+  return call.adopt(call.run([&] {
+    return at::convolution(call.alias(input), call.alias(weight), call.alias(bias), stride, padding,
+                           dilation, transposed, output_padding, groups);
+  }));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable(
     const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
     c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
     c10::IntArrayRef output_padding, int64_t groups, std::array<bool, 3> output_mask) {
-  const auto device = input.device().index();
-  LaunchScope launch("aten::convolution_backward_overrideable", runtime::LaunchKind::Kernel);
-  BackingScope scope(device);
-  launch.queue(device);
-  UnrecordedBackingOps unrecorded;
+  DispatchingBackingCall call("aten::convolution_backward_overrideable", "",
+                              input.device().index());
   const int64_t bias_channels = transposed ? weight.size(1) * groups : weight.size(0);
-  auto [grad_input, grad_weight, grad_bias] =
-      at::convolution_backward(make_backing_alias(grad_output), make_backing_alias(input),
-                               make_backing_alias(weight), c10::IntArrayRef(bias_channels), stride,
-                               padding, dilation, transposed, output_padding, groups, output_mask);
-  return {adopt_result(std::move(grad_input), device), adopt_result(std::move(grad_weight), device),
-          adopt_result(std::move(grad_bias), device)};
+  return call.adopt(call.run([&] {
+    return at::convolution_backward(call.alias(grad_output), call.alias(input), call.alias(weight),
+                                    c10::IntArrayRef(bias_channels), stride, padding, dilation,
+                                    transposed, output_padding, groups, output_mask);
+  }));
 }
 
 // Whether `from`'s TensorImpl may replace `self`'s in place (`param.data = new`, which

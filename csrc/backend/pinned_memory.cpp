@@ -7,6 +7,8 @@
 // serves such tensors from this allocator, which knows its blocks so `isPinnedPtr` can answer for
 // any address inside one, as cudaPointerGetAttributes does. Pinning is per batch, not per op:
 // a lock here costs nothing that matters.
+#include "backend/pinned_memory.h"
+
 #include <c10/core/CPUAllocator.h>
 
 #include <cstdint>
@@ -14,7 +16,7 @@
 #include <map>
 #include <mutex>
 
-#include "backend/backend.h"
+#include "backend/device_index.h"
 
 namespace brick::backend {
 

@@ -4,11 +4,13 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/Generator.h>
 
+#include "backend/allocator.h"
 #include "backend/autocast.h"
-#include "backend/backend.h"
 #include "backend/backing.h"
+#include "backend/device_index.h"
 #include "backend/errors.h"
 #include "backend/generator.h"
+#include "backend/registration.h"
 
 namespace py = pybind11;
 

@@ -10,8 +10,10 @@
 #include <optional>
 #include <utility>
 
-#include "backend/backend.h"
+#include "backend/allocator.h"
 #include "backend/backing.h"
+#include "backend/backing_alias.h"
+#include "backend/device_index.h"
 #include "backend/errors.h"
 #include "common/steady_clock.h"
 #include "runtime/launch_observer.h"

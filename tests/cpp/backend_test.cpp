@@ -2,10 +2,9 @@
 //
 // Uses the process-wide runtime (brick::backend::rt()), so memory checks compare against a
 // baseline taken inside each test rather than against zero.
-#include "backend/backend.h"
-
 #include <ATen/ATen.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <ATen/record_function.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/DeviceType.h>
 #include <c10/core/Event.h>
@@ -16,13 +15,19 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "backend/alias_pool.h"
+#include "backend/allocator.h"
+#include "backend/backing_call.h"
+#include "backend/device_index.h"
+#include "backend/registration.h"
 #include "test_util.h"
 
 namespace {
@@ -761,9 +766,135 @@ TEST_F(BackendTest, AnAliasAKernelKeepsIsNotReused) {
   for (int i = 0; i < 2 * static_cast<int>(brick::backend::AliasPool::kSize); ++i) {
     brick::backend::LentAliases aliases;
     expect_aliases(aliases(y), y);
-    expect_aliases(brick::backend::make_reused_backing_alias(y), y);
+    const at::Tensor copied = aliases(y);  // as a tensor list's aliases are kept for the call
+    expect_aliases(copied, y);
   }
   expect_aliases(kept, x);
+}
+
+// ---------------------------------------------------------------------------------------------
+// BackingCall: the one way a brick kernel runs on the backing device
+
+TEST_F(BackendTest, BackingCallNamesAFailureWithItsOpAndDevice) {
+  const std::string message = c10_error_message([] {
+    brick::backend::BackingCall call("aten::sample", "Tensor", 1);
+    call.run([] { TORCH_CHECK(false, "the kernel refused"); });
+  });
+  EXPECT_NE(message.find("the kernel refused"), std::string::npos) << message;
+  const std::string backing = c10::DeviceTypeName(brick::backend::backing_device_type(), true);
+  EXPECT_NE(message.find("brick: aten::sample.Tensor on brick:1 failed on its backing device (" +
+                         backing + ")"),
+            std::string::npos)
+      << message;
+  const std::string no_overload = c10_error_message([] {
+    brick::backend::BackingCall call("aten::sample", "", 0);
+    call.run([] { TORCH_CHECK(false, "no"); });
+  });
+  EXPECT_NE(no_overload.find("brick: aten::sample on brick:0 failed"), std::string::npos)
+      << no_overload;
+}
+
+TEST_F(BackendTest, BackingCallEntersItsDeviceAndRestoresTheCurrentOneAfterAFailure) {
+  ASSERT_EQ(rt().current_device(), 0);
+  {
+    brick::backend::BackingCall call("aten::sample", "", 1);
+    EXPECT_EQ(call.device(), 1);
+    EXPECT_EQ(rt().current_device(), 1);
+  }
+  EXPECT_EQ(rt().current_device(), 0);
+  EXPECT_THROW(
+      {
+        brick::backend::BackingCall call("aten::sample", "", 1);
+        call.run([] { TORCH_CHECK(false, "no"); });
+      },
+      c10::Error);
+  EXPECT_EQ(rt().current_device(), 0);
+}
+
+TEST_F(BackendTest, BackingCallLendsAliasesAndAdoptsResultsOnItsDevice) {
+  const at::Tensor x = cpu_values({6}).to(brick(1));
+  brick::backend::BackingCall call("aten::sample", "", 1);
+  const at::Tensor& alias = call.alias(x);
+  EXPECT_EQ(alias.device(), brick::backend::backing_device(1));
+  EXPECT_EQ(alias.data_ptr(), x.data_ptr()) << "an alias shares the brick tensor's bytes";
+  const at::Tensor scalar = at::scalar_tensor(2.0, on(kCpu));
+  EXPECT_TRUE(call.alias(scalar).is_same(scalar)) << "a host tensor goes as it is";
+  EXPECT_FALSE(call.alias(std::optional<at::Tensor>()).defined());
+  const at::Tensor result = call.adopt(call.run([&] { return alias * 2; }));
+  EXPECT_EQ(result.device(), brick(1));
+  EXPECT_TRUE(at::equal(result.cpu(), x.cpu() * 2));
+  EXPECT_FALSE(call.adopt(at::Tensor()).defined());
+}
+
+// Counts the ops RecordFunction sees on this thread while it lives.
+class RecordedOps {
+ public:
+  RecordedOps()
+      : handle_(at::addThreadLocalCallback(at::RecordFunctionCallback(&RecordedOps::on_enter)
+                                               .scopes({at::RecordScope::FUNCTION}))) {
+    count() = 0;
+  }
+  ~RecordedOps() { at::removeCallback(handle_); }
+  static int& count() {
+    thread_local int recorded = 0;
+    return recorded;
+  }
+
+ private:
+  static std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& /*fn*/) {
+    ++count();
+    return nullptr;
+  }
+  at::CallbackHandle handle_;
+};
+
+TEST_F(BackendTest, ADispatchingBackingCallRecordsNoOpOfItsOwnWork) {
+  const at::Tensor x = cpu_values({4});
+  RecordedOps recorded;
+  {
+    brick::backend::DispatchingBackingCall call("aten::sample", "", 0);
+    (void)call.run([&] { return at::add(x, x); });
+    EXPECT_EQ(RecordedOps::count(), 0) << "the backing device's ops are the brick op's device work";
+  }
+  (void)at::add(x, x);
+  EXPECT_GT(RecordedOps::count(), 0) << "recording resumes when the call ends";
+  const int before = RecordedOps::count();
+  {
+    brick::backend::BackingCall call("aten::sample", "", 0);  // redispatching: nothing silenced
+    (void)at::add(x, x);
+  }
+  EXPECT_GT(RecordedOps::count(), before);
+}
+
+// Records the order of a launch's announcements.
+class LaunchOrder final : public brick::runtime::LaunchObserver {
+ public:
+  std::vector<std::string> seen;
+  void begin(brick::runtime::Launch& launch) noexcept override {
+    seen.push_back(std::string("begin ") + launch.name);
+  }
+  void queue(brick::runtime::Launch& launch) noexcept override {
+    seen.push_back("queue " + std::to_string(launch.device));
+  }
+  void end(brick::runtime::Launch& /*launch*/) noexcept override { seen.push_back("end"); }
+  void collective_done(const brick::runtime::Launch& /*launch*/,
+                       int64_t /*device_ns*/) noexcept override {}
+};
+
+TEST_F(BackendTest, ABackingCallPreparesItsArgumentsInsideItsLaunch) {
+  static LaunchOrder order;  // an installed observer must outlive every launch that read it
+  order.seen.clear();
+  brick::runtime::set_launch_observer(&order);
+  {
+    brick::backend::BackingCall call("aten::sample", "", brick::runtime::LaunchKind::Kernel, [] {
+      order.seen.push_back("prepare");
+      return static_cast<c10::DeviceIndex>(1);
+    });
+    order.seen.push_back("run");
+  }
+  brick::runtime::set_launch_observer(nullptr);
+  EXPECT_EQ(order.seen,
+            (std::vector<std::string>{"begin aten::sample", "prepare", "queue 1", "run", "end"}));
 }
 
 // ---------------------------------------------------------------------------------------------
