@@ -113,8 +113,9 @@ def train_distributed(args) -> int:
 
 def decode_demo(args) -> int:
     from torch_brickdev.tools import demo as decode
+    from torch_brickdev.tools.demo_config import DecodeConfig
 
-    config = decode.DecodeConfig(
+    config = DecodeConfig(
         layers=args.layers, hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads,
         vocab=args.vocab, prompt_tokens=args.prompt_tokens, tokens=args.tokens, seed=args.seed,
     )
@@ -225,7 +226,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torch_brickdev", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
-    from torch_brickdev.tools.demo import DecodeConfig
+    from torch_brickdev.tools.demo_config import DecodeConfig
 
     defaults = DecodeConfig()
     p = commands.add_parser("demo", help="profile a Qwen-style decode on brick and check the contract")

@@ -46,8 +46,9 @@ from ..profiler import Report, ReportError, load_report
 
 from ._args import positive_int
 from .contract_file import Contract, ContractError, builtin_path, read_contract
-from .contract_kinds import (FAIL, INCONCLUSIVE, NA, PASS, CheckResult, Subject, run_check,
-                             subject)
+from .contract_kinds import run_check
+from .contract_result import FAIL, INCONCLUSIVE, NA, PASS, CheckResult
+from .contract_subject import Subject, subject
 
 __all__ = [
     "CHECKS",

@@ -20,20 +20,20 @@ Every field is checked here: an unknown kind or field, a parameter of the wrong 
 that does not parse or names an undeclared figure, a sync mode that does not exist. The error
 (:class:`ContractError`) names the file, the line and the field. The kinds and their parameters
 are listed in ``KINDS`` (and in docs/contracts.md); the checks themselves are in
-``contract_kinds``.
+``contract_kinds``, the formulas in ``contract_formula``.
 """
 
 from __future__ import annotations
 
-import ast
 import math
-import operator
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import tomllib
+
+from .contract_formula import Formula
 
 __all__ = ["Check", "Contract", "ContractError", "Formula", "FIGURE_KINDS", "KINDS", "MODES",
            "builtin_path", "parse_contract", "read_contract"]
@@ -59,66 +59,6 @@ def builtin_path(name: str) -> str:
 
 class ContractError(ValueError):
     """A contract file that cannot be used: the message names the file, the line and the field."""
-
-
-# ---- formulas ----------------------------------------------------------------------------------
-
-_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-              ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
-              ast.Pow: operator.pow}
-_UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos}
-
-
-@dataclass(frozen=True)
-class Formula:
-    """An arithmetic expression over metadata figures (``"(2 * layers + 1) * tokens"``): numbers,
-    figure names, ``+ - * / // % **`` and parentheses; nothing else is evaluated."""
-
-    text: str
-    names: Tuple[str, ...]  # the figures it reads, in order of first appearance
-    tree: ast.Expression = field(compare=False, repr=False)
-
-    @classmethod
-    def parse(cls, source: Union[str, int]) -> "Formula":
-        """Raises ValueError saying what is wrong."""
-        if isinstance(source, int) and not isinstance(source, bool):
-            source = str(source)
-        if not isinstance(source, str) or not source.strip():
-            raise ValueError(f"expected a formula (a string such as \"2 * tokens\" or an "
-                             f"integer), got {source!r}")
-        try:
-            tree = ast.parse(source.strip(), mode="eval")
-        except SyntaxError as error:
-            raise ValueError(f"formula {source!r} does not parse ({error.msg})") from None
-        names: List[str] = []
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Name):
-                if node.id not in names:
-                    names.append(node.id)
-            elif isinstance(node, ast.Constant):
-                if isinstance(node.value, bool) or not isinstance(node.value, (int, float)):
-                    raise ValueError(f"formula {source!r}: {node.value!r} is not a number")
-            elif not isinstance(node, (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Load,
-                                       *_OPERATORS, *_UNARY)):
-                raise ValueError(f"formula {source!r}: {type(node).__name__} is not allowed "
-                                 "(expected numbers, figure names, + - * / // % ** and "
-                                 "parentheses)")
-        # ast.walk is breadth first: order the names as they are written.
-        names.sort(key=lambda n: re.search(rf"\b{re.escape(n)}\b", source).start())
-        return cls(source.strip(), tuple(names), tree)
-
-    def evaluate(self, values: Dict[str, float]) -> float:
-        def value(node):
-            if isinstance(node, ast.Expression):
-                return value(node.body)
-            if isinstance(node, ast.Constant):
-                return node.value
-            if isinstance(node, ast.Name):
-                return values[node.id]
-            if isinstance(node, ast.UnaryOp):
-                return _UNARY[type(node.op)](value(node.operand))
-            return _OPERATORS[type(node.op)](value(node.left), value(node.right))
-        return value(self.tree)
 
 
 # ---- the contract ------------------------------------------------------------------------------

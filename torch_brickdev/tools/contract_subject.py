@@ -1,0 +1,126 @@
+"""What a contract's checks read: a report validated once (:class:`Subject`), its bricks by name
+and the metadata figures the contract declares, read and checked once."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Dict, Optional, Sequence, Tuple
+
+from ..argcheck import show_json
+from ..profiler import BrickStats, Report, ReportError, SyncMode, WrittenFigures
+
+from .contract_file import Contract, FIGURE_KINDS
+from .contract_numbers import _finite, _positive
+
+__all__ = ["Figures", "Subject", "read_figures", "subject"]
+
+# ---- what the checks read, validated once -------------------------------------------------------
+#
+# The report reader (load_report) and Report.validate() guarantee every figure of a report:
+# integer counts and nanoseconds, finite percentiles, a known sync mode, counters in health.
+# The free-form metadata holds any JSON: the figures a contract declares are read once.
+
+
+def _figure_problem(where: str, key: str, kind: str, value) -> Optional[str]:
+    """Why ``value`` cannot be the figure ``key`` declared as ``kind`` (None when it can)."""
+    expected = FIGURE_KINDS[kind]
+    if kind == "count":
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+    elif kind == "number":
+        ok = _positive(value)
+    elif kind == "any":
+        ok = True
+    elif kind == "shares" and isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            if not (_finite(item) and 0 <= item <= 1):
+                return f"metadata {where}{key}[{i}] is {show_json(item)}: expected {expected}"
+        ok = True
+    elif not isinstance(value, (list, tuple)):
+        ok = False
+    else:
+        for i, item in enumerate(value):
+            if not _positive(item):
+                return f"metadata {where}{key}[{i}] is {show_json(item)}: expected {expected}"
+        ok = True
+    return None if ok else f"metadata {where}{key} is {show_json(value)}: expected {expected}"
+
+
+@dataclass(frozen=True)
+class Figures:
+    """The metadata figures a contract declares, read once: ``values[key]`` for usable ones,
+    ``problems[key]`` says why a present figure is unusable."""
+
+    values: Dict[str, object] = field(default_factory=dict)
+    problems: Dict[str, str] = field(default_factory=dict)
+
+    def get(self, key: str) -> Tuple[Optional[object], Optional[str]]:
+        """``(value, None)``; ``(None, None)`` when absent; ``(None, problem)``."""
+        return self.values.get(key), self.problems.get(key)
+
+
+def read_figures(metadata: dict, contract: Contract, overrides: Dict[str, object]) -> Figures:
+    table = metadata.get(contract.metadata) if contract.metadata else metadata
+    table = {**(table if isinstance(table, dict) else {}), **overrides}
+    where = f"{contract.metadata}." if contract.metadata else ""
+    values, problems = {}, {}
+    for key, kind in contract.figures.items():
+        if key in table:
+            problem = _figure_problem(where, key, kind, table[key])
+            if problem:
+                problems[key] = problem
+            else:
+                values[key] = table[key]
+    return Figures(values, problems)
+
+
+@dataclass(frozen=True)
+class Subject:
+    """A report as the checks read it: validated, the bricks by name (the first of duplicated
+    names; completeness reports duplicates), the contract's figures read. ``invalid``: why the
+    report breaks the rules of a report (then every check fails, saying so)."""
+
+    report: Report
+    contract: Contract
+    mode: Optional[SyncMode] = None
+    named: Dict[str, BrickStats] = field(default_factory=dict)
+    figures: Figures = field(default_factory=Figures)
+    written: Optional[WrittenFigures] = None  # of a report read from a file or dict
+    invalid: Optional[str] = None
+
+    def no_metadata(self, names: Sequence[str]) -> str:
+        table = f"{self.contract.metadata} " if self.contract.metadata else ""
+        return f"report has no {table}metadata ({', '.join(names)}): {self.contract.missing}"
+
+    def absent(self, name: str) -> str:
+        """Says that brick ``name`` is not in the report, with the report's near names (a
+        misspelt name in a contract shows here)."""
+        near = difflib.get_close_matches(name, [b.name for b in self.report.bricks], n=3)
+        return f"brick {name!r} never ran" + (
+            f" (near names in the report: {', '.join(map(repr, near))})" if near else "")
+
+
+def subject(report: Report, contract: Contract, validated: bool,
+            overrides: Dict[str, object]) -> Subject:
+    """``report`` read for ``contract``'s checks; a report from the reader is ``validated``
+    already, one built or changed in memory is validated here."""
+    if not validated:
+        try:
+            report.validate()
+        except ReportError as error:
+            return Subject(report, contract, invalid=str(error))
+    named = {}
+    for b in report.bricks:
+        named.setdefault(b.name, b)
+    return Subject(report, contract, SyncMode.parse(report.sync_mode), named,
+                   read_figures(report.metadata, contract, overrides), report.written)
+
+
+def _denied(s: Subject) -> Optional[Tuple[float, str]]:
+    """(share of the wall the profiling thread waited for a CPU, how it was measured) from the
+    report's machine section; None when the report has none (or an unusable one)."""
+    share = s.report.machine.get("denied_share")
+    if not _finite(share) or not 0 <= share <= 1:
+        return None
+    source = s.report.machine.get("denied_source")
+    return float(share), source if isinstance(source, str) else "unknown"
