@@ -9,6 +9,7 @@
 #include "profiler/kineto_plugin.h"
 #include "profiler/profiler.h"
 #include "profiler/range_stack.h"
+#include "profiler/shape_stats.h"
 
 namespace py = pybind11;
 
@@ -122,6 +123,23 @@ void bind_profiler(py::module_& parent) {
   // The q-th percentile of the durations a sparse histogram ([bucket, count] pairs, e.g. the
   // difference of two snapshots' histograms) holds, interpolated as the registry's own.
   m.def("percentile_of_buckets", &percentile_of_buckets, py::arg("buckets"), py::arg("q"));
+  m.def("set_record_shapes", &profiler::set_record_shapes, py::arg("on"));
+  m.def("record_shapes", &profiler::record_shapes);
+  // Per op brick and input signature: (path, name, device, shapes, dtypes, values, calls,
+  // total_ns, min_ns, max_ns), the signature's three parts as JSON text.
+  m.def("shape_rows", [] {
+    std::vector<profiler::ShapeRow> rows;
+    {
+      py::gil_scoped_release released;  // may wait for device work
+      rows = profiler::shape_rows();
+    }
+    py::list out;
+    for (const profiler::ShapeRow& row : rows) {
+      out.append(py::make_tuple(row.path, row.name, row.device, row.shapes, row.dtypes, row.values,
+                                row.calls, row.total_ns, row.min_ns, row.max_ns));
+    }
+    return out;
+  });
   m.def("live_events_by_device", &profiler::live_events_by_device);
   m.def("health", [] {
     const auto h = profiler::health();

@@ -47,6 +47,8 @@ std::atomic<runtime::Runtime*> g_runtime{nullptr};
 std::atomic<registry::Registry*> g_registry{nullptr};
 std::atomic<uint64_t> g_capture_skipped_base{0};  // not reported: before reset(), or a parent's
 std::atomic<bool> g_async{false};  // async_runtime(): bricks are timed by device events
+std::atomic<bool> g_record_shapes{false};
+std::atomic<bool> g_shapes_active{false};
 
 // Bumped whenever an operator schema is deregistered: its name's address may then be reused by
 // another schema's name, so every thread's node cache keyed by those addresses is flushed.
@@ -220,6 +222,10 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     NodeId parent = state->stack.empty() ? top_level_parent(*state, fn) : state->stack.back().node;
     if (parent == kIgnored || parent == kSkippedInCapture) parent = registry::kNoParent;
     frame.node = node_for(*state, fn, parent, frame.device);
+    if (frame.is_op && g_shapes_active.load(std::memory_order_relaxed) && frame.node != kIgnored)
+        [[unlikely]] {
+      frame.shape = intern_signature(fn);
+    }
     if (frame.node != kIgnored) {
       if (g_async.load(std::memory_order_relaxed)) [[unlikely]] {
         start_async_timing(*state, rt, frame, frame.is_op);
@@ -272,7 +278,8 @@ void on_exit(const at::RecordFunction& /*fn*/, at::ObserverContext* /*ctx*/) {
       return;
     }
     const int64_t end = registry::Registry::now_ns();
-    g_registry.load(std::memory_order_relaxed)->record(frame.node, end - frame.start_ns, end);
+    record_brick(*g_registry.load(std::memory_order_relaxed), frame.node, frame.shape,
+                 end - frame.start_ns, end);
   } catch (...) {
     g_timing_failures.fetch_add(1, std::memory_order_relaxed);
   }

@@ -7,10 +7,12 @@
 
 namespace brick::profiler {
 
+// `needs_inputs`: PyTorch copies each op's inputs for the callback (recording shapes).
 inline at::RecordFunctionCallback observer_callback(at::RecordFunctionCallback::StartCallback enter,
-                                                    at::RecordFunctionCallback::EndCallback exit) {
+                                                    at::RecordFunctionCallback::EndCallback exit,
+                                                    bool needs_inputs = false) {
   return at::RecordFunctionCallback(enter, exit)
-      .needsInputs(false)
+      .needsInputs(needs_inputs)
       .needsOutputs(false)
       .needsIds(false)
       .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION,

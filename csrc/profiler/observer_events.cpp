@@ -38,7 +38,8 @@ void resolve_locked(ThreadState& state, bool by_owner, bool wait_all) {
                          /*known_done=*/known_done)) {
         break;
       }
-      brick_registry().record(pair.node, interval.duration_ns);
+      record_brick(brick_registry(), pair.node, pair.shape, interval.duration_ns,
+                   registry::Registry::now_ns());
     } catch (...) {
       g_timing_failures.fetch_add(1, std::memory_order_relaxed);
     }
@@ -112,19 +113,22 @@ void start_async_timing(ThreadState& state, runtime::Runtime& rt, Frame& frame, 
 // once the device has reached its end.
 void finish_async_timing(ThreadState& state, runtime::Runtime& rt, const Frame& frame) {
   if (frame.awaiting_work) {  // an op that queued no device work: its device time is none
-    g_registry.load(std::memory_order_relaxed)->record(frame.node, 0);
+    record_brick(*g_registry.load(std::memory_order_relaxed), frame.node, frame.shape, 0,
+                 registry::Registry::now_ns());
     return;
   }
   switch (g_mode.load(std::memory_order_relaxed)) {
     case SyncMode::Immediate: {
       rt.synchronize_device(frame.device);
       const int64_t end = registry::Registry::now_ns();
-      g_registry.load(std::memory_order_relaxed)->record(frame.node, end - frame.start_ns, end);
+      record_brick(*g_registry.load(std::memory_order_relaxed), frame.node, frame.shape,
+                   end - frame.start_ns, end);
       return;
     }
     case SyncMode::Deferred: {
       const int64_t end = registry::Registry::now_ns();
-      g_registry.load(std::memory_order_relaxed)->record(frame.node, end - frame.start_ns, end);
+      record_brick(*g_registry.load(std::memory_order_relaxed), frame.node, frame.shape,
+                   end - frame.start_ns, end);
       return;
     }
     case SyncMode::Event:
@@ -154,7 +158,8 @@ void finish_async_timing(ThreadState& state, runtime::Runtime& rt, const Frame& 
     }
   }
   std::lock_guard<std::mutex> lock(state.pending.mutex);
-  state.pending.pairs.push_back({frame.node, frame.device, stream, frame.start_event, end});
+  state.pending.pairs.push_back(
+      {frame.node, frame.device, stream, frame.start_event, end, frame.shape});
   state.pending.size.store(state.pending.pairs.size(), std::memory_order_relaxed);
   if (state.pending.pairs.size() % kResolveEvery == 0 ||
       state.pending.pairs.size() > kMaxOutstanding) {

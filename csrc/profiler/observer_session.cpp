@@ -124,7 +124,9 @@ void enable() {
   owner.session = g_session.load(std::memory_order_relaxed);
   owner.published_top.store(registry::kNoParent, std::memory_order_relaxed);
   g_owner.store(&owner, std::memory_order_release);
-  g_handle = at::addGlobalCallback(observer_callback(&on_enter, &on_exit));
+  const bool shapes = record_shapes();
+  g_shapes_active.store(shapes, std::memory_order_relaxed);
+  g_handle = at::addGlobalCallback(observer_callback(&on_enter, &on_exit, shapes));
   if (g_async.load(std::memory_order_relaxed) &&
       g_mode.load(std::memory_order_relaxed) == SyncMode::Event) {
     runtime::set_queue_hook(&start_awaiting_bricks);
@@ -153,6 +155,15 @@ void set_sync_mode(SyncMode mode) {
 
 SyncMode sync_mode() noexcept { return g_mode.load(std::memory_order_relaxed); }
 
+void set_record_shapes(bool on) {
+  std::lock_guard<std::mutex> lock(g_control_mutex);
+  TORCH_CHECK(!g_enabled.load(),
+              "brick profiler: record_shapes cannot change while profiling; disable() first");
+  g_record_shapes.store(on, std::memory_order_relaxed);
+}
+
+bool record_shapes() noexcept { return g_record_shapes.load(std::memory_order_relaxed); }
+
 registry::Snapshot snapshot() {
   // Every thread's outstanding pairs (asynchronous runtimes only) resolve here, waiting for
   // their device work.
@@ -171,6 +182,7 @@ registry::Snapshot snapshot() {
 void reset() {
   std::lock_guard<std::mutex> lock(g_control_mutex);
   brick_registry().reset();
+  reset_shapes();
   // The registry's own counters start again with its figures: a report (bp.profile resets at
   // its start) says what its profile missed, not what an earlier one in the process did.
   g_unbalanced_exits.store(0, std::memory_order_relaxed);

@@ -21,6 +21,7 @@
 
 #include "profiler/device_timer.h"
 #include "profiler/profiler.h"
+#include "profiler/shape_stats.h"
 #include "registry/registry.h"
 #include "runtime/runtime.h"
 
@@ -49,7 +50,9 @@ extern at::CallbackHandle g_handle;
 extern std::atomic<runtime::Runtime*> g_runtime;
 extern std::atomic<registry::Registry*> g_registry;
 extern std::atomic<uint64_t> g_capture_skipped_base;  // not reported: before reset(), or a parent's
-extern std::atomic<bool> g_async;  // async_runtime(): bricks are timed by device events
+extern std::atomic<bool> g_async;          // async_runtime(): bricks are timed by device events
+extern std::atomic<bool> g_record_shapes;  // the setting: profiles enabled from now on
+extern std::atomic<bool> g_shapes_active;  // the running profile records shapes
 
 // Bumped whenever an operator schema is deregistered: its name's address may then be reused by
 // another schema's name, so every thread's node cache keyed by those addresses is flushed.
@@ -73,7 +76,8 @@ struct Frame {
   // Event mode on an asynchronous runtime, an op: its start event is recorded right before the
   // first work it queues (start_awaiting_bricks), on that work's device; none yet.
   bool awaiting_work = false;
-  bool is_op = false;  // an op (scope FUNCTION), not a range or an autograd node
+  bool is_op = false;         // an op (scope FUNCTION), not a range or an autograd node
+  uint32_t shape = kNoShape;  // its signature, while the profile records shapes
 };
 
 // Finished event pairs whose device work may still be running (asynchronous runtimes).
@@ -83,7 +87,17 @@ struct PendingPair {
   runtime::StreamId stream;  // of its end event
   runtime::Event* start;
   runtime::Event* end;
+  uint32_t shape;
 };
+
+// Records one completed call of a brick: in the registry, and per signature while the profile
+// records shapes.
+inline void record_brick(registry::Registry& registry, NodeId node, uint32_t shape, int64_t ns,
+                         int64_t end_ns) noexcept {
+  registry.record(node, ns, end_ns);
+  if (shape != kNoShape && !record_shape(node, shape, ns)) [[unlikely]]
+    g_timing_failures.fetch_add(1, std::memory_order_relaxed);
+}
 
 struct NameKey {
   NodeId parent;

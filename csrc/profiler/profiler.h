@@ -23,6 +23,10 @@ bool is_enabled() noexcept;
 // Throws while enabled: a profiled region is timed in one mode from start to end.
 void set_sync_mode(registry::SyncMode mode);
 registry::SyncMode sync_mode() noexcept;
+// Whether the profiles enabled from now on record each op's input shapes (shape_stats.h).
+// Throws while enabled: a profiled region records them from start to end or not at all.
+void set_record_shapes(bool on);
+bool record_shapes() noexcept;
 // Resolves outstanding device events, then merges every thread's figures: one reading, from
 // which both views (by call path, by name) derive.
 registry::Snapshot snapshot();

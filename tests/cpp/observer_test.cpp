@@ -1,5 +1,6 @@
 // GoogleTest suite for the RecordFunction observer that feeds the registry: what happens to the
 // call tree when a brick cannot be timed.
+#include <ATen/ATen.h>
 #include <ATen/record_function.h>
 #include <gtest/gtest.h>
 
@@ -8,6 +9,7 @@
 
 #include "profiler/profiler.h"
 #include "profiler/range_stack.h"
+#include "profiler/shape_stats.h"
 #include "registry/registry.h"
 
 namespace {
@@ -111,6 +113,70 @@ TEST(ObserverTest, WhatTheRegistryMissedCountsSinceItsReset) {
   EXPECT_EQ(after_reset.timing_failures, 0u);
   EXPECT_EQ(after_reset.unbalanced_exits, 0u);
   EXPECT_EQ(after_reset.capture_skipped, 0u);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Input shapes per op (record_shapes)
+
+std::map<std::string, uint64_t> mm_calls_by_signature() {
+  std::map<std::string, uint64_t> calls;
+  for (const auto& row : profiler::shape_rows()) {
+    if (row.name == "aten::mm")
+      calls[row.shapes + " " + row.dtypes + " " + row.values] += row.calls;
+  }
+  return calls;
+}
+
+TEST(ShapeStatsTest, EachSignatureOfAnOpIsARowAndTheRowsAddUpToItsCalls) {
+  const at::Tensor a = at::ones({4, 8}), b = at::ones({2, 8}), w = at::ones({8, 16});
+  const at::Tensor b64 = b.to(at::kDouble), w64 = w.to(at::kDouble);
+  profiler::set_record_shapes(true);
+  profiler::enable();
+  for (int i = 0; i < 3; ++i) (void)at::mm(a, w);
+  (void)at::mm(b, w);
+  (void)at::mm(b64, w64);
+  (void)at::mm(a, w);  // a signature seen before: found by its digest
+  profiler::disable();
+  profiler::set_record_shapes(false);
+  const auto calls = mm_calls_by_signature();
+  uint64_t mm_count = 0;
+  for (const auto& node : profiler::snapshot().by_name()) {
+    if (node.name == "aten::mm") mm_count = node.count;
+  }
+  profiler::reset();
+  EXPECT_EQ(calls, (std::map<std::string, uint64_t>{
+                       {R"([[4, 8], [8, 16]] ["Float", "Float"] [null, null])", 4},
+                       {R"([[2, 8], [8, 16]] ["Float", "Float"] [null, null])", 1},
+                       {R"([[2, 8], [8, 16]] ["Double", "Double"] [null, null])", 1}}));
+  EXPECT_EQ(mm_count, 6u);
+  EXPECT_TRUE(mm_calls_by_signature().empty()) << "reset() forgets the rows";
+}
+
+TEST(ShapeStatsTest, IntegerArgumentsAreRecordedByValue) {
+  const at::Tensor x = at::ones({4, 8});
+  profiler::set_record_shapes(true);
+  profiler::enable();
+  (void)x.view({2, 16});
+  (void)at::sum(x, {1}, /*keepdim=*/true);
+  profiler::disable();
+  profiler::set_record_shapes(false);
+  std::map<std::string, std::string> values;
+  for (const auto& row : profiler::shape_rows()) values[row.name + " " + row.dtypes] = row.values;
+  profiler::reset();
+  EXPECT_EQ(values.at(R"(aten::view ["Float", "int[]"])"), "[null, [2, 16]]");
+  EXPECT_EQ(values.at(R"(aten::sum ["Float", "int[]", "bool", "None"])"),
+            "[null, [1], true, null]");
+}
+
+TEST(ShapeStatsTest, OffByDefaultAndTheSettingIsRefusedWhileProfiling) {
+  EXPECT_FALSE(profiler::record_shapes());
+  const at::Tensor a = at::ones({4, 8}), w = at::ones({8, 16});
+  profiler::enable();
+  (void)at::mm(a, w);
+  EXPECT_THROW(profiler::set_record_shapes(true), c10::Error);
+  profiler::disable();
+  EXPECT_TRUE(mm_calls_by_signature().empty());
+  profiler::reset();
 }
 
 }  // namespace

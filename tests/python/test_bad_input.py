@@ -858,6 +858,8 @@ EXEMPT = {
     "torch_brickdev.profiler.BrickStats": "a frozen record that stats() builds from the native "
                                           "registry; not an input",
     "torch_brickdev.profiler.MergedReport": "a record that merge_reports() builds; not an input",
+    "torch_brickdev.profiler.ShapeStats": "a frozen record that Report.shape_stats() builds from "
+                                          "a report's validated rows; not an input",
     "torch_brickdev.profiler.ReportDiff": "a record that diff_reports() builds; not an input",
     "torch_brickdev.profiler.BrickChange": "a record that diff_reports() builds; not an input",
     "torch_brickdev.tools.pytest_plugin.BrickInconclusiveWarning": "a warning class",

@@ -80,8 +80,13 @@ def test_every_check_passes_on_a_real_decode(reports, mode):
     assert stability.figures["run_median_token_ns"] == decode["run_median_token_ns"]
     cv = stability.figures["cv"]
     assert math.isfinite(cv) and cv >= 0
-    assert stability.status == ("pass" if cv < contract.STABILITY_MAX_CV else "fail"), \
-        stability.message
+    if cv < contract.STABILITY_MAX_CV:
+        assert stability.status == "pass", stability.message
+    elif stability.status == "inconclusive":
+        # a run the machine descheduled is named as such (test_busy_machine.py covers the rule)
+        assert "the machine was busy" in stability.message, stability.message
+    else:
+        assert stability.status == "fail", stability.message
 
 
 def test_every_check_passes_on_the_report_read_back(base_dict, tmp_path):

@@ -57,7 +57,8 @@ from torch_brickdev.tools import contract
 from torch_brickdev.tools.contract import CHECK_IDS, CheckResult, format_results, run_checks
 from torch_brickdev.profiler import Report, load_report
 from torch_brickdev.profiler import _report_schema
-from torch_brickdev.profiler.report import ReportError, compare_with_key_averages, folded_by_pytorch
+from torch_brickdev.profiler.report import ReportError
+from torch_brickdev.profiler.report_key_averages import compare_with_key_averages, folded_by_pytorch
 
 # Every property is deterministic (derandomize) and uses no example database, so CI runs the
 # same examples every time; deadline: one example taking over 2 s is a failure (a hang guard,
@@ -942,7 +943,9 @@ CASES: List[Case] = [
     Case("table-by-None", lambda: _report().table(by=None), TypeError, r"by must be a str",
          "NoneType"),
     Case("table-by-unknown", lambda: _report().table(by="layer"), ValueError,
-         r"by must be 'name', 'path' or 'module'", "'layer'"),
+         r"by must be 'name', 'path', 'module' or 'shape'", "'layer'"),
+    Case("shape_stats-by-unknown", lambda: _report().shape_stats(by="op"), ValueError,
+         r"by must be 'name' or 'path'", "'op'"),
     Case("table-row_limit-str", lambda: _report().table(row_limit="3"), TypeError,
          r"row_limit must be an int >= 0 or None", "str"),
     Case("table-row_limit-bool", lambda: _report().table(row_limit=True), TypeError,

@@ -46,8 +46,9 @@ from ._registry import (
 )
 from ._kineto import kineto_available, kineto_stats
 from ._kineto import warn_where_unavailable as _warn_where_unavailable
-from .report import (Report, ReportError, WrittenFigures, compare_with_key_averages,
-                     folded_by_pytorch, load_report)
+from .report import Report, ReportError, WrittenFigures, load_report
+from .report_key_averages import compare_with_key_averages, folded_by_pytorch
+from .shapes import ShapeStats
 from .session import profile
 from .trace import export_chrome_trace
 from .merge import MergedReport, merge_reports
@@ -61,6 +62,7 @@ __all__ = [
     "Report",
     "ReportDiff",
     "ReportError",
+    "ShapeStats",
     "SyncMode",
     "WrittenFigures",
     "all_brick_stats",

@@ -18,6 +18,7 @@ from ._stats import SyncMode
 from . import machine
 from .live import Publisher
 from .modules import ModuleBricks
+from . import shapes
 from .report import Report
 
 
@@ -53,18 +54,20 @@ class profile:
     ``nn.Module`` call a brick named by its qualified path (:mod:`.modules`); the report's
     ``metadata["modules"]`` lists them and ``report.table(by="module")`` shows their tree.
     ``live=True`` (or ``BRICK_LIVE=1``) publishes the registry while the region runs, for
-    ``python -m torch_brickdev top`` (:mod:`.live`).
+    ``python -m torch_brickdev top`` (:mod:`.live`). ``record_shapes=True`` keeps each op call's
+    input shapes and dtypes (:mod:`.shapes`): ``report.table(by="shape")``.
     """
 
     def __init__(self, sync_mode: Optional[Union[SyncMode, str]] = None, *, reset: bool = True,
                  metadata: Optional[dict] = None, modules: bool = False,
-                 live: Optional[bool] = None):
+                 live: Optional[bool] = None, record_shapes: bool = False):
         where = "brick profiler: profile()"
         self._mode = None if sync_mode is None else SyncMode.parse(sync_mode, arg="sync_mode",
                                                                      where=where)
         self._reset = check_bool(reset, "reset", where)
         self._metadata = _check_metadata(metadata, where)
         self._modules = ModuleBricks() if check_bool(modules, "modules", where) else None
+        self._record_shapes = check_bool(record_shapes, "record_shapes", where)
         # live=None: as BRICK_LIVE says (1: every profile of the process is watchable)
         self._live = (os.environ.get("BRICK_LIVE", "0") not in ("", "0")) if live is None \
             else check_bool(live, "live", where)
@@ -82,6 +85,7 @@ class profile:
         self._previous_mode = sync_mode()
         if self._mode is not None:
             set_sync_mode(self._mode)
+        _C._profiler.set_record_shapes(self._record_shapes)
         if self._reset:
             reset()
         from ..distributed import collective_counters, wait_for_collectives
@@ -104,6 +108,7 @@ class profile:
                     self._modules.__exit__(None, None, None)
                 self._publisher.stop()
                 set_sync_mode(self._previous_mode)
+                _C._profiler.set_record_shapes(False)
                 raise
         return self
 
@@ -122,6 +127,7 @@ class profile:
             denied = machine.machine_figures(self._machine_before, machine.sample())
         finally:
             disable()
+            _C._profiler.set_record_shapes(False)
             if self._modules is not None:
                 self._modules.__exit__(*exc)
             mode = sync_mode()
@@ -138,6 +144,8 @@ class profile:
         if self._modules is not None:
             # which range bricks are modules: Report.table(by="module") builds its tree from them
             metadata.setdefault("modules", list(self._modules.names))
+        if self._record_shapes:
+            metadata.setdefault("shapes", shapes.capture())
         self.report = Report.capture(wall_ns=self.wall_ns, sync_mode=mode, metadata=metadata or None,
                                      machine=denied)
         return False

@@ -164,6 +164,7 @@ def profile_script(args) -> int:
         if quiet_legacy is not None:
             quiet_legacy.__enter__()
         with bp.profile(sync_mode=args.sync_mode, modules=args.modules, live=args.live or None,
+                        record_shapes=args.record_shapes,
                         metadata={"script": args.script, "argv": list(args.script_args)}) as p:
             try:
                 runpy.run_path(args.script, run_name="__main__")
@@ -178,6 +179,9 @@ def profile_script(args) -> int:
     if args.modules and p.report.module_times():
         print()
         print(p.report.table(by="module", row_limit=args.rows))
+    if args.record_shapes and p.report.shape_stats():
+        print()
+        print(p.report.table(by="shape", row_limit=args.rows))
     print(f"\nreport: {report_path}")
     if legacy is not None:
         trace_path = bp.export_chrome_trace(legacy, os.path.join(args.output, "trace.json"))
@@ -322,6 +326,9 @@ def main(argv=None) -> int:
     p.add_argument("--live", action="store_true",
                    help="publish the bricks while the script runs, for `python -m "
                    "torch_brickdev top`")
+    p.add_argument("--record-shapes", action="store_true",
+                   help="keep each op call's input shapes and dtypes, and print the table per "
+                   "op and input shapes")
     p.add_argument("script")
     p.add_argument("script_args", nargs=argparse.REMAINDER)
     p.set_defaults(run=profile_script)

@@ -1,0 +1,59 @@
+// Input shapes per op (`profile(record_shapes=True)`): the signature of each op call (its
+// inputs' shapes and dtypes, and the values of its small integer arguments), and per (op brick,
+// signature) the calls and time the observer measured: the rows of torch.profiler's
+// key_averages(group_by_input_shape=True), from brick's own timing. Off by default: while off,
+// the op path reads one flag, and PyTorch does not copy any op's inputs for brick.
+#pragma once
+
+#include <ATen/record_function.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "registry/registry.h"
+
+namespace brick::profiler {
+
+struct ShapeRow {
+  registry::NodeId node;
+  std::string name;  // the op
+  std::string path;  // its brick's call path, as the registry's path view names it
+  int device;
+  // JSON lists with one entry per input: a tensor's sizes, a tensor list's sizes (a list of
+  // them), [] for anything else; its dtype ("Float", "BFloat16"), "TensorList", or the kind of
+  // value ("int", "float", "bool", "int[]", "None", "str", "Device", ...); the value of an int,
+  // bool or int list input (the arguments that shape an op's work: a convolution's stride),
+  // null otherwise.
+  std::string shapes;
+  std::string dtypes;
+  std::string values;
+  uint64_t calls;
+  int64_t total_ns;
+  int64_t min_ns;
+  int64_t max_ns;
+};
+
+// Every (op brick, signature) recorded since the last reset(), after resolving outstanding device
+// events (as snapshot() does), in order of first appearance.
+std::vector<ShapeRow> shape_rows();
+
+namespace detail {
+
+#pragma GCC visibility push(hidden)
+
+inline constexpr uint32_t kNoShape = UINT32_MAX;
+
+// The id of `fn`'s signature (interned: a lock, and a string built per call).
+uint32_t intern_signature(const at::RecordFunction& fn);
+// One call of `node` with signature `signature` took `ns`. False when it could not be kept (out
+// of memory): the op's own brick still has the call.
+bool record_shape(registry::NodeId node, uint32_t signature, int64_t ns) noexcept;
+// Forgets every row (the registry's reset()).
+void reset_shapes();
+
+#pragma GCC visibility pop
+
+}  // namespace detail
+
+}  // namespace brick::profiler
