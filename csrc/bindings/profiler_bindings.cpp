@@ -125,8 +125,8 @@ void bind_profiler(py::module_& parent) {
   m.def("percentile_of_buckets", &percentile_of_buckets, py::arg("buckets"), py::arg("q"));
   m.def("set_record_shapes", &profiler::set_record_shapes, py::arg("on"));
   m.def("record_shapes", &profiler::record_shapes);
-  // Per op brick and input signature: (path, name, device, shapes, dtypes, values, calls,
-  // total_ns, min_ns, max_ns), the signature's three parts as JSON text.
+  // Per op brick and input signature: (path, name, overload, device, shapes, dtypes, values,
+  // calls, total_ns, min_ns, max_ns), the signature's last three parts as JSON text.
   m.def("shape_rows", [] {
     std::vector<profiler::ShapeRow> rows;
     {
@@ -135,8 +135,9 @@ void bind_profiler(py::module_& parent) {
     }
     py::list out;
     for (const profiler::ShapeRow& row : rows) {
-      out.append(py::make_tuple(row.path, row.name, row.device, row.shapes, row.dtypes, row.values,
-                                row.calls, row.total_ns, row.min_ns, row.max_ns));
+      out.append(py::make_tuple(row.path, row.name, row.overload, row.device, row.shapes,
+                                row.dtypes, row.values, row.calls, row.total_ns, row.min_ns,
+                                row.max_ns));
     }
     return out;
   });

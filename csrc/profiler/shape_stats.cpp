@@ -8,6 +8,7 @@
 #include <limits>
 #include <mutex>
 #include <sstream>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 
@@ -20,6 +21,7 @@ namespace detail {
 namespace {
 
 struct Signature {
+  std::string overload;
   std::string shapes;
   std::string dtypes;
   std::string values;
@@ -223,6 +225,7 @@ uint32_t intern_signature_text(const at::RecordFunction& fn);
 uint32_t intern_signature(const at::RecordFunction& fn) {
   SignatureDigest digest;
   const auto inputs = fn.inputs();
+  digest.add(std::hash<std::string_view>{}(fn.overload_name()));
   digest.add(inputs.size());
   bool digested = true;
   for (const c10::IValue& input : inputs) {
@@ -258,8 +261,9 @@ uint32_t intern_signature_text(const at::RecordFunction& fn) {
   shapes << ']';
   dtypes << ']';
   values << ']';
-  Signature signature{shapes.str(), dtypes.str(), values.str()};
-  std::string key = signature.shapes + '\n' + signature.dtypes + '\n' + signature.values;
+  Signature signature{fn.overload_name(), shapes.str(), dtypes.str(), values.str()};
+  std::string key = signature.overload + '\n' + signature.shapes + '\n' + signature.dtypes + '\n' +
+                    signature.values;
   ShapeTable& shapes_table = table();
   std::lock_guard<std::mutex> lock(shapes_table.signatures_mutex);
   const auto [it, added] = shapes_table.ids.emplace(
@@ -316,9 +320,9 @@ std::vector<ShapeRow> shape_rows() {
     const detail::Signature& signature = shapes_table.signatures[key & 0xffffffffu];
     const auto stats = by_node.find(node);
     if (stats == by_node.end()) continue;  // recorded after the snapshot: the next one has it
-    out.push_back({node, stats->second->name, stats->second->path, stats->second->device,
-                   signature.shapes, signature.dtypes, signature.values, row.calls, row.total_ns,
-                   row.min_ns, row.max_ns});
+    out.push_back({node, stats->second->name, signature.overload, stats->second->path,
+                   stats->second->device, signature.shapes, signature.dtypes, signature.values,
+                   row.calls, row.total_ns, row.min_ns, row.max_ns});
   }
   return out;
 }

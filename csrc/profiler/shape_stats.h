@@ -17,8 +17,9 @@ namespace brick::profiler {
 
 struct ShapeRow {
   registry::NodeId node;
-  std::string name;  // the op
-  std::string path;  // its brick's call path, as the registry's path view names it
+  std::string name;      // the op
+  std::string overload;  // the overload its call took ("Tensor" for aten::add.Tensor; "" for none)
+  std::string path;      // its brick's call path, as the registry's path view names it
   int device;
   // JSON lists with one entry per input: a tensor's sizes, a tensor list's sizes (a list of
   // them), [] for anything else; its dtype ("Float", "BFloat16"), "TensorList", or the kind of

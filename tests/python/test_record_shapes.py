@@ -121,7 +121,8 @@ def test_the_rows_survive_the_json_round_trip(tmp_path):
 @pytest.mark.parametrize("entry, problem", [
     ("nope", "metadata.shapes must be a list"),
     (["x"], r"metadata.shapes\[0\] must be an object"),
-    ([{"name": "aten::mm"}], r"metadata.shapes\[0\].path must be a str"),
+    ([{"name": "aten::mm"}], r"metadata.shapes\[0\].overload must be a str"),
+    ([{"name": "aten::mm", "overload": ""}], r"metadata.shapes\[0\].path must be a str"),
 ])
 def test_a_malformed_shapes_entry_is_named(entry, problem):
     report = bp.Report(bricks=[], paths=[], wall_ns=1, sync_mode="event", device={},

@@ -39,6 +39,7 @@ class ShapeStats:
     with ``by="name"``, over every path: ``path`` is then the name)."""
 
     name: str
+    overload: str  # the overload the calls took: "Tensor" for aten::add.Tensor, "" for none
     path: str
     device: int
     shapes: list  # per input: a tensor's sizes, a tensor list's sizes, [] for anything else
@@ -62,16 +63,17 @@ def capture() -> List[dict]:
     """The registry's rows of the region that recorded shapes, as the report's
     ``metadata["shapes"]`` holds them."""
     rows = []
-    for path, name, device, shapes, dtypes, values, calls, total, low, high in \
+    for path, name, overload, device, shapes, dtypes, values, calls, total, low, high in \
             _C._profiler.shape_rows():
-        rows.append(dict(name=name, path=path, device=device, shapes=json.loads(shapes),
+        rows.append(dict(name=name, overload=overload, path=path, device=device,
+                         shapes=json.loads(shapes),
                          dtypes=[_DTYPE_NAMES.get(d, d) for d in json.loads(dtypes)],
                          values=json.loads(values), calls=calls, total_ns=total, min_ns=low,
                          max_ns=high))
     return rows
 
 
-_FIELDS = {"name": str, "path": str, "device": int, "shapes": list, "dtypes": list,
+_FIELDS = {"name": str, "overload": str, "path": str, "device": int, "shapes": list, "dtypes": list,
            "values": list, "calls": int, "total_ns": int, "min_ns": int, "max_ns": int}
 
 
@@ -104,11 +106,12 @@ def shape_stats(metadata: dict, by: str = "name") -> List[ShapeStats]:
     if by == "name":
         merged: Dict[Tuple[str, str, str, str], ShapeStats] = {}
         for r in rows:
-            key = (r.name, json.dumps(r.shapes), json.dumps(r.dtypes), json.dumps(r.values))
+            key = (r.name, r.overload, json.dumps(r.shapes), json.dumps(r.dtypes),
+                   json.dumps(r.values))
             seen = merged.get(key)
             device = r.device if seen is None or seen.device == r.device else -1
             merged[key] = r if seen is None else ShapeStats(
-                name=r.name, path=r.name, device=device, shapes=r.shapes, dtypes=r.dtypes,
+                name=r.name, overload=r.overload, path=r.name, device=device, shapes=r.shapes, dtypes=r.dtypes,
                 values=r.values, calls=seen.calls + r.calls, total_ns=seen.total_ns + r.total_ns,
                 min_ns=min(seen.min_ns, r.min_ns), max_ns=max(seen.max_ns, r.max_ns))
         rows = [r if r.path == r.name else ShapeStats(**{**r.__dict__, "path": r.name})
