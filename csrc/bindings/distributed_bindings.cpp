@@ -1,6 +1,8 @@
 // torch_brickdev._C._distributed: brick's c10d backend as torch.distributed sees it.
 #include <torch/csrc/utils/pybind.h>
 
+#include "distributed/collective_work.h"
+#include "distributed/collectives.h"
 #include "distributed/process_group.h"
 
 namespace py = pybind11;

@@ -3,55 +3,14 @@
 // byte is copied. CPU tensors go to a gloo engine unchanged.
 #pragma once
 
-#include <array>
 #include <atomic>
+#include <chrono>
 #include <string>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <vector>
 
 namespace brick::distributed {
-
-// What one kind of collective moved in this process, across every brick process group.
-struct CollectiveCounter {
-  const char* name;
-  std::atomic<uint64_t> calls{0};
-  std::atomic<uint64_t> bytes{0};      // input bytes this rank contributed
-  std::atomic<int64_t> group_size{0};  // of the last call
-  // Summed over calls: from the enqueue until the engine completed the collective (what a rank
-  // waits for, its peers included); calls whose engine gives no future are not timed.
-  std::atomic<int64_t> time_ns{0};
-  std::atomic<uint64_t> timed_calls{0};
-};
-
-enum class Collective : int {
-  Broadcast,
-  AllReduce,
-  AllReduceCoalesced,
-  Reduce,
-  AllGather,
-  AllGatherIntoTensor,
-  AllGatherCoalesced,
-  AllGatherIntoTensorCoalesced,
-  Gather,
-  Scatter,
-  ReduceScatter,
-  ReduceScatterTensor,
-  ReduceScatterTensorCoalesced,
-  AllToAll,
-  AllToAllSingle,
-  Barrier,
-  Send,
-  Recv,
-  Count
-};
-std::array<CollectiveCounter, static_cast<size_t>(Collective::Count)>& collective_counters();
-
-// Waits until every collective brick's process groups have started so far has finished,
-// including its engine's own completion steps (gloo ends its profiling range after completing
-// the future DDP waits on) and brick's accounting of it (its time, its device activity). Errors
-// are left to the collective's own Work; returns how many collectives it waited for.
-size_t wait_for_collectives();
 
 class BrickProcessGroup final : public c10d::Backend {
  public:
@@ -116,7 +75,7 @@ class BrickProcessGroup final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
 
  private:
-  struct Call;  // one collective's engine, aliases and results (process_group.cpp)
+  struct Call;  // one collective's engine, aliases and results (collective_call.h)
 
   c10::intrusive_ptr<c10d::Backend> brick_engine_;
   c10::intrusive_ptr<c10d::Backend> cpu_engine_;
