@@ -433,6 +433,14 @@ for value, error, pattern in [
 ]:
     TABLE.append(bad(bp.export_chrome_trace, "rank", value, error, pattern, keyword=True,
                      path=os.path.join(tempfile.gettempdir(), "never.json"), **EXPORT))
+for value, error, pattern, received in [
+    ("report.json", TypeError, r"report must be a torch_brickdev Report or None, got str", "str"),
+    (bp.Report(bricks=[], paths=[], wall_ns=1, sync_mode="event", device={}), ValueError,
+     r"the report has no roofline; profile with roofline=True", "has no roofline"),
+]:
+    TABLE.append(bad(bp.export_chrome_trace, "report", value, error, pattern, keyword=True,
+                     received=received, path=os.path.join(tempfile.gettempdir(), "never.json"),
+                     **EXPORT))
 
 TRACE_DIR_TYPE = r"trace_dir must be a str or an os\.PathLike path, got "
 TABLE += [

@@ -36,6 +36,7 @@ from ._registry import health
 from ._report_schema import (BRICK_FIELDS, SCHEMA, VERSION, ReportError, WrittenFigures,
                              first_unwritable, read_source, Reader, type_name)
 from ._stats import BrickStats, SyncMode
+from . import roofline as _roofline
 from . import shapes
 
 __all__ = ["Report", "ReportError", "WrittenFigures", "load_report", "SCHEMA", "VERSION"]
@@ -202,7 +203,8 @@ class Report:
         return os.fsdecode(path) if isinstance(path, bytes) else path
 
     # ---- text -------------------------------------------------------------------------------
-    def table(self, sort_by: str = "total", row_limit: Optional[int] = None, by: str = "name") -> str:
+    def table(self, sort_by: str = "total", row_limit: Optional[int] = None, by: str = "name",
+              roofline: bool = False) -> str:
         """A text table in the style of ``key_averages().table()``.
 
         ``sort_by``: ``total``, ``avg``, ``count``, ``max``, ``p99`` or ``name``; ``by``: ``name``,
@@ -210,7 +212,9 @@ class Report:
         ``profile(modules=True)``, each with its self and total time, slowest self time first;
         ``sort_by`` does not apply) or ``shape`` (per op and input shapes, dtypes and integer
         arguments, as ``key_averages(group_by_input_shape=True)``: ``profile(record_shapes=True)``;
-        slowest total first); ``row_limit``: the first rows only (None: every row).
+        slowest total first); ``row_limit``: the first rows only (None: every row); ``roofline``:
+        with ``by`` ``name`` or ``path``, the columns of ``profile(roofline=True)``: achieved
+        GFLOP/s and GB/s, their percentage of the backing device's peaks, and what bounds it.
         """
         keys = {
             "total": lambda b: -b.total_ns, "avg": lambda b: -b.avg_us(), "count": lambda b: -b.count,
@@ -224,6 +228,18 @@ class Report:
             raise ValueError(f"brick report: by must be 'name', 'path', 'module' or 'shape', "
                              f"got {by!r}")
         _check_row_limit(row_limit, "Report.table")
+        if not isinstance(roofline, bool):
+            raise TypeError(f"Report.table: roofline must be a bool, got {type_name(roofline)}")
+        roofline_of = {}
+        if roofline:
+            if by not in ("name", "path"):
+                raise ValueError(f"brick report: table(roofline=True) shows by='name' or 'path', "
+                                 f"got by={by!r}")
+            roofline_of = {r.path: r for r in self.roofline(by=by)}
+            if not roofline_of:
+                raise ValueError("brick report: no roofline; profile with roofline=True "
+                                 "(python -m torch_brickdev profile --roofline) for "
+                                 "table(roofline=True)")
         if by == "module":
             return self._module_table(row_limit)
         if by == "shape":
@@ -236,6 +252,8 @@ class Report:
         width = max([len(label)] + [len(_label(b, by)) for b in rows]) + 2
         header = (f"{label:<{width}}{'Kind':>6}{'Calls':>9}{'Total ms':>12}{'Avg us':>11}"
                   f"{'Min us':>11}{'Max us':>11}{'P50 us':>11}{'P99 us':>11}{'% wall':>8}")
+        if roofline:
+            header += _roofline.table_header()
         rule = "-" * len(header)
         lines = [rule, header, rule]
         wall = self.wall_ns or 1
@@ -244,6 +262,8 @@ class Report:
                 f"{_label(b, by):<{width}}{b.kind:>6}{b.count:>9}{b.total_ns / 1e6:>12.3f}"
                 f"{b.avg_us():>11.3f}{b.min_ns / 1e3:>11.3f}{b.max_ns / 1e3:>11.3f}"
                 f"{b.p50_ns / 1e3:>11.3f}{b.p99_ns / 1e3:>11.3f}{100 * b.total_ns / wall:>7.1f}%"
+                + (_roofline.table_cells(roofline_of.get(b.path if by == "path" else b.name))
+                   if roofline else "")
             )
         lines.append(rule)
         lines.append(
@@ -253,6 +273,8 @@ class Report:
         lines.append("calls: every call on every thread, a call nested in a call of the same "
                      "name included (key_averages() folds it into its parent)")
         lines.extend(_collective_lines(self.metadata.get("collectives")))
+        if roofline:
+            lines.extend(_roofline.table_notes(self.metadata["roofline"]))
         # What the profiler could not time is said, never left to be noticed.
         missed = {
             "capture_skipped": "bricks skipped: their stream was being captured into a CUDA graph",
@@ -286,6 +308,13 @@ class Report:
                  "self_ns": b.total_ns - children_ns[n]} for n, b in named.items()]
         rows.sort(key=lambda r: -r["self_ns"])
         return rows
+
+    def roofline(self, by: str = "path") -> List[_roofline.BrickRoofline]:
+        """Per brick (``profile(roofline=True)``): FLOPs, bytes, achieved FLOP/s and bytes/s and
+        their fraction of the backing device's peaks, compute- or memory-bound; per call path
+        (``by="path"``) or per name (``by="name"``), slowest first; empty without a roofline
+        (:mod:`.roofline`)."""
+        return _roofline.roofline_rows(self.metadata, by)
 
     def shape_stats(self, by: str = "name") -> List[shapes.ShapeStats]:
         """Per op and input signature (``profile(record_shapes=True)``): merged over call paths

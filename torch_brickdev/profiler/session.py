@@ -18,7 +18,7 @@ from ._stats import SyncMode
 from . import machine
 from .live import Publisher
 from .modules import ModuleBricks
-from . import shapes
+from . import roofline, shapes
 from .report import Report
 
 
@@ -55,19 +55,23 @@ class profile:
     ``metadata["modules"]`` lists them and ``report.table(by="module")`` shows their tree.
     ``live=True`` (or ``BRICK_LIVE=1``) publishes the registry while the region runs, for
     ``python -m torch_brickdev top`` (:mod:`.live`). ``record_shapes=True`` keeps each op call's
-    input shapes and dtypes (:mod:`.shapes`): ``report.table(by="shape")``.
+    input shapes and dtypes (:mod:`.shapes`): ``report.table(by="shape")``. ``roofline=True``
+    (which records shapes) adds each brick's FLOPs, bytes, achieved rates and their fraction of
+    the backing device's measured peaks (:mod:`.roofline`): ``report.table(roofline=True)``.
     """
 
     def __init__(self, sync_mode: Optional[Union[SyncMode, str]] = None, *, reset: bool = True,
                  metadata: Optional[dict] = None, modules: bool = False,
-                 live: Optional[bool] = None, record_shapes: bool = False):
+                 live: Optional[bool] = None, record_shapes: bool = False,
+                 roofline: bool = False):
         where = "brick profiler: profile()"
         self._mode = None if sync_mode is None else SyncMode.parse(sync_mode, arg="sync_mode",
                                                                      where=where)
         self._reset = check_bool(reset, "reset", where)
         self._metadata = _check_metadata(metadata, where)
         self._modules = ModuleBricks() if check_bool(modules, "modules", where) else None
-        self._record_shapes = check_bool(record_shapes, "record_shapes", where)
+        self._roofline = check_bool(roofline, "roofline", where)
+        self._record_shapes = check_bool(record_shapes, "record_shapes", where) or self._roofline
         # live=None: as BRICK_LIVE says (1: every profile of the process is watchable)
         self._live = (os.environ.get("BRICK_LIVE", "0") not in ("", "0")) if live is None \
             else check_bool(live, "live", where)
@@ -148,6 +152,11 @@ class profile:
             metadata.setdefault("shapes", shapes.capture())
         self.report = Report.capture(wall_ns=self.wall_ns, sync_mode=mode, metadata=metadata or None,
                                      machine=denied)
+        if self._roofline and "roofline" not in self.report.metadata:
+            # after the region: the work estimates and a first measurement of the peaks are not
+            # the region's time
+            self.report = self.report.with_metadata(roofline=roofline.compute(
+                self.report.paths, self.report.shape_stats(by="path")))
         return False
 
 

@@ -167,16 +167,44 @@ def _check_output_path(path, where: str) -> str:
     return path
 
 
-def export_chrome_trace(prof, path: Union[str, os.PathLike], *, rank: Optional[int] = None) -> str:
+def _roofline_args(report, where: str) -> dict:
+    """Per brick name, the roofline figures a trace event of that name carries."""
+    if report is None:
+        return {}
+    from .report import Report
+
+    if not isinstance(report, Report):
+        raise TypeError(f"{where}: report must be a torch_brickdev Report or None, got "
+                        f"{type(report).__name__}")
+    rows = report.roofline(by="name")
+    if not rows:
+        raise ValueError(f"{where}: the report has no roofline; profile with roofline=True")
+    calls = {b.name: b.count for b in report.bricks}
+    return {r.path: {"GFLOP/s": round(r.flops_per_s / 1e9, 3),
+                     "GB/s": round(r.bytes_per_s / 1e9, 3),
+                     "% peak FLOP/s": round(100 * r.flops_fraction, 2),
+                     "% peak bytes/s": round(100 * r.bytes_fraction, 2),
+                     "bound": r.bound,
+                     "FLOPs per call": r.flops // max(calls.get(r.path, 1), 1),
+                     "bytes per call": r.bytes // max(calls.get(r.path, 1), 1)}
+            for r in rows if r.bound != "-"}
+
+
+def export_chrome_trace(prof, path: Union[str, os.PathLike], *, rank: Optional[int] = None,
+                        report=None) -> str:
     """Writes PyTorch's chrome trace of ``prof`` plus brick's device timeline to ``path``.
 
     ``prof`` is a finished ``torch.autograd.profiler.profile(use_device="brick")``. Returns the
     path. The file loads in Perfetto (ui.perfetto.dev), chrome://tracing and
-    HolisticTraceAnalysis."""
+    HolisticTraceAnalysis. ``report``: a brick Report of the same region made with
+    ``profile(roofline=True)``; each CPU op and range named like one of its bricks then carries
+    the brick's roofline in its args (``brick roofline``: GFLOP/s, GB/s, their percentage of the
+    peaks, the bound, FLOPs and bytes per call, all over the brick's calls in the region)."""
     where = "brick profiler: export_chrome_trace()"
     _check_finished_profile(prof, where)
     path = _check_output_path(path, where)
     rank = check_int(rank, "rank", where, low=0, optional=True)
+    roofline_args = _roofline_args(report, where)
     # PyTorch's export can be saved once per profile: keep its text for later exports.
     state = _state(prof)
     base_text = state.base_trace
@@ -213,6 +241,8 @@ def export_chrome_trace(prof, path: Union[str, os.PathLike], *, rank: Optional[i
     cpu_pid = os.getpid()
     for ev in events:
         if ev.get("ph") == "X" and ev.get("cat") in ("cpu_op", "user_annotation"):
+            if ev.get("name") in roofline_args:
+                ev.setdefault("args", {})["brick roofline"] = roofline_args[ev["name"]]
             external = (ev.get("args") or {}).get("External id")
             cpu_slots[(ev["name"], round(float(ev["ts"]), 3))] = (ev["pid"], ev["tid"], external)
             cpu_pid = ev["pid"]

@@ -164,7 +164,7 @@ def profile_script(args) -> int:
         if quiet_legacy is not None:
             quiet_legacy.__enter__()
         with bp.profile(sync_mode=args.sync_mode, modules=args.modules, live=args.live or None,
-                        record_shapes=args.record_shapes,
+                        record_shapes=args.record_shapes, roofline=args.roofline,
                         metadata={"script": args.script, "argv": list(args.script_args)}) as p:
             try:
                 runpy.run_path(args.script, run_name="__main__")
@@ -182,9 +182,13 @@ def profile_script(args) -> int:
     if args.record_shapes and p.report.shape_stats():
         print()
         print(p.report.table(by="shape", row_limit=args.rows))
+    if args.roofline and p.report.roofline():
+        print()
+        print(p.report.table(roofline=True, row_limit=args.rows))
     print(f"\nreport: {report_path}")
     if legacy is not None:
-        trace_path = bp.export_chrome_trace(legacy, os.path.join(args.output, "trace.json"))
+        trace_path = bp.export_chrome_trace(legacy, os.path.join(args.output, "trace.json"),
+                                            report=p.report if args.roofline else None)
         print(f"trace:  {trace_path} (open in ui.perfetto.dev)")
     return exit_code
 
@@ -329,6 +333,10 @@ def main(argv=None) -> int:
     p.add_argument("--record-shapes", action="store_true",
                    help="keep each op call's input shapes and dtypes, and print the table per "
                    "op and input shapes")
+    p.add_argument("--roofline", action="store_true",
+                   help="each brick's FLOPs and bytes, achieved GFLOP/s and GB/s and their share "
+                   "of the backing device's measured peaks (records shapes; the peaks are "
+                   "measured once per machine and cached)")
     p.add_argument("script")
     p.add_argument("script_args", nargs=argparse.REMAINDER)
     p.set_defaults(run=profile_script)
