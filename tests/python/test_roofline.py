@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-import torch_brickdev  # noqa: F401
+import torch_brickdev  # noqa: F401  (registers brick)
 from torch_brickdev import profiler as bp
-from torch_brickdev.profiler import roofline
+from torch_brickdev.profiler import roofline, roofline_peaks
 
 
 @pytest.fixture(scope="module")
@@ -62,16 +62,23 @@ def test_a_range_counts_its_outermost_ops_once(peaks_env):
 
 def test_achieved_never_exceeds_the_measured_peaks(peaks_env):
     """The peaks are the best of calibrated runs of the same kernels (a 512x512 matmul among
-    them), measured in this process: a brick's rate cannot beat them beyond timing noise (5 %)."""
+    them): a brick's rate cannot beat them beyond timing noise (5 %). The machine's load may
+    change between the calibration and the region, so the peaks are measured again after it and
+    the better of the two readings is the bound."""
     a, b = torch.randn(512, 512, device="brick"), torch.randn(512, 512, device="brick")
     x = torch.randn(2**20, device="brick")
     with bp.profile(roofline=True) as p:
         for _ in range(5):
             torch.mm(a, b)
             x.mul_(1.0)
+    before = p.report.metadata["roofline"]["peaks"]["float32"]
+    after = roofline.measure_peaks("float32")
+    best_flops = max(before["flops_per_s"], after["flops_per_s"])
+    best_bytes = max(before["bytes_per_s"], after["bytes_per_s"])
     for row in p.report.roofline():
-        assert row.flops_fraction <= 1.05, row
-        assert row.bytes_fraction <= 1.05, row
+        assert row.flops_per_s <= 1.05 * best_flops, row
+        assert row.bytes_per_s <= 1.05 * best_bytes, row
+        assert row.flops_fraction == pytest.approx(row.flops_per_s / before["flops_per_s"])
 
 
 def test_a_bandwidth_bound_op_is_reported_as_such(peaks_env):
@@ -146,7 +153,7 @@ def test_the_peaks_are_measured_once_per_machine(peaks_env, monkeypatch):
     def fail(dtype):
         raise AssertionError("measured again")
 
-    monkeypatch.setattr(roofline, "measure_peaks", fail)
+    monkeypatch.setattr(roofline_peaks, "measure_peaks", fail)
     assert roofline.peaks("float32") == entry
 
 

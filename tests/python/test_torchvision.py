@@ -93,3 +93,31 @@ def test_resnet18_module_bricks_find_the_slowest_layer():
     assert sum(r["self_ns"] for r in rows.values()) == root.total_ns
     first = p.report.table(by="module").splitlines()[3].split()[0]
     assert first == max(rows.values(), key=lambda r: r["self_ns"])["name"]
+
+
+def test_resnet18_shapes_and_roofline(tmp_path, monkeypatch):
+    """profile(roofline=True) on an unedited resnet18 forward and backward: the rows per op and
+    input shapes add up to each op's calls, and each convolution's FLOPs are torch's
+    flop_counter's for the same model (FlopCounterMode on the CPU)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from torch_brickdev import profiler as bp
+
+    monkeypatch.setenv("BRICK_ROOFLINE_CACHE", str(tmp_path / "roofline.json"))
+    model = _resnet18("brick")
+    images = torch.randn(4, 3, 64, 64, device="brick")
+    model(images)
+    with torch.no_grad(), bp.profile(roofline=True, modules=True) as p:
+        model(images)
+    calls = {}
+    for row in p.report.shape_stats():
+        calls[row.name] = calls.get(row.name, 0) + row.calls
+    for brick in p.report.bricks:
+        if brick.kind == "op":
+            assert calls[brick.name] == brick.count, brick.name
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        _resnet18("cpu")(images.cpu())
+    rows = {r.path: r for r in p.report.roofline(by="name")}
+    assert rows["ResNet"].flops == counter.get_total_flops()
+    assert rows["aten::conv2d"].bound in ("compute", "memory")
+    assert 0 < rows["ResNet"].flops_fraction <= 1.05

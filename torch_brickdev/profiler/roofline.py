@@ -17,10 +17,8 @@ ops with no op between them and the range: a nested op is part of its parent op'
 (``aten::linear`` holds its ``aten::addmm``), so nothing counts twice. The rates are work over
 the brick's measured time.
 
-Peaks, per backing device and dtype: a matmul's FLOP/s and a copy's bytes/s, measured on brick
-itself (the backing device's kernels, through brick's own sync), best of several calibrated runs,
-and cached per machine (``$BRICK_ROOFLINE_CACHE`` or ``~/.cache/torch_brickdev/roofline.json``;
-:func:`measure_peaks` re-measures). A brick's fractions are of the peaks of its dominant dtype;
+Peaks, per backing device and dtype (:mod:`.roofline_peaks`): a matmul's FLOP/s and a copy's
+bytes/s, measured on brick itself, cached per machine (:func:`measure_peaks` re-measures). A brick's fractions are of the peaks of its dominant dtype;
 it is *compute*-bound when its arithmetic intensity (FLOPs per byte) reaches the device's ridge
 point (peak FLOP/s over peak bytes/s), else *memory*-bound.
 """
@@ -29,15 +27,12 @@ from __future__ import annotations
 
 import functools
 import json
-import os
-import platform
-import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 import torch
 
-from .. import _C
+from .roofline_peaks import FLOAT_DTYPES, measure_peaks, peaks
 
 __all__ = ["BrickRoofline", "OpWork", "compute", "measure_peaks", "op_work", "peaks",
            "roofline_rows"]
@@ -48,7 +43,6 @@ _TORCH_DTYPES = {
     "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
     "complex64": torch.complex64, "complex128": torch.complex128,
 }
-_FLOAT_DTYPES = ("float32", "float64", "float16", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -161,128 +155,6 @@ def op_work(name: str, overload: str, shapes: list, dtypes: list, values: list) 
     return OpWork(flops=int(counter.get_total_flops()), bytes=read + written)
 
 
-# ---- peaks -------------------------------------------------------------------------------------
-
-def _cache_path() -> str:
-    return os.environ.get("BRICK_ROOFLINE_CACHE") or os.path.join(
-        os.path.expanduser("~"), ".cache", "torch_brickdev", "roofline.json")
-
-
-def _backing() -> str:
-    return _C._backing_device_type()
-
-
-def _machine_key(dtype: str) -> str:
-    backing = _backing()
-    if backing == "cuda":
-        where = torch.cuda.get_device_name(torch.brick.current_device())
-    else:
-        where = f"{platform.processor() or platform.machine()} x{os.cpu_count()}"
-        try:
-            with open("/proc/cpuinfo") as f:
-                model = next((line.split(":", 1)[1].strip() for line in f
-                              if line.startswith("model name")), None)
-            where = f"{model} x{os.cpu_count()}" if model else where
-        except OSError:
-            pass
-    return (f"{backing}|{where}|{torch.get_num_threads()} threads|torch {torch.__version__}|"
-            f"{dtype}")
-
-
-def _best_seconds(fn, min_seconds: float = 0.05, repeats: int = 5) -> Tuple[float, int]:
-    """(best seconds per call, calls per timing): calls per timing calibrated to last
-    ``min_seconds``, the best of ``repeats`` timings."""
-    fn()
-    torch.brick.synchronize()
-    calls = 1
-    while True:
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.brick.synchronize()
-        elapsed = time.perf_counter() - start
-        if elapsed >= min_seconds or calls >= 1 << 16:
-            break
-        calls *= 2
-    best = elapsed / calls
-    for _ in range(repeats - 1):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.brick.synchronize()
-        best = min(best, (time.perf_counter() - start) / calls)
-    return best, calls
-
-
-def measure_peaks(dtype: str = "float32") -> dict:
-    """Measures the backing device's matmul FLOP/s and copy bytes/s in ``dtype`` on brick, and
-    caches them for this machine. Returns the cache entry: ``flops_per_s`` (the best square
-    matmul of three sizes), ``bytes_per_s`` (the best copy of four sizes, read plus written: in
-    cache or in memory, whichever is faster, so that no op's traffic can exceed it) and
-    ``memory_bytes_per_s`` (the largest copy's, beyond the caches), with how they were measured."""
-    if dtype not in _FLOAT_DTYPES:
-        raise ValueError(f"brick roofline: measure_peaks(dtype=...) must be one of "
-                         f"{', '.join(_FLOAT_DTYPES)}, got {dtype!r}")
-    torch_dtype = _TORCH_DTYPES[dtype]
-    cuda = _backing() == "cuda"
-    sizes = (2048, 4096, 8192) if cuda else (512, 1024, 2048)
-    flops_per_s = 0.0
-    for n in sizes:
-        a = torch.randn(n, n, device="brick").to(torch_dtype)
-        b = torch.randn(n, n, device="brick").to(torch_dtype)
-        seconds, _ = _best_seconds(lambda: torch.mm(a, b))
-        flops_per_s = max(flops_per_s, 2 * n ** 3 / seconds)
-        del a, b
-    itemsize = torch.tensor([], dtype=torch_dtype).element_size()
-    copy_rates = []
-    copy_mib = (1, 8, 64, 1024) if cuda else (1, 8, 64, 256)
-    for mib in copy_mib:
-        src = torch.empty(mib * 2**20 // itemsize, dtype=torch_dtype, device="brick").fill_(1)
-        dst = torch.empty_like(src)
-        seconds, _ = _best_seconds(lambda: dst.copy_(src))
-        copy_rates.append(2 * _nbytes(src) / seconds)
-        del src, dst
-    entry = {
-        "flops_per_s": flops_per_s,
-        "bytes_per_s": max(copy_rates),
-        "memory_bytes_per_s": copy_rates[-1],
-        "how": (f"measured on brick ({_backing()} backing): the best of 5 calibrated runs each of "
-                f"{dtype} matmuls {'/'.join(f'{n}x{n}' for n in sizes)} and copies of "
-                f"{'/'.join(str(m) for m in copy_mib)} MiB (bytes read plus written)"),
-        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    path = _cache_path()
-    cache = _read_cache(path)
-    cache[_machine_key(dtype)] = entry
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        temporary = f"{path}.{os.getpid()}.tmp"
-        with open(temporary, "w", encoding="utf-8") as f:
-            json.dump(cache, f, indent=2)
-        os.replace(temporary, path)
-    except OSError:
-        pass  # a read-only home: measured again next time
-    return entry
-
-
-def _read_cache(path: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as f:
-            cache = json.load(f)
-        return cache if isinstance(cache, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def peaks(dtype: str = "float32") -> dict:
-    """This machine's peaks for ``dtype`` (cached; measured once when missing)."""
-    entry = _read_cache(_cache_path()).get(_machine_key(dtype))
-    valid = isinstance(entry, dict) and all(
-        isinstance(entry.get(k), (int, float)) and entry[k] > 0
-        for k in ("flops_per_s", "bytes_per_s", "memory_bytes_per_s"))
-    return entry if valid else measure_peaks(dtype)
-
-
 # ---- per brick ---------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -319,7 +191,7 @@ def _dominant_dtype(row) -> str:
     PyTorch wraps as float64 tensors) do not decide. float32 when none does."""
     tensors = [(_numel(shape), dtype) for shape, dtype, value in
                zip(row.shapes, row.dtypes, row.values)
-               if dtype in _FLOAT_DTYPES and value is None and shape]
+               if dtype in FLOAT_DTYPES and value is None and shape]
     return max(tensors)[1] if tensors else "float32"
 
 
