@@ -12,6 +12,8 @@ from torch import nn
 import torch_brickdev  # noqa: F401
 from torch_brickdev import profiler as bp
 
+from profiler_helpers import load_benchmark
+
 
 class Block(nn.Module):
     def __init__(self, channels):
@@ -156,14 +158,8 @@ def test_a_compiled_submodule_is_one_brick(net, one_thread):
 
 @pytest.mark.timeout(240)
 def test_qwen2_module_tree_adds_up_to_the_forward(one_thread):
-    transformers = pytest.importorskip("transformers")
-    config = transformers.Qwen2Config(
-        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-        attn_implementation="sdpa")
-    torch.manual_seed(0)
-    model = transformers.Qwen2ForCausalLM(config).to("brick").eval()
-    ids = torch.randint(3, 256, (1, 16), device="brick")
+    pytest.importorskip("transformers")
+    model, ids = load_benchmark("bench_profile_options").qwen2()  # Qwen2, tiny config, on brick
     with torch.no_grad():
         model(ids)
         with bp.profile(modules=True) as p:

@@ -12,6 +12,8 @@ import torch_brickdev  # noqa: F401
 from torch_brickdev import _C
 from torch_brickdev import profiler as bp
 
+from profiler_helpers import load_benchmark
+
 
 def _calls_by_op(rows):
     calls = collections.Counter()
@@ -159,12 +161,8 @@ def test_the_rows_match_torch_profilers_group_by_input_shape():
 
 @pytest.mark.timeout(240)
 def test_qwen2_rows_add_up(one_thread):
-    transformers = pytest.importorskip("transformers")
-    config = transformers.Qwen2Config(
-        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    torch.manual_seed(0)
-    model = transformers.Qwen2ForCausalLM(config).to("brick").eval()
+    pytest.importorskip("transformers")
+    model, _ = load_benchmark("bench_profile_options").qwen2()  # Qwen2, tiny config, on brick
     ids = torch.randint(3, 256, (1, 8), device="brick")
     with torch.no_grad():
         model.generate(ids, max_new_tokens=2, do_sample=False)

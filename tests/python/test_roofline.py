@@ -11,6 +11,8 @@ import torch_brickdev  # noqa: F401  (registers brick)
 from torch_brickdev import profiler as bp
 from torch_brickdev.profiler import roofline, roofline_peaks
 
+from profiler_helpers import load_benchmark
+
 
 @pytest.fixture(scope="module")
 def peaks_file(tmp_path_factory):
@@ -159,12 +161,8 @@ def test_the_peaks_are_measured_once_per_machine(peaks_env, monkeypatch):
 
 @pytest.mark.timeout(240)
 def test_qwen2_and_a_cnn(peaks_env, one_thread):
-    transformers = pytest.importorskip("transformers")
-    config = transformers.Qwen2Config(
-        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    torch.manual_seed(0)
-    model = transformers.Qwen2ForCausalLM(config).to("brick").eval()
+    pytest.importorskip("transformers")
+    model, _ = load_benchmark("bench_profile_options").qwen2()  # Qwen2, tiny config, on brick
     ids = torch.randint(3, 256, (1, 8), device="brick")
     cnn = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8),
                               torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3, stride=2)).to("brick").eval()
