@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdint>
 
+#include "registry/buckets.h"
 #include "registry/registry.h"
 
 namespace brick::registry::detail {
@@ -27,15 +28,23 @@ struct alignas(64) Slot {
   std::atomic<int64_t> last_end_ns{0};  // clock at the last record's completion: orders last_ns
   std::atomic<uint64_t> buckets[Histogram::kBuckets]{};
 
+  // Owner only, between its own records. A slot never recorded since it was last zeroed is all
+  // zeros already; a recorded one holds counts only in the buckets of its durations, which all
+  // lie between the buckets of its min and max: only those are written (a reset after a profile
+  // touches a few cache lines per slot, not its whole histogram).
   void zero() noexcept {
-    constexpr auto release = std::memory_order_release;  // see "Memory order" above
+    constexpr auto relaxed = std::memory_order_relaxed;
+    constexpr auto release = std::memory_order_release;  // see "Memory order" in registry.cpp
+    if (count.load(relaxed) == 0) return;
+    const int first = bucket_index(min_ns.load(relaxed));
+    const int last = bucket_index(max_ns.load(relaxed));
     count.store(0, release);
     total_ns.store(0, release);
     min_ns.store(0, release);
     max_ns.store(0, release);
     last_ns.store(0, release);
     last_end_ns.store(0, release);
-    for (auto& bucket : buckets) bucket.store(0, release);
+    for (int bucket = first; bucket <= last; ++bucket) buckets[bucket].store(0, release);
   }
 };
 
