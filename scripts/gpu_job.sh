@@ -167,6 +167,8 @@ gpu() {
       gpu_step "demo-$mode" 90 "$PYTHON" -m torch_brickdev demo --sync-mode "$mode" --runs 3 \
         --no-progress -o "$logs/demo-$mode" "${demo_size[@]}"
     done
+    # input shapes and the roofline on the backing GPU: FLOPs exact, achieved <= measured peaks
+    gpu_step roofline 120 "${pytest[@]}" tests/python/test_record_shapes.py tests/python/test_roofline.py
     gpu_step distributed 150 "${pytest[@]}" tests/python/test_distributed.py -k nccl
     [ "$rehearse" = 0 ] && gpu_step bench-distributed 120 "$PYTHON" benchmarks/bench_distributed.py \
       --nproc "$(nvidia-smi -L | wc -l)" --rounds 5
