@@ -36,6 +36,10 @@ enum class BackingOps : uint8_t {
   kDispatched,    // `at::` calls through full dispatch, unrecorded for the call's duration
 };
 
+// Whether the call lends backing aliases of brick arguments (`call.alias`). A factory has no
+// brick argument, and the boxed fallback shares storages its own way: neither pays for the pool.
+enum class BackingArguments : uint8_t { kAliased, kNotAliased };
+
 // Adds to `error`, raised by the backing device's kernel of brick op `name` (`overload_name` may
 // be empty), which op on which brick device failed, and on what.
 void add_backing_failure_context(c10::Error& error, const char* name, const char* overload_name,
@@ -43,10 +47,14 @@ void add_backing_failure_context(c10::Error& error, const char* name, const char
 
 namespace detail {
 struct NothingSilenced {};
+struct NoAliases {};
 }  // namespace detail
 
-template <BackingOps ops = BackingOps::kRedispatched>
+template <BackingOps ops = BackingOps::kRedispatched,
+          BackingArguments arguments = BackingArguments::kAliased>
 class BackingCall {
+  static constexpr bool kAliases = arguments == BackingArguments::kAliased;
+
  public:
   // A call of op `name` (with `overload_name`, "" for none; both must outlive the call) on brick
   // device `device` (-1: the current one).
@@ -84,16 +92,16 @@ class BackingCall {
 
   // The backing alias of brick tensor `brick_tensor`, lent until the call ends (copy it to keep
   // it). Any other tensor (a CPU scalar, an undefined tensor) goes as it is.
-  const at::Tensor& alias(const at::Tensor& brick_tensor) {
+  const at::Tensor& alias(const at::Tensor& brick_tensor) requires kAliases {
     return brick_tensor.defined() && brick_tensor.is_privateuseone() ? aliases_(brick_tensor)
                                                                      : brick_tensor;
   }
   // Mutable, for in-place kernels' `Tensor& self`.
-  at::Tensor& mutable_alias(at::Tensor& brick_tensor) {
+  at::Tensor& mutable_alias(at::Tensor& brick_tensor) requires kAliases {
     return brick_tensor.is_privateuseone() ? aliases_(brick_tensor) : brick_tensor;
   }
   // The alias of an optional argument: undefined for none.
-  at::Tensor alias(const std::optional<at::Tensor>& brick_tensor) {
+  at::Tensor alias(const std::optional<at::Tensor>& brick_tensor) requires kAliases {
     return brick_tensor.has_value() ? alias(*brick_tensor) : at::Tensor();
   }
 
@@ -127,7 +135,7 @@ class BackingCall {
   LaunchScope launch_;
   c10::DeviceIndex device_;
   BackingScope scope_;
-  LentAliases aliases_;
+  [[no_unique_address]] std::conditional_t<kAliases, LentAliases, detail::NoAliases> aliases_;
   [[no_unique_address]] Silence silence_;
 };
 

@@ -219,7 +219,9 @@ struct Factory<Op, at::Tensor(Args...)> {
   static at::Tensor call(Args... args) {
     c10::DeviceIndex device = -1;
     (find_device(args, &device), ...);
-    BackingCall call(Op::name, Op::overload_name, device);
+    // no brick argument: nothing to alias
+    BackingCall<BackingOps::kRedispatched, BackingArguments::kNotAliased> call(
+        Op::name, Op::overload_name, device);
     return call.adopt(
         call.run([&] { return Op::redispatch(call.keys(), on_backing(args, device)...); }));
   }

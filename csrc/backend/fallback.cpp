@@ -36,8 +36,10 @@ class FallbackCall {
   void run(torch::jit::Stack* stack) {
     const auto& arguments = schema_.arguments();
     const size_t first = stack->size() - arguments.size();
-    BackingCall call(schema_.name().c_str(), schema_.overload_name().c_str(),
-                     runtime::LaunchKind::Kernel, [&] { return prepare(*stack, first); });
+    // Its arguments share backing storages their own way (one per brick storage), not lent.
+    BackingCall<BackingOps::kRedispatched, BackingArguments::kNotAliased> call(
+        schema_.name().c_str(), schema_.overload_name().c_str(), runtime::LaunchKind::Kernel,
+        [&] { return prepare(*stack, first); });
     call.run([&] { op_.redispatchBoxed(call.keys(), stack); });
 
     for (Alias& alias : aliases_) {
