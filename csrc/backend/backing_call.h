@@ -57,7 +57,7 @@ class BackingCall {
 
  public:
   // A call of op `name` (with `overload_name`, "" for none; both must outlive the call) on brick
-  // device `device` (-1: the current one).
+  // device `device`, a resolved index (a kernel's checked arguments, or factory_device_index()).
   BackingCall(const char* name, const char* overload_name, c10::DeviceIndex device,
               runtime::LaunchKind kind = runtime::LaunchKind::Kernel)
       : name_(name),
