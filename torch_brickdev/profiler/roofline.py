@@ -94,10 +94,6 @@ def _tensors(value):
             yield from _tensors(item)
 
 
-def _nbytes(tensor: torch.Tensor) -> int:
-    return tensor.numel() * tensor.element_size()
-
-
 @functools.lru_cache(maxsize=None)
 def _stands_for():
     """Brick's kernels for the ops PyTorch routes devices other than CPU and CUDA to (no meta
@@ -150,8 +146,8 @@ def op_work(name: str, overload: str, shapes: list, dtypes: list, values: list) 
     results = list(_tensors(out))
     fresh = [r for r in results if not any(torch._C._is_alias_of(r, i) for i in inputs)]
     in_place = any(r.alias_info is not None and r.alias_info.is_write for r in schema.returns)
-    written = sum(_nbytes(r) for r in (results if in_place else fresh))
-    read = 0 if results and not fresh and not in_place else sum(_nbytes(t) for t in inputs)
+    written = sum(r.nbytes for r in (results if in_place else fresh))
+    read = 0 if results and not fresh and not in_place else sum(t.nbytes for t in inputs)
     return OpWork(flops=int(counter.get_total_flops()), bytes=read + written)
 
 
@@ -237,21 +233,29 @@ def compute(report_paths, shape_rows, measure=peaks) -> dict:
             dtype = next(iter(peak_of), "float32")  # no work: no peak of its own to measure
         if dtype not in peak_of:
             peak_of[dtype] = measure(dtype)
-        peak = peak_of[dtype]
-        f, b = flops.get(path, 0), nbytes.get(path, 0)
-        seconds = total_ns / 1e9 if total_ns else float("inf")
-        intensity = f / b if b else None
-        ridge = peak["flops_per_s"] / peak["bytes_per_s"]
-        bound = "-" if f == 0 and b == 0 else (  # no work: a view, a metadata op, unestimated
-            "compute" if intensity is None or intensity >= ridge else "memory")
-        bricks.append(BrickRoofline(
-            path=path, flops=f, bytes=b, total_ns=total_ns,
-            unestimated_calls=unestimated.get(path, 0), dtype=dtype,
-            flops_per_s=f / seconds, bytes_per_s=b / seconds,
-            flops_fraction=f / seconds / peak["flops_per_s"],
-            bytes_fraction=b / seconds / peak["bytes_per_s"],
-            intensity=intensity, bound=bound).to_dict())
+        bricks.append(_brick_roofline(path, f, b, total_ns, unestimated.get(path, 0), dtype,
+                                      peak_of[dtype]).to_dict())
     return {"peaks": peak_of, "bricks": bricks}
+
+
+def _brick_roofline(path: str, flops: int, nbytes: int, total_ns: int, unestimated_calls: int,
+                    dtype: str, peak: Optional[dict]) -> BrickRoofline:
+    """A brick's rates over its measured time, against ``peak`` (None: the fractions are 0 and
+    the bound unknown)."""
+    seconds = total_ns / 1e9 if total_ns else float("inf")
+    intensity = flops / nbytes if nbytes else None
+    if (flops == 0 and nbytes == 0) or not peak:
+        bound = "-"  # no work (a view, a metadata op, nothing estimated), or no peak to compare
+    else:
+        ridge = peak["flops_per_s"] / peak["bytes_per_s"]
+        bound = "compute" if intensity is None or intensity >= ridge else "memory"
+    return BrickRoofline(
+        path=path, flops=flops, bytes=nbytes, total_ns=total_ns,
+        unestimated_calls=unestimated_calls, dtype=dtype,
+        flops_per_s=flops / seconds, bytes_per_s=nbytes / seconds,
+        flops_fraction=flops / seconds / peak["flops_per_s"] if peak else 0.0,
+        bytes_fraction=nbytes / seconds / peak["bytes_per_s"] if peak else 0.0,
+        intensity=intensity, bound=bound)
 
 
 def roofline_rows(metadata: dict, by: str = "path") -> List[BrickRoofline]:
@@ -286,22 +290,11 @@ def _by_name(rows: List[BrickRoofline], peaks_of: dict) -> List[BrickRoofline]:
         # a name nested in itself would count its inner calls twice: only the outermost paths
         outer = [r for r in group if not any(
             o is not r and r.path.startswith(o.path + "/") for o in group)]
-        f, b = sum(r.flops for r in outer), sum(r.bytes for r in outer)
-        total_ns = sum(r.total_ns for r in outer)
         dtype = max(outer, key=lambda r: r.flops).dtype
-        peak = peaks_of.get(dtype) or {}
-        seconds = total_ns / 1e9 if total_ns else float("inf")
-        intensity = f / b if b else None
-        ridge = peak["flops_per_s"] / peak["bytes_per_s"] if peak else None
-        bound = "-" if (f == 0 and b == 0) or ridge is None else (
-            "compute" if intensity is None or intensity >= ridge else "memory")
-        merged.append(BrickRoofline(
-            path=name, flops=f, bytes=b, total_ns=total_ns,
-            unestimated_calls=sum(r.unestimated_calls for r in outer), dtype=dtype,
-            flops_per_s=f / seconds, bytes_per_s=b / seconds,
-            flops_fraction=f / seconds / peak["flops_per_s"] if peak else 0.0,
-            bytes_fraction=b / seconds / peak["bytes_per_s"] if peak else 0.0,
-            intensity=intensity, bound=bound))
+        merged.append(_brick_roofline(
+            name, sum(r.flops for r in outer), sum(r.bytes for r in outer),
+            sum(r.total_ns for r in outer), sum(r.unestimated_calls for r in outer), dtype,
+            peaks_of.get(dtype)))
     merged.sort(key=lambda r: -r.total_ns)
     return merged
 

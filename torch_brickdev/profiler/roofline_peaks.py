@@ -17,13 +17,7 @@ from .. import _C
 
 __all__ = ["FLOAT_DTYPES", "measure_peaks", "peaks"]
 
-FLOAT_DTYPES = ("float32", "float64", "float16", "bfloat16")
-_TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
-                 "bfloat16": torch.bfloat16}
-
-
-def _nbytes(tensor: torch.Tensor) -> int:
-    return tensor.numel() * tensor.element_size()
+FLOAT_DTYPES = ("float32", "float64", "float16", "bfloat16")  # torch's names: torch.<name>
 
 
 def _cache_path() -> str:
@@ -86,7 +80,7 @@ def measure_peaks(dtype: str = "float32") -> dict:
     if dtype not in FLOAT_DTYPES:
         raise ValueError(f"brick roofline: measure_peaks(dtype=...) must be one of "
                          f"{', '.join(FLOAT_DTYPES)}, got {dtype!r}")
-    torch_dtype = _TORCH_DTYPES[dtype]
+    torch_dtype = getattr(torch, dtype)
     cuda = _backing() == "cuda"
     sizes = (2048, 4096, 8192) if cuda else (512, 1024, 2048)
     flops_per_s = 0.0
@@ -95,14 +89,14 @@ def measure_peaks(dtype: str = "float32") -> dict:
         b = torch.randn(n, n, device="brick").to(torch_dtype)
         seconds, _ = _best_seconds(lambda: torch.mm(a, b))
         flops_per_s = max(flops_per_s, 2 * n ** 3 / seconds)
-    itemsize = torch.tensor([], dtype=torch_dtype).element_size()
+    itemsize = torch_dtype.itemsize
     copy_rates = []
     copy_mib = (1, 8, 64, 1024) if cuda else (1, 8, 64, 256)
     for mib in copy_mib:
         src = torch.empty(mib * 2**20 // itemsize, dtype=torch_dtype, device="brick").fill_(1)
         dst = torch.empty_like(src)
         seconds, _ = _best_seconds(lambda: dst.copy_(src))
-        copy_rates.append(2 * _nbytes(src) / seconds)
+        copy_rates.append(2 * src.nbytes / seconds)
     entry = {
         "flops_per_s": flops_per_s,
         "bytes_per_s": max(copy_rates),

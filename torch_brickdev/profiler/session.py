@@ -89,7 +89,6 @@ class profile:
         self._previous_mode = sync_mode()
         if self._mode is not None:
             set_sync_mode(self._mode)
-        _C._profiler.set_record_shapes(self._record_shapes)
         if self._reset:
             reset()
         from ..distributed import collective_counters, wait_for_collectives
@@ -102,7 +101,12 @@ class profile:
         if self._modules is not None:
             self._modules.__enter__()
         self._start = time.perf_counter_ns()
-        enable()
+        _C._profiler.set_record_shapes(self._record_shapes)  # read by enable()
+        try:
+            enable()
+        except BaseException:  # no profile, and no setting left behind
+            _C._profiler.set_record_shapes(False)
+            raise
         if self._publisher is not None:
             try:
                 self._publisher.start()

@@ -31,6 +31,7 @@ import torch
 
 from .. import _C
 from ..argcheck import check_int, check_path, describe
+from .report import Report
 
 _SKIPPED_EVENTS = ("[memory]", "[OutOfMemory]")
 _ANNOTATION_TID_BASE = 10_000_000
@@ -171,8 +172,6 @@ def _roofline_args(report, where: str) -> dict:
     """Per brick name, the roofline figures a trace event of that name carries."""
     if report is None:
         return {}
-    from .report import Report
-
     if not isinstance(report, Report):
         raise TypeError(f"{where}: report must be a torch_brickdev Report or None, got "
                         f"{type(report).__name__}")
