@@ -2,6 +2,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <array>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,7 +20,25 @@ namespace {
 
 using registry::BrickStats;
 
+// p50, p90, p99: the percentiles every report entry carries, taken in one pass.
+constexpr std::array<double, 3> kReportPercentiles = {0.50, 0.90, 0.99};
+
+std::array<double, 3> report_percentiles(const BrickStats& s) {
+  std::array<double, 3> values{};
+  s.percentiles_ns(kReportPercentiles, values);
+  return values;
+}
+
+// A report entry as a tuple in BrickStats' field order (profiler/_stats.py): name, path, kind,
+// device, depth, count, total_ns, min_ns, max_ns, last_ns, p50_ns, p90_ns, p99_ns.
+py::tuple to_row(const BrickStats& s) {
+  const auto [p50, p90, p99] = report_percentiles(s);
+  return py::make_tuple(s.name, s.path, registry::kind_name(s.kind), s.device, s.depth, s.count,
+                        s.total_ns, s.min_ns, s.max_ns, s.last_ns, p50, p90, p99);
+}
+
 py::dict to_dict(const BrickStats& s) {
+  const auto [p50, p90, p99] = report_percentiles(s);
   py::dict d;
   d["name"] = s.name;
   d["path"] = s.path;
@@ -31,9 +50,9 @@ py::dict to_dict(const BrickStats& s) {
   d["min_ns"] = s.min_ns;
   d["max_ns"] = s.max_ns;
   d["last_ns"] = s.last_ns;
-  d["p50_ns"] = s.percentile_ns(0.50);
-  d["p90_ns"] = s.percentile_ns(0.90);
-  d["p99_ns"] = s.percentile_ns(0.99);
+  d["p50_ns"] = p50;
+  d["p90_ns"] = p90;
+  d["p99_ns"] = p99;
   return d;
 }
 
@@ -47,12 +66,26 @@ py::list sparse_histogram(const registry::Histogram& histogram) {
   return out;
 }
 
-py::list to_list(const std::vector<BrickStats>& stats, bool histograms) {
-  py::list out;
-  for (const BrickStats& s : stats) {
-    py::dict d = to_dict(s);
-    if (histograms) d["histogram"] = sparse_histogram(s.histogram);
-    out.append(std::move(d));
+// One registry snapshot, each view asked for ("name", "path") converted by `convert` (a
+// std::vector<BrickStats> to a py::list): views taken together always agree.
+template <typename Convert>
+py::dict snapshot_views(const std::vector<std::string>& views, const char* where,
+                        Convert&& convert) {
+  for (const std::string& view : views) {
+    if (view != "name" && view != "path") {
+      throw py::value_error(std::string("brick profiler: ") + where + "(): unknown view '" + view +
+                            "'; expected 'name' or 'path'");
+    }
+  }
+  registry::Snapshot snapshot;
+  {
+    // It may wait for device work; other Python threads run meanwhile.
+    py::gil_scoped_release released;
+    snapshot = profiler::snapshot();
+  }
+  py::dict out;
+  for (const std::string& view : views) {
+    out[py::str(view)] = convert(view == "name" ? snapshot.by_name() : snapshot.nodes);
   }
   return out;
 }
@@ -96,30 +129,34 @@ void bind_profiler(py::module_& parent) {
         [](const std::string& mode) { profiler::set_sync_mode(registry::parse_sync_mode(mode)); });
   m.def("sync_mode", [] { return std::string(registry::sync_mode_name(profiler::sync_mode())); });
   // One registry snapshot, converted into the views asked for ("name", "path"): views taken
-  // together always agree.
+  // together always agree. Entries are dicts (with their sparse histograms if asked: what live
+  // publishing writes).
   m.def(
       "snapshot",
       [](const std::vector<std::string>& views, bool histograms) {
-        for (const std::string& view : views) {
-          if (view != "name" && view != "path") {
-            throw py::value_error("brick profiler: snapshot(): unknown view '" + view +
-                                  "'; expected 'name' or 'path'");
+        return snapshot_views(views, "snapshot", [histograms](const auto& stats) {
+          py::list out;
+          for (const BrickStats& s : stats) {
+            py::dict d = to_dict(s);
+            if (histograms) d["histogram"] = sparse_histogram(s.histogram);
+            out.append(std::move(d));
           }
-        }
-        registry::Snapshot snapshot;
-        {
-          // It may wait for device work; other Python threads run meanwhile.
-          py::gil_scoped_release released;
-          snapshot = profiler::snapshot();
-        }
-        py::dict out;
-        for (const std::string& view : views) {
-          out[py::str(view)] =
-              to_list(view == "name" ? snapshot.by_name() : snapshot.nodes, histograms);
-        }
-        return out;
+          return out;
+        });
       },
       py::arg("views"), py::arg("histograms") = false);
+  // The same, each entry a tuple in BrickStats' field order: what a report is built from (no
+  // dict per entry).
+  m.def(
+      "report_rows",
+      [](const std::vector<std::string>& views) {
+        return snapshot_views(views, "report_rows", [](const auto& stats) {
+          py::list out(stats.size());
+          for (size_t i = 0; i < stats.size(); ++i) out[i] = to_row(stats[i]);
+          return out;
+        });
+      },
+      py::arg("views"));
   // The q-th percentile of the durations a sparse histogram ([bucket, count] pairs, e.g. the
   // difference of two snapshots' histograms) holds, interpolated as the registry's own.
   m.def("percentile_of_buckets", &percentile_of_buckets, py::arg("buckets"), py::arg("q"));

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <span>
 
 #include "registry/buckets.h"
 #include "registry/registry.h"
@@ -39,29 +40,48 @@ uint64_t Histogram::total() const noexcept {
 }
 
 double Histogram::percentile_ns(double q) const noexcept {
-  const uint64_t total = this->total();
-  if (total == 0) return 0.0;
-  if (!(q > 0.0)) q = 0.0;  // also NaN
-  if (q > 1.0) q = 1.0;
+  double value = 0.0;
+  percentiles_ns({&q, 1}, {&value, 1});
+  return value;
+}
+
+void Histogram::percentiles_ns(std::span<const double> qs, std::span<double> out, int first,
+                               int last) const noexcept {
+  first = std::clamp(first, 0, kBuckets - 1);
+  last = std::clamp(last, first, kBuckets - 1);
+  uint64_t total = 0;
+  for (int b = first; b <= last; ++b) total += counts[b];
+  size_t next = 0;  // the next percentile to find
+  const size_t wanted = std::min(qs.size(), out.size());
+  if (total == 0) {
+    for (; next < wanted; ++next) out[next] = 0.0;
+    return;
+  }
   // The value of rank ceil(q * total) (1-based); q = 0 asks for the smallest.
-  auto rank = static_cast<uint64_t>(std::ceil(q * static_cast<double>(total)));
-  rank = std::clamp<uint64_t>(rank, 1, total);
   uint64_t below = 0;
-  for (int b = 0; b < kBuckets; ++b) {
+  auto rank_of = [total, &below](double q) {
+    if (!(q > 0.0)) q = 0.0;  // also NaN
+    if (q > 1.0) q = 1.0;
+    const auto rank = static_cast<uint64_t>(std::ceil(q * static_cast<double>(total)));
+    // (never below the bucket being read: a q smaller than the one before it reads there)
+    return std::clamp<uint64_t>(rank, below + 1, total);
+  };
+  for (int b = first; b <= last && next < wanted; ++b) {
     const uint64_t c = counts[b];
     if (c == 0) continue;
-    if (below + c >= rank) {
-      const auto lower = static_cast<double>(bucket_lower(b));
-      const auto width = static_cast<double>(bucket_upper(b) - bucket_lower(b));
-      if (width <= 1.0) return lower;  // an exact bucket
-      // The c values are taken as spread evenly over the bucket, each at the middle of its
-      // 1/c share.
-      const double position = (static_cast<double>(rank - below) - 0.5) / static_cast<double>(c);
-      return lower + width * position;
+    const auto lower = static_cast<double>(bucket_lower(b));
+    const auto width = static_cast<double>(bucket_upper(b) - bucket_lower(b));
+    for (uint64_t rank = rank_of(qs[next]); below + c >= rank; rank = rank_of(qs[next])) {
+      // An exact bucket holds one value; otherwise its c values are taken as spread evenly
+      // over it, each at the middle of its 1/c share.
+      out[next] = width <= 1.0 ? lower
+                               : lower + width * (static_cast<double>(rank - below) - 0.5) /
+                                             static_cast<double>(c);
+      if (++next == wanted) return;
     }
     below += c;
   }
-  return static_cast<double>(bucket_lower(kBuckets - 1));  // not reached
+  for (; next < wanted; ++next) out[next] = static_cast<double>(bucket_lower(last));  // not reached
 }
 
 double BrickStats::avg_us() const noexcept {
@@ -70,9 +90,21 @@ double BrickStats::avg_us() const noexcept {
 }
 
 double BrickStats::percentile_ns(double q) const noexcept {
-  if (count == 0) return 0.0;
-  return std::clamp(histogram.percentile_ns(q), static_cast<double>(min_ns),
-                    static_cast<double>(max_ns));
+  double value = 0.0;
+  percentiles_ns({&q, 1}, {&value, 1});
+  return value;
+}
+
+void BrickStats::percentiles_ns(std::span<const double> qs, std::span<double> out) const noexcept {
+  const size_t wanted = std::min(qs.size(), out.size());
+  if (count == 0 || min_ns > max_ns) {
+    for (size_t i = 0; i < wanted; ++i) out[i] = 0.0;
+    return;
+  }
+  histogram.percentiles_ns(qs, out, bucket_index(min_ns), bucket_index(max_ns));
+  for (size_t i = 0; i < wanted; ++i) {
+    out[i] = std::clamp(out[i], static_cast<double>(min_ns), static_cast<double>(max_ns));
+  }
 }
 
 }  // namespace brick::registry

@@ -127,6 +127,7 @@ struct SlotCopy {
   NodeId node;
   uint64_t count;
   int64_t total_ns, min_ns, max_ns, last_ns, last_end_ns;
+  int first_bucket, last_bucket;  // the buckets of min_ns and max_ns: the only ones with counts
   Histogram histogram;
 };
 
@@ -276,9 +277,28 @@ Snapshot Registry::snapshot() const {
   const uint32_t nodes = impl.node_count.load(std::memory_order_acquire);
   const uint32_t chunks = (nodes + kChunkNodes - 1) / kChunkNodes;
 
+  // Histograms are large (kBuckets counts each): the vectors that hold them are sized by a
+  // first count of the recorded slots (more may come meanwhile: then they grow), and histograms
+  // are copied or added over their used buckets only.
+  size_t recorded = 0, most_in_a_shard = 0;
+  for (const auto& shard : shards) {
+    if (shard->generation.load(std::memory_order_relaxed) != gen) continue;
+    size_t in_shard = 0;
+    for (uint32_t c = 0; c < chunks; ++c) {
+      const Chunk* chunk = shard->chunks[c].load(std::memory_order_acquire);
+      if (chunk == nullptr) continue;
+      for (const Slot& slot : chunk->slots)
+        in_shard += slot.count.load(std::memory_order_relaxed) != 0;
+    }
+    recorded += in_shard;
+    most_in_a_shard = std::max(most_in_a_shard, in_shard);
+  }
   std::vector<BrickStats> merged;
+  merged.reserve(std::min<size_t>(recorded, nodes));
+  bool in_node_order = true;  // merged's entries by increasing node (one recording thread)
   std::vector<int32_t> position(nodes, -1);  // node -> index in merged
   std::vector<SlotCopy> copies;
+  copies.reserve(most_in_a_shard);
   for (const auto& shard : shards) {
     // A seqlock read: the shard counts only if its generation is current before and after.
     const uint64_t before = shard->generation.load(std::memory_order_acquire);
@@ -302,7 +322,11 @@ Snapshot Registry::snapshot() const {
         copy.max_ns = slot.max_ns.load(acquire);
         copy.last_ns = slot.last_ns.load(acquire);
         copy.last_end_ns = slot.last_end_ns.load(acquire);
-        for (int b = 0; b < Histogram::kBuckets; ++b) {
+        // Every counted duration lies between the min and the max read after the count: only
+        // their buckets can hold counts (the copy's others stay zero).
+        copy.first_bucket = bucket_index(copy.min_ns);
+        copy.last_bucket = bucket_index(copy.max_ns);
+        for (int b = copy.first_bucket; b <= copy.last_bucket; ++b) {
           copy.histogram.counts[b] = slot.buckets[b].load(acquire);
         }
       }
@@ -315,6 +339,7 @@ Snapshot Registry::snapshot() const {
       int32_t& at = position[copy.node];
       if (at < 0) {
         at = static_cast<int32_t>(merged.size());
+        in_node_order = in_node_order && (merged.empty() || merged.back().node < copy.node);
         BrickStats& stats = merged.emplace_back();
         stats.node = copy.node;
         stats.count = copy.count;
@@ -323,7 +348,9 @@ Snapshot Registry::snapshot() const {
         stats.max_ns = copy.max_ns;
         stats.last_ns = copy.last_ns;
         stats.last_end_ns = copy.last_end_ns;
-        stats.histogram = copy.histogram;
+        for (int b = copy.first_bucket; b <= copy.last_bucket; ++b) {
+          stats.histogram.counts[b] = copy.histogram.counts[b];
+        }
         continue;
       }
       BrickStats& stats = merged[at];
@@ -335,17 +362,24 @@ Snapshot Registry::snapshot() const {
         stats.last_end_ns = copy.last_end_ns;
         stats.last_ns = copy.last_ns;
       }
-      stats.histogram.add(copy.histogram);
+      for (int b = copy.first_bucket; b <= copy.last_bucket; ++b) {
+        stats.histogram.counts[b] += copy.histogram.counts[b];
+      }
     }
   }
 
   Snapshot result;
-  result.nodes.reserve(merged.size());
+  if (in_node_order) {
+    result.nodes = std::move(merged);
+  } else {
+    result.nodes.reserve(merged.size());
+    for (uint32_t node = 0; node < nodes; ++node) {
+      if (position[node] >= 0) result.nodes.emplace_back(std::move(merged[position[node]]));
+    }
+  }
   std::lock_guard<std::mutex> lock(impl.nodes_mutex);
-  for (uint32_t node = 0; node < nodes; ++node) {
-    if (position[node] < 0) continue;
-    BrickStats& stats = result.nodes.emplace_back(std::move(merged[position[node]]));
-    const NodeInfo& info = impl.nodes[node];
+  for (BrickStats& stats : result.nodes) {
+    const NodeInfo& info = impl.nodes[stats.node];
     stats.name = info.name;
     stats.path = info.path;
     stats.parent = info.parent;

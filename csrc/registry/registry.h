@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -53,6 +54,10 @@ class Histogram {
   uint64_t total() const noexcept;
   // q in [0, 1]; 0 when empty.
   double percentile_ns(double q) const noexcept;
+  // The percentiles qs (ascending, each clamped to [0, 1]) into out, in one pass over the
+  // buckets [first, last], which must hold every count; 0 each when empty.
+  void percentiles_ns(std::span<const double> qs, std::span<double> out, int first = 0,
+                      int last = kBuckets - 1) const noexcept;
 };
 
 // A brick's figures, as merged by a snapshot.
@@ -74,6 +79,9 @@ struct BrickStats {
   // The canonical per-call figure: total_ns / count / 1000.
   double avg_us() const noexcept;
   double percentile_ns(double q) const noexcept;
+  // The percentiles qs (ascending) into out, clamped to [min_ns, max_ns], in one pass over the
+  // buckets between min_ns's and max_ns's, which hold every count of a snapshot's figures.
+  void percentiles_ns(std::span<const double> qs, std::span<double> out) const noexcept;
 };
 
 // One reading of the registry: every node with count > 0 (none omitted), in node order, and the

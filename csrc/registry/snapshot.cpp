@@ -6,12 +6,14 @@
 #include <utility>
 #include <vector>
 
+#include "registry/buckets.h"
 #include "registry/registry.h"
 
 namespace brick::registry {
 
 std::vector<BrickStats> Snapshot::by_name() const {
   std::vector<BrickStats> merged;
+  merged.reserve(nodes.size());  // (a BrickStats holds a large histogram: never moved)
   // (name, kind) -> index in merged; the names point into `nodes`, which outlives the map.
   std::map<std::pair<std::string_view, Kind>, size_t> index;
   for (const BrickStats& node : nodes) {
@@ -32,7 +34,11 @@ std::vector<BrickStats> Snapshot::by_name() const {
       into.last_ns = node.last_ns;
     }
     into.depth = std::min(into.depth, node.depth);
-    into.histogram.add(node.histogram);
+    // (a node's counts lie in the buckets of its min and max)
+    const int last = detail::bucket_index(node.max_ns);
+    for (int b = detail::bucket_index(node.min_ns); b <= last; ++b) {
+      into.histogram.counts[b] += node.histogram.counts[b];
+    }
     if (into.device != node.device) into.device = -1;  // seen on several devices
   }
   return merged;

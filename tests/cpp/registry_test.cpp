@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -393,6 +394,61 @@ TEST(RegistryHistogram, PercentilesOfKnownDistributions) {
 
 // The observer's path: the caller reads now_ns() at a brick's start and end and records the
 // difference with the end time.
+// A report's p50, p90 and p99 come from one pass over the buckets between the min's and the
+// max's: the same figures as asking for each alone over the whole histogram.
+TEST(RegistryHistogram, OnePassPercentilesEqualEachAlone) {
+  Registry registry;
+  const NodeId node = registry.intern(kNoParent, "spread", Kind::Op, 0);
+  for (int64_t ns = 3; ns < 200000; ns = ns * 5 / 4 + 1) registry.record(node, ns);
+  for (int i = 0; i < 50; ++i) registry.record(node, 777);
+  const BrickStats s = registry.snapshot().nodes.at(0);
+  const std::array<double, 6> qs = {0.0, 0.1, 0.5, 0.9, 0.99, 1.0};
+  std::array<double, 6> together{};
+  s.percentiles_ns(qs, together);
+  for (size_t i = 0; i < qs.size(); ++i) {
+    const double alone = std::clamp(s.histogram.percentile_ns(qs[i]), static_cast<double>(s.min_ns),
+                                    static_cast<double>(s.max_ns));
+    EXPECT_EQ(together[i], alone) << "q=" << qs[i];
+  }
+  // Not ascending: each later q is read no lower than the bucket reached (no wrapped rank).
+  const std::array<double, 2> descending = {0.9, 0.1};
+  std::array<double, 2> out{};
+  s.percentiles_ns(descending, out);
+  EXPECT_EQ(out[0], together[3]);
+  EXPECT_GE(out[1], static_cast<double>(s.min_ns));
+  EXPECT_LE(out[1], static_cast<double>(s.max_ns));
+  // An empty brick reads 0 for every q.
+  const BrickStats empty;
+  empty.percentiles_ns(qs, together);
+  for (double value : together) EXPECT_EQ(value, 0.0);
+}
+
+// Threads that record nodes in another order than their ids: the snapshot still lists the
+// nodes by id, each with its own figures and histogram.
+TEST(RegistrySnapshot, NodesInNodeOrderWhateverTheThreadsRecorded) {
+  Registry registry;
+  const NodeId first = registry.intern(kNoParent, "first", Kind::Op, 0);
+  const NodeId second = registry.intern(kNoParent, "second", Kind::Op, 0);
+  std::thread([&] { registry.record(second, 2000); }).join();
+  std::thread([&] {
+    registry.record(first, 10);
+    registry.record(second, 4000);
+  }).join();
+  const auto nodes = registry.snapshot().nodes;
+  ASSERT_EQ(nodes.size(), 2u);
+  EXPECT_EQ(nodes[0].node, first);
+  EXPECT_EQ(nodes[0].name, "first");
+  EXPECT_EQ(nodes[0].count, 1u);
+  EXPECT_EQ(nodes[0].histogram.total(), 1u);
+  EXPECT_EQ(nodes[1].node, second);
+  EXPECT_EQ(nodes[1].name, "second");
+  EXPECT_EQ(nodes[1].count, 2u);
+  EXPECT_EQ(nodes[1].total_ns, 6000);
+  EXPECT_EQ(nodes[1].histogram.total(), 2u);
+  EXPECT_EQ(nodes[1].histogram.counts[Histogram::bucket_of(2000)], 1u);
+  EXPECT_EQ(nodes[1].histogram.counts[Histogram::bucket_of(4000)], 1u);
+}
+
 TEST(RegistryRecord, CallerTimedNestedCalls) {
   Registry registry;
   const NodeId outer = registry.intern(kNoParent, "outer", Kind::Range, -1);

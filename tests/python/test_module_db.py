@@ -104,12 +104,9 @@ SAMPLE_SKIPS = {}
 
 # assert_close tolerances, where brick legitimately runs another kernel than the CPU; by
 # ModuleInfo name, or by (name, dtype). Everything else must be bit-equal to the CPU.
-# PyTorch's recurrent layers (ATen/native/RNN.cpp) branch on the device type three ways: the CPU
-# projects every time step's input in one matmul where other devices project step by step
-# (FullLayer), the LSTM and GRU cells of every device but the CPU run the fused cell ops (bias
-# added after the matmul), and a float32 LSTM on the CPU runs oneDNN. Brick takes the non-CPU
-# paths, with results equal within rounding (assert_close's defaults); bit-equality needs brick
-# kernels for the layers themselves (open).
+# PyTorch's recurrent layers (ATen/native/RNN.cpp) branch on the device type (a float32 LSTM on
+# oneDNN, the whole sequence's input projection, unfused cells on the CPU only): brick answers
+# them at its autograd key as the CPU runs them (backing_graph.cpp), so they are bit-equal too.
 TOLERANCES = {
     # PyTorch 2.14+: F.linear_cross_entropy's chunked path picks its accumulation by device
     # *type* (linear_cross_entropy_options._auto_acc_policy): "accurate" (fp32 weight-grad GEMM)

@@ -692,6 +692,30 @@ def test_native_snapshot_names_an_unknown_view():
     with pytest.raises(TypeError):
         _C._profiler.snapshot("name")  # a str is not a list of views
     assert _C._profiler.snapshot([]) == {}
+    with pytest.raises(ValueError, match=r"report_rows\(\): unknown view 'bogus'"):
+        _C._profiler.report_rows(["bogus"])
+
+
+def test_a_report_holds_the_snapshot_taken_at_exit(clean_profiler):
+    """The report's entries (made when first read, from rows in BrickStats' field order) are the
+    registry's figures at the profile's exit, field by field, whatever ran after it."""
+    from torch_brickdev import _C
+
+    x = torch.randn(16, 16, device="brick")
+    with bp.profile() as p:
+        with torch.profiler.record_function("Block"):
+            for _ in range(3):
+                x = (x @ x).relu()
+    expected = _C._profiler.snapshot(["name", "path"])
+    bp.enable()  # more records after the exit change nothing in the report
+    torch.relu(x)
+    bp.disable()
+    for view, entries in (("name", p.report.bricks), ("path", p.report.paths)):
+        assert [b.to_dict() for b in entries] == [
+            dict(d, avg_us=d["total_ns"] / d["count"] / 1000) for d in expected[view]]
+        assert all(isinstance(b, bp.BrickStats) for b in entries)
+    assert p.report.brick("aten::mm").count == 3
+    assert p.report.brick("aten::relu").count == 3
 
 
 # =============================================================================================

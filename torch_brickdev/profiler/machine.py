@@ -32,11 +32,19 @@ _TICK_NS = 1e9 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 1e7
 
 
 def _read(path: str) -> Optional[str]:
+    # os.open/os.read: half the cost of open() and its text wrapper, which a profile's exit
+    # pays for every thread of the process. The files read are small (/proc/stat is the
+    # largest: its first line, the only one read, comes first).
     try:
-        with open(path) as f:
-            return f.read()
+        fd = os.open(path, os.O_RDONLY)
     except OSError:
         return None
+    try:
+        return os.read(fd, 1 << 16).decode("ascii", "replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _schedstat(path: str) -> Optional[tuple]:

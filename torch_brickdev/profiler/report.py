@@ -92,10 +92,9 @@ class Report:
                 metadata: Optional[dict] = None, machine: Optional[dict] = None) -> "Report":
         """Builds a report from the registry's current figures: one snapshot, from which both
         views derive, so that they agree even while other threads record."""
-        views = _C._profiler.snapshot(["name", "path"])
-        return cls(
-            bricks=[BrickStats(**d) for d in views["name"]],
-            paths=[BrickStats(**d) for d in views["path"]], wall_ns=wall_ns, sync_mode=sync_mode,
+        rows = _C._profiler.report_rows(["name", "path"])  # tuples in BrickStats' field order
+        report = cls(
+            bricks=[], paths=[], wall_ns=wall_ns, sync_mode=sync_mode,
             device={
                 "type": "brick",
                 "runtime": _C._runtime_name(),
@@ -104,6 +103,33 @@ class Report:
             },
             metadata=metadata, health=health(), machine=machine,
         )
+        # The figures are the snapshot's, taken now; their BrickStats (about 1 us each) are made
+        # when first read, not in the profiled region's exit.
+        report._brick_rows, report._path_rows = rows["name"], rows["path"]
+        report._bricks = report._paths = None
+        return report
+
+    @property
+    def bricks(self) -> List[BrickStats]:
+        """Every brick aggregated by name."""
+        if self._bricks is None:
+            self._bricks, self._brick_rows = [BrickStats(*row) for row in self._brick_rows], None
+        return self._bricks
+
+    @bricks.setter
+    def bricks(self, items) -> None:  # as set (validate() checks a changed report)
+        self._bricks, self._brick_rows = items, None
+
+    @property
+    def paths(self) -> List[BrickStats]:
+        """Every brick aggregated by call path."""
+        if self._paths is None:
+            self._paths, self._path_rows = [BrickStats(*row) for row in self._path_rows], None
+        return self._paths
+
+    @paths.setter
+    def paths(self, items) -> None:
+        self._paths, self._path_rows = items, None
 
     def with_metadata(self, **entries) -> "Report":
         """A copy of this report whose metadata also holds ``entries``, e.g. figures known only
