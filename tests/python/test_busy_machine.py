@@ -154,6 +154,9 @@ def test_a_report_carries_what_the_machine_denied(one_thread):
         assert 0 <= m["denied_share"] <= 1 and m["denied_source"] in ("runqueue", "off-cpu")
     # Sharing the CPUs with more busy threads than there are CPUs, the thread waited for one.
     assert busy["denied_share"] > 0.1, (quiet, busy)
+    # And the loops' CPU time shows as the rest of the machine's: at least half a CPU's worth.
+    assert busy["others_cpu_ns"] >= 0.5 * busy["wall_ns"], (quiet, busy)
+    assert busy["others_share"] > quiet["others_share"], (quiet, busy)
 
 
 @pytest.mark.timeout(300)

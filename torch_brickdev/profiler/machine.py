@@ -9,6 +9,12 @@ processes ran, so that a verdict can tell a busy machine from a slow program.
   the process's threads (the backing kernels' own threads among them);
 * ``involuntary_switches``: times the process was preempted (``getrusage``);
 * ``steal_ns``: CPU time the hypervisor gave other guests, all CPUs together (``/proc/stat``);
+* ``others_cpu_ns``: CPU time the rest of the machine used meanwhile (every CPU's busy time in
+  ``/proc/stat`` less this process's), and ``others_share``, that over ``wall_ns * cpus``: other
+  processes that ran beside the region on CPUs of their own (a build on the sibling core, say)
+  slow it without making it wait, through the caches, memory and a shared physical core;
+  ``/proc/stat`` counts in clock ticks (10 ms): ``others_share`` is given only for a region of at
+  least 20 ticks of the machine's CPUs together (100 ms on 2 CPUs);
 * ``cpus`` (those the process may run on) and ``load_1m`` (the run-queue average);
 * ``denied_share``: ``runqueue_wait_ns / wall_ns``, the share of the region the thread wanted a
   CPU and did not get one; ``denied_source`` says how it was measured: ``"runqueue"``, or
@@ -29,6 +35,9 @@ from typing import Dict, Optional
 __all__ = ["Sample", "machine_figures", "sample"]
 
 _TICK_NS = 1e9 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 1e7
+# others_share needs the region to span this many clock ticks of the machine's CPUs together
+# (/proc/stat counts in ticks): its error is then a tick or two in 20, about 10 %.
+_TICKS_FOR_A_SHARE = 20
 
 
 def _read(path: str) -> Optional[str]:
@@ -70,12 +79,20 @@ def _process_waits() -> Dict[int, int]:
     return waits
 
 
-def _steal_ns() -> Optional[float]:
+def _cpu_times() -> tuple:
+    """(busy ns, steal ns) of all CPUs together since boot, from /proc/stat's first line: busy
+    is user, nice, system, irq and softirq time (guest time is inside user); None each where
+    the line does not hold them."""
     text = _read("/proc/stat")
     if not text or not text.startswith("cpu "):
-        return None
+        return None, None
     fields = text.split("\n", 1)[0].split()
-    return int(fields[8]) * _TICK_NS if len(fields) > 8 else None
+    try:
+        busy = sum(int(fields[i]) for i in (1, 2, 3, 6, 7)) * _TICK_NS
+    except (IndexError, ValueError):
+        busy = None
+    steal = int(fields[8]) * _TICK_NS if len(fields) > 8 and fields[8].isdigit() else None
+    return busy, steal
 
 
 @dataclass(frozen=True)
@@ -87,14 +104,16 @@ class Sample:
     thread_schedstat: Optional[tuple]
     process_waits: Dict[int, int]
     steal_ns: Optional[float]
+    machine_busy_ns: Optional[float] = None  # every CPU's busy time since boot
 
 
 def sample() -> Sample:
     """The counters now, for the calling thread and its process."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
+    busy, steal = _cpu_times()
     return Sample(time.perf_counter_ns(), time.thread_time_ns(),
                   int((usage.ru_utime + usage.ru_stime) * 1e9), usage.ru_nivcsw,
-                  _schedstat("/proc/thread-self/schedstat"), _process_waits(), _steal_ns())
+                  _schedstat("/proc/thread-self/schedstat"), _process_waits(), steal, busy)
 
 
 def machine_figures(before: Sample, after: Sample) -> dict:
@@ -127,6 +146,14 @@ def machine_figures(before: Sample, after: Sample) -> dict:
         figures["cpus"] = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         figures["cpus"] = os.cpu_count() or 1
+    if before.machine_busy_ns is not None and after.machine_busy_ns is not None:
+        # /proc/stat covers every CPU of the machine, the affinity mask perhaps fewer
+        others = max(0, int(after.machine_busy_ns - before.machine_busy_ns)
+                     - figures["process_cpu_ns"])
+        figures["others_cpu_ns"] = others
+        capacity = wall * (os.cpu_count() or 1)
+        if capacity >= _TICKS_FOR_A_SHARE * _TICK_NS:  # else a tick or two would be the share
+            figures["others_share"] = min(1.0, others / capacity)
     try:
         figures["load_1m"] = os.getloadavg()[0]
     except OSError:
