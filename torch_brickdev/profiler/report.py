@@ -42,6 +42,25 @@ from . import shapes
 __all__ = ["Report", "ReportError", "WrittenFigures", "load_report", "SCHEMA", "VERSION"]
 
 
+def _entries(view: str, doc: str) -> property:
+    """A report's BrickStats of one view (``bricks`` or ``paths``). Report.capture keeps the
+    snapshot's rows, made into BrickStats when first read; a list set is kept as given (the
+    constructor checks its argument, validate() a changed report)."""
+    entries, rows = f"_{view}", f"_{view}_rows"
+
+    def read(self) -> List[BrickStats]:
+        if getattr(self, entries) is None:
+            setattr(self, entries, [BrickStats(*row) for row in getattr(self, rows)])
+            setattr(self, rows, None)
+        return getattr(self, entries)
+
+    def write(self, items) -> None:
+        setattr(self, entries, items)
+        setattr(self, rows, None)
+
+    return property(read, write, doc=doc)
+
+
 class Report:
     """One profiled region: every brick (by name and by call path), the wall time of the
     region, the sync mode and the device. Every figure in it is measured.
@@ -105,31 +124,12 @@ class Report:
         )
         # The figures are the snapshot's, taken now; their BrickStats (about 1 us each) are made
         # when first read, not in the profiled region's exit.
-        report._brick_rows, report._path_rows = rows["name"], rows["path"]
+        report._bricks_rows, report._paths_rows = rows["name"], rows["path"]
         report._bricks = report._paths = None
         return report
 
-    @property
-    def bricks(self) -> List[BrickStats]:
-        """Every brick aggregated by name."""
-        if self._bricks is None:
-            self._bricks, self._brick_rows = [BrickStats(*row) for row in self._brick_rows], None
-        return self._bricks
-
-    @bricks.setter
-    def bricks(self, items) -> None:  # as set (validate() checks a changed report)
-        self._bricks, self._brick_rows = items, None
-
-    @property
-    def paths(self) -> List[BrickStats]:
-        """Every brick aggregated by call path."""
-        if self._paths is None:
-            self._paths, self._path_rows = [BrickStats(*row) for row in self._path_rows], None
-        return self._paths
-
-    @paths.setter
-    def paths(self, items) -> None:
-        self._paths, self._path_rows = items, None
+    bricks = _entries("bricks", "Every brick aggregated by name.")
+    paths = _entries("paths", "Every brick aggregated by call path.")
 
     def with_metadata(self, **entries) -> "Report":
         """A copy of this report whose metadata also holds ``entries``, e.g. figures known only
