@@ -46,6 +46,7 @@ backing.
 """
 
 import contextlib
+import functools
 import hashlib
 import inspect
 import sys
@@ -65,6 +66,7 @@ _CODEGEN_NAMES = ("Scheduling", "PythonWrapperCodegen", "CppWrapperCodegen", "Wr
 _registered = False
 _unavailable: Optional[str] = None  # why this torch cannot compile for brick, once known
 _warned_cuda = False
+_ranges_hooked = False  # Inductor's post-grad passes read brick ranges first
 
 
 def install(device_module) -> None:
@@ -140,6 +142,83 @@ def _predict_convolutions_as_the_backing_device() -> None:
 
         backing_rule._brick_backing_rule = True
         rules[op] = backing_rule
+
+
+# --- record_function ranges through Inductor ---------------------------------------------------
+# With torch._dynamo.config.capture_profiler_record_function on, dynamo and AOTAutograd keep a
+# compiled region's record_function ranges as graph nodes, and Inductor's post-grad passes then
+# remove them (so that they do not block fusion). For brick graphs the ranges are read first:
+# each node is given the segment of the graph it sits in (the stretch between two range
+# boundaries, :func:`_mark_range_segments`), brick's scheduling fuses no two nodes of different
+# segments, and brick's wrapper opens and closes every range between the kernels of the segments
+# around it (``BrickWrapperCodegen.enter_context``). So a compiled region keeps one brick per
+# range, each range entered and exited once per call in program order, with its own kernels.
+_RANGE_SEGMENT = "brick_range_segment"  # node.meta key: the node's segment
+_RANGE_EVENTS = "_brick_range_events"   # fx.Graph attribute: the boundaries, in order
+
+
+def _mark_range_segments(graph) -> bool:
+    """Numbers the stretches of ``graph`` between range boundaries (a range's enter or exit)
+    and gives each other node its stretch in ``node.meta``. Stores the boundaries on the graph:
+    ``("enter", name, None)`` or ``("exit", None, k)`` closing the enter at boundary k; the
+    boundary i lies between segments i and i + 1. False (nothing marked) for a graph with no
+    ranges or no brick tensors."""
+    profiler = torch.ops.profiler
+    enter_ops = (profiler._record_function_enter.default, profiler._record_function_enter_new.default)
+    exit_ops = (profiler._record_function_exit.default, profiler._record_function_exit._RecordFunction)
+
+    def on_brick(node) -> bool:
+        value = node.meta.get("val")
+        values = value if isinstance(value, (list, tuple)) else (value,)
+        return any(isinstance(v, torch.Tensor) and v.device.type == BACKEND for v in values)
+
+    nodes = list(graph.nodes)
+    if not any(n.op == "call_function" and n.target in enter_ops for n in nodes) \
+            or not any(on_brick(n) for n in nodes):
+        return False
+    # Inductor's pattern matcher and reorder_for_locality keep to a "mutation region" (the
+    # stretch between two mutating ops): a range boundary starts one too, so that no pattern
+    # (attention into one SDPA, say) joins the work of two ranges and no node moves across.
+    from torch._inductor.pattern_matcher import is_mutation_op
+
+    region = 0
+    for node in nodes:
+        if is_mutation_op(node) or (node.op == "call_function"
+                                    and node.target in enter_ops + exit_ops):
+            region += 1
+        node.meta["mutation_region_id"] = region
+    events, open_at = [], {}  # open_at: enter node -> its boundary index
+    for node in nodes:
+        if node.op == "call_function" and node.target in enter_ops:
+            open_at[node] = len(events)
+            events.append(("enter", str(node.args[0]), None))
+        elif node.op == "call_function" and node.target in exit_ops:
+            handle = node.args[0]
+            if handle not in open_at:  # an exit of a range entered outside: nothing to close
+                continue
+            events.append(("exit", None, open_at.pop(handle)))
+        else:
+            node.meta[_RANGE_SEGMENT] = len(events)
+    for node in nodes:
+        # A value another range reads is computed in its own range: Inductor would otherwise
+        # inline a pointwise producer into its consumer's kernel, in the consumer's range.
+        segment = node.meta.get(_RANGE_SEGMENT)
+        if node.op == "call_function" and segment is not None \
+                and isinstance(node.meta.get("val"), torch.Tensor) \
+                and not getattr(node.target, "is_view", False) \
+                and any(user.meta.get(_RANGE_SEGMENT, segment) != segment for user in node.users):
+            node.meta["inductor_realize_to_strides"] = True
+    setattr(graph, _RANGE_EVENTS, events)
+    return True
+
+
+def _segment_of(scheduler_node) -> Optional[int]:
+    """The segment whose kernels a scheduler node belongs to: that of its latest origin, as
+    Inductor's own ``Scheduler.enter_context`` picks the origin to report; None when unmarked."""
+    segments = [origin.meta[_RANGE_SEGMENT]
+                for node in scheduler_node.get_nodes() if node.node is not None
+                for origin in node.node.get_origins() if _RANGE_SEGMENT in origin.meta]
+    return max(segments) if segments else None
 
 
 def register_device_interface() -> None:
@@ -234,6 +313,16 @@ def register() -> bool:
     return _registered
 
 
+def keeps_ranges() -> bool:
+    """Whether code Inductor compiles for brick keeps the record_function ranges dynamo
+    captured (``torch._dynamo.config.capture_profiler_record_function``) as bricks: this torch
+    can capture them and brick's backend is registered with its range pass."""
+    import torch._dynamo  # noqa: F401 - its config is what is asked about
+
+    return hasattr(torch._dynamo.config, "capture_profiler_record_function") and register() \
+        and _ranges_hooked
+
+
 def _backing() -> str:
     """The runtime behind brick devices for cache keys, without creating the runtime: a torch
     without CUDA can only have the host runtime."""
@@ -288,6 +377,10 @@ def _register() -> None:
     # What brick overrides or extends, checked up front so that a torch without it fails here.
     for owner, name in ((PythonWrapperCodegen, "make_allocation"),
                         (PythonWrapperCodegen, "write_header"),
+                        (PythonWrapperCodegen, "enter_context"),
+                        (PythonWrapperCodegen, "generate_return"),
+                        (PythonWrapperCodegen, "generate_profiler_mark_wrapper_call"),
+                        (CppScheduling, "can_fuse_vertical"), (CppScheduling, "can_fuse_horizontal"),
                         (CppScheduling, "codegen_node"), (CppScheduling, "codegen_template"),
                         (CppScheduling, "codegen_sync"), (CppScheduling, "flush"),
                         (GraphLowering, "set_current_device"),
@@ -328,6 +421,15 @@ def _register() -> None:
             with as_cpu_kernels():
                 return super().codegen_node(*args, **kwargs)
 
+        # No kernel spans two record_function ranges (see _mark_range_segments).
+        def can_fuse_vertical(self, node1, node2):
+            return _segment_of(node1) == _segment_of(node2) \
+                and super().can_fuse_vertical(node1, node2)
+
+        def can_fuse_horizontal(self, node1, node2):
+            return _segment_of(node1) == _segment_of(node2) \
+                and super().can_fuse_horizontal(node1, node2)
+
         def codegen_template(self, *args, **kwargs):
             with as_cpu_kernels():
                 return super().codegen_template(*args, **kwargs)
@@ -362,9 +464,15 @@ def _register() -> None:
                                                    **kwargs)
             return BrickWrapperCodegen()
 
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._range_segment = 0  # the segment whose kernels were written last
+
         def write_header(self):
             super().write_header()
             self.header.writeline("import torch_brickdev._compile")
+            self.header.writeline("from torch_brickdev._C._profiler import push_range as "
+                                  "_brick_push_range, pop_ranges as _brick_pop_ranges")
             self.header.writeline("torch_brickdev._compile.check_host_backing()")
 
         def _generate(self, is_inference):
@@ -372,6 +480,50 @@ def _register() -> None:
             # call") around its kernels, for brick's profilers.
             with inductor_config.patch({"profiler_mark_wrapper_call": True}):
                 return super()._generate(is_inference)
+
+        def generate_profiler_mark_wrapper_call(self, stack):
+            # brick's range stack (one call in, one out) instead of record_function's handle
+            # through the dispatcher (~4 us a call with no profiler on); the finally ends the
+            # graph's range and any of its ranges a failing kernel left open.
+            call = self.wrapper_call
+            call.writeline(f"_brick_graph_depth = _brick_push_range("
+                           f"'graph_{V.graph.graph_id}_inductor_wrapper_call')")
+            call.writeline("try:")
+
+            def end_ranges():
+                call.writeline("finally:")
+                with call.indent():
+                    call.writeline("_brick_pop_ranges(_brick_graph_depth)")
+
+            stack.callback(end_ranges)
+            stack.enter_context(call.indent())
+
+        def _range_boundaries(self, upto):
+            # The range boundaries between the segment written last and `upto`, as lines.
+            events = getattr(V.graph.module.graph, _RANGE_EVENTS, ())
+            lines = []
+            for index in range(self._range_segment, min(upto, len(events))):
+                kind, name, opened_at = events[index]
+                lines.append(f"_brick_range_{index} = _brick_push_range({name!r})"
+                             if kind == "enter" else f"_brick_pop_ranges(_brick_range_{opened_at})")
+            self._range_segment = max(self._range_segment, upto)
+            return lines
+
+        def enter_context(self, ctx):
+            # Called by Inductor's scheduler before each node's code, with its latest origin.
+            super().enter_context(ctx)
+            segment = getattr(ctx, "meta", {}).get(_RANGE_SEGMENT)
+            if segment is None or segment <= self._range_segment:
+                return  # same range, or work Inductor moved later: kept where it runs
+            V.graph.scheduler.flush()  # the kernels grouped so far run before the boundary
+            for line in self._range_boundaries(segment):
+                self.writeline(line)
+
+        def generate_return(self, output_refs):
+            for line in self._range_boundaries(len(getattr(V.graph.module.graph, _RANGE_EVENTS,
+                                                               ()))):
+                self.wrapper_call.writeline(line)
+            super().generate_return(output_refs)
 
     class BrickCppWrapper(CppWrapperCpu):  # (Inductor also reads class attributes)
         """``cpp_wrapper=True`` is not supported on brick: refused with the reason."""
@@ -423,6 +575,27 @@ def _register() -> None:
 
     def ir_is_cpu_or_brick(x) -> bool:
         return ir_is_cpu(x) or ir.get_device_type(x) == BACKEND
+
+    # Ranges are read at the start of the joint-graph passes (before pattern replacements) and
+    # again at the start of the post-grad passes (before reorder_for_locality moves nodes, and
+    # before Inductor removes the range ops).
+    from torch._inductor import compile_fx
+    hooked = []
+    for name in ("joint_graph_passes", "post_grad_passes"):
+        passes = getattr(compile_fx, name, None)
+        if passes is None:
+            continue
+        if not getattr(passes, "_brick", False):
+            def mark_ranges_first(gm, *args, _passes=passes, **kwargs):
+                _mark_range_segments(gm.graph)
+                return _passes(gm, *args, **kwargs)
+
+            functools.update_wrapper(mark_ranges_first, passes)
+            mark_ranges_first._brick = True
+            setattr(compile_fx, name, mark_ranges_first)
+        hooked.append(name)
+    global _ranges_hooked
+    _ranges_hooked = len(hooked) == 2
 
     register_device_interface()
     register_device_op_overrides(BACKEND, BrickDeviceOpOverrides())

@@ -20,9 +20,11 @@ import warnings
 import pytest
 import torch
 from torch import nn
+from torch.profiler import record_function
 
 import torch_brickdev
 import torch_brickdev._compile as brick_compile
+import torch_brickdev.profiler as bp
 
 BACKING = torch_brickdev.backing_device_type()  # "cpu": the host runtime
 # Inductor compiles brick code on the host runtime only (on CUDA backing it declines: see the
@@ -459,8 +461,97 @@ def test_compiled_kernels_are_named_bricks_with_device_time():
     assert kernel_rows and all(r.device_time_total > 0 for r in kernel_rows)
 
 
+def _ranged(x, w):
+    with record_function("A"):
+        y = torch.relu(x @ w)
+    with record_function("B"):
+        z = (y * 2 + 1).mean(-1)
+        with record_function("C"):
+            z = z.exp()
+    with record_function("Empty"):
+        pass
+    return z
+
+
+def _attention_in_three_ranges(q, k, v):
+    with record_function("Score"):
+        scores = torch.matmul(q, k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
+    with record_function("Softmax"):
+        probs = torch.softmax(scores, dim=-1)
+    with record_function("Output"):
+        return torch.matmul(probs, v)
+
+
+needs_kept_ranges = pytest.mark.skipif(
+    not hasattr(torch._dynamo.config, "capture_profiler_record_function"),
+    reason="this torch's dynamo cannot capture record_function ranges")
+
+
 @host_only
-@pytest.mark.timeout(400)  # compiles 13 brick bodies, each for the prefill and for decode steps
+@needs_kept_ranges
+def test_ranges_dynamo_captures_stay_bricks_with_their_own_kernels():
+    assert brick_compile.keeps_ranges()
+    x, w = torch.randn(8, 16), torch.randn(16, 16)
+    with torch._dynamo.config.patch(capture_profiler_record_function=True):
+        compiled = torch.compile(_ranged)
+        out = compiled(x.to("brick"), w.to("brick"))  # compiles
+        torch.testing.assert_close(out.cpu(), _ranged(x, w))
+        with bp.profile() as p:
+            for _ in range(3):
+                compiled(x.to("brick"), w.to("brick"))
+    paths = {b.path: b for b in p.report.paths}
+    graph = next(path for path in paths if path.endswith("_inductor_wrapper_call"))
+    # Each range once per call, nested as in the eager code, inside the graph's call.
+    for name in ("A", "B", "B/C", "Empty"):
+        assert paths[f"{graph}/{name}"].count == 3, sorted(paths)
+
+    def kernels(name):  # the generated kernels directly inside a range
+        prefix = f"{graph}/{name}/"
+        return [path[len(prefix):] for path in paths
+                if path.startswith(prefix) and "/" not in path[len(prefix):]
+                and "cpp_fused" in path]
+
+    # No kernel spans two ranges: relu runs in A (not inlined into B's kernel), exp in C.
+    assert kernels("A") and all("relu" in k for k in kernels("A")), sorted(paths)
+    assert f"{graph}/A/aten::mm" in paths
+    assert kernels("B") and not any("relu" in k or "exp" in k for k in kernels("B")), sorted(paths)
+    assert kernels("B/C") and all("exp" in k for k in kernels("B/C"))
+    assert not any(path.startswith(f"{graph}/Empty/") for path in paths)
+
+
+@host_only
+@needs_kept_ranges
+def test_no_pattern_replacement_joins_the_work_of_two_ranges():
+    # Inductor replaces matmul-softmax-matmul with one SDPA kernel; across three ranges that
+    # would leave Score and Softmax empty and time the whole attention as Output.
+    q, k, v = (torch.randn(1, 4, 8, 16) for _ in range(3))
+    with torch._dynamo.config.patch(capture_profiler_record_function=True):
+        compiled = torch.compile(_attention_in_three_ranges)
+        bricked = [t.to("brick") for t in (q, k, v)]
+        torch.testing.assert_close(compiled(*bricked).cpu(), _attention_in_three_ranges(q, k, v))
+        with bp.profile() as p:
+            compiled(*bricked)
+    paths = [b.path for b in p.report.paths]
+    assert not any("scaled_dot_product" in path for path in paths), paths
+    for name, work in (("Score", "bmm"), ("Softmax", "softmax"), ("Output", "bmm")):
+        assert any(f"/{name}/" in path and work in path for path in paths), (name, paths)
+
+
+@needs_kept_ranges
+def test_compiled_cpu_code_keeps_pytorchs_handling_of_ranges():
+    # Brick reads ranges only in graphs with brick tensors: on the CPU Inductor removes them.
+    x, w = torch.randn(8, 16), torch.randn(16, 16)
+    with torch._dynamo.config.patch(capture_profiler_record_function=True):
+        compiled = torch.compile(_ranged)
+        compiled(x, w)
+        with bp.profile() as p:
+            compiled(x, w)
+    names = {b.name for b in p.report.bricks}
+    assert not names & {"A", "B", "C", "Empty"}, names
+
+
+@host_only
+@pytest.mark.timeout(400)  # compiles the forward for the prefill and for decode steps
 def test_compiled_decode_demo_keeps_its_bricks_and_passes_the_contract(tmp_path):
     from contract_fixtures import MACHINE_TIMED, assert_contract_holds
     from torch_brickdev.tools import demo
@@ -473,12 +564,16 @@ def test_compiled_decode_demo_keeps_its_bricks_and_passes_the_contract(tmp_path)
     result = demo.run_demo(config, runs=2, out_dir=tmp_path, progress=False, compile=True)
     report = result["report"]
     assert report.metadata["decode"]["compiled"] is True and result["compiled"] is True
-    # Every decode brick holds its compiled graph's call and that graph's generated kernels.
+    # One compiled graph per forward, each decode brick inside it holding its own generated
+    # kernels; what Inductor leaves to ATen (LmHead's mm) runs inside its brick.
     paths = [p.path for p in report.paths]
-    for brick in ("RmsNorm", "RopeEmbedding", "AttentionSoftmax", "Activation"):
-        assert any(p.startswith(f"{brick}/") and "_inductor_wrapper_call/" in p
-                   and "cpp_fused" in p for p in paths), (brick, paths)
-    assert any(p.startswith("LmHead/") and p.endswith("aten::mm") for p in paths), paths
+    for brick in ("RmsNorm", "RopeEmbedding", "AttentionScore", "AttentionSoftmax",
+                  "AttentionOutput", "Activation"):
+        assert any(f"_inductor_wrapper_call/{brick}/" in p and "cpp_fused" in p.split(brick)[1]
+                   for p in paths), (brick, paths)
+    assert any(p.endswith("_inductor_wrapper_call/LmHead/aten::mm") for p in paths), paths
+    graph_calls = [b for b in report.bricks if b.name.endswith("_inductor_wrapper_call")]
+    assert sum(b.count for b in graph_calls) == config.tokens, graph_calls  # one per step
     # The warm-up compiled everything: no profiled decode traced (tracing runs prims ops).
     assert not any(b.name.startswith("prims::") for b in report.bricks), \
         [b.name for b in report.bricks]
@@ -488,7 +583,7 @@ def test_compiled_decode_demo_keeps_its_bricks_and_passes_the_contract(tmp_path)
     assert result["tokens"] == result["legacy_tokens"] == eager.tokens
     cpu = demo.decode(demo.build_model(config, "cpu"), config, "cpu")
     assert eager.tokens == cpu.tokens
-    assert "each brick's body compiled" in demo.format_summary(result)
+    assert "each block still a brick" in demo.format_summary(result)
     # The legacy trace shows the kernels with device time too.
     key_averages = result["key_averages_table"]
     assert "inductor_wrapper_call" in key_averages or "cpp_fused" in key_averages

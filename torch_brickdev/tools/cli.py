@@ -255,8 +255,8 @@ def main(argv=None) -> int:
                    help="also compare key_averages() of the legacy profiler with the registry")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--compile", action="store_true",
-                   help="compile each brick's body with torch.compile (Inductor); the warm-up "
-                   "decode compiles")
+                   help="compile the forward with torch.compile (Inductor), each block still a "
+                   "brick; the warm-up decode compiles")
     p.add_argument("--threads", type=positive_int, default=None,
                    help="CPU threads for the backing kernels (default: half the CPUs, at least 1, "
                    "so that another process on the machine does not stall every op)")

@@ -91,7 +91,7 @@ def run_demo(config: Optional[DecodeConfig] = None, device: Union[str, torch.dev
     registry (the last run's report is kept and written to ``out_dir/report.json``), then runs
     one decode under the legacy autograd profiler for ``out_dir/trace.json`` and its
     ``key_averages()`` table. ``legacy=True`` adds the registry-vs-key_averages comparison.
-    ``compile=True`` compiles each brick's body with torch.compile (see
+    ``compile=True`` compiles the forward with torch.compile, each block still a brick (see
     :class:`QwenStyleDecoder`); the warm-up decode compiles, so no profiled run does."""
     # Every argument is checked before any work (no model built, no folder created).
     where = "run_demo()"
@@ -194,7 +194,8 @@ def format_summary(result: dict) -> str:
         f"{c.heads} heads / {c.kv_heads} KV heads, vocab {c.vocab}, intermediate {c.intermediate_size}; "
         f"prompt {c.prompt_tokens} tokens (prefill not profiled), {c.tokens} decode steps x "
         f"{result['runs']} profiled runs, sync mode {result['sync_mode']}"
-        + (", each brick's body compiled (torch.compile, Inductor)" if result.get("compiled") else "")
+        + (", compiled (torch.compile, Inductor), each block still a brick"
+           if result.get("compiled") else "")
         + (f", {result['threads']} kernel thread(s)" if "threads" in result else ""),
         "",
         "brick registry (last run):",

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import record_function
 
+from torch_brickdev import _compile
 from torch_brickdev.argcheck import check_bool, check_int, describe
 from torch_brickdev.tools.demo_config import DecodeConfig, _check_config, _check_device
 
@@ -28,10 +29,9 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-# Each brick's body is a function of tensors and ints alone, so that ``compile=True`` can hand
-# each one to torch.compile while its record_function range stays in eager code around it:
-# dynamo drops record_function ranges inside the graphs it captures, and a whole compiled
-# forward would be one range with no bricks in it.
+# Each brick's body is a function of tensors and ints alone, so that where the whole forward
+# cannot be compiled with its ranges kept (a torch before capture_profiler_record_function),
+# ``compile=True`` can hand each one to torch.compile while its range stays in eager code.
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     # F.rms_norm, as transformers' and torchtune's Llama norms can: one fused kernel on CUDA
@@ -100,9 +100,10 @@ _BLOCK_BODIES = {
 class QwenStyleDecoder(torch.nn.Module):
     """A decoder-only transformer; inference only (weights do not require grad).
 
-    ``compile=True`` runs each brick's body through ``torch.compile`` (Inductor, dynamic
-    shapes): the bricks stay, each holding the compiled graph call and its generated kernels.
-    Inductor then fuses within a brick but not across bricks."""
+    ``compile=True`` compiles the forward with ``torch.compile`` (Inductor, dynamic shapes) as
+    one graph whose ``record_function`` ranges stay bricks, each holding its own generated
+    kernels: Inductor fuses within a brick but not across bricks (see ``torch_brickdev._compile``).
+    On a torch that cannot keep ranges in compiled code, each brick's body is compiled alone."""
 
     def __init__(self, config: DecodeConfig, device: Union[str, torch.device] = "cpu",
                  compile: bool = False):
@@ -148,9 +149,17 @@ class QwenStyleDecoder(torch.nn.Module):
         self.register_buffer("rope_sin", angles.sin().to(device), persistent=False)
         self.k_cache = [torch.zeros(1, c.kv_heads, self.max_len, d, device=device) for _ in range(c.layers)]
         self.v_cache = [torch.zeros(1, c.kv_heads, self.max_len, d, device=device) for _ in range(c.layers)]
+        # Compiled, the whole forward is one graph whose record_function ranges stay bricks
+        # (torch._dynamo.config.capture_profiler_record_function; brick's Inductor backend
+        # keeps each range around its own kernels): one guard check and one graph call per
+        # step. A torch that cannot keep them compiles each brick's body on its own instead.
+        self._whole_graph = compile and _compile.keeps_ranges()
+        self._compiled_forward = torch.compile(self._forward, dynamic=True) \
+            if self._whole_graph else None
         # One compiled function per body, shared by the bricks and layers that run it: weights
         # and caches are arguments, so a layer change is no recompile.
-        self._bodies = {name: torch.compile(body, dynamic=True) if compile else body
+        self._bodies = {name: torch.compile(body, dynamic=True)
+                        if compile and not self._whole_graph else body
                         for name, body in _BLOCK_BODIES.items()}
 
     def _brick(self, name: str, *args):
@@ -194,6 +203,12 @@ class QwenStyleDecoder(torch.nn.Module):
         """``ids`` [1, T] at positions pos..pos+T-1 -> logits [1, vocab] of the last position
         (None with ``logits=False``, as the prefill needs none)."""
         self._check_inputs(ids, pos)
+        if self._compiled_forward is None:
+            return self._forward(ids, pos, logits)
+        with torch._dynamo.config.patch(capture_profiler_record_function=True):
+            return self._compiled_forward(ids, pos, logits)
+
+    def _forward(self, ids: torch.Tensor, pos: int, logits: bool) -> Optional[torch.Tensor]:
         x = self._brick("Embedding", ids, self.embed)
         for i, layer in enumerate(self.layers):
             x = self._mlp(layer, self._attention(layer, i, x, pos))
