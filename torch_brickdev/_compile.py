@@ -34,6 +34,14 @@ changes to Inductor here). Lowering still sees brick as a device other than the 
 lowers differently for the CPU, brick takes the generic way (e.g. division by a constant becomes
 multiplication by its reciprocal), which can differ from the CPU in the last bit.
 
+**Ranges in compiled code.** With ``torch._dynamo.config.capture_profiler_record_function``
+on, dynamo keeps a region's ``record_function`` ranges as graph nodes; Inductor would fuse across
+them and then remove them. For graphs with brick tensors brick keeps them as bricks: it reads
+them at the start of the joint-graph and post-grad passes (``_mark_range_segments``), where a
+range boundary starts a mutation region (no pattern joins, no node moves across two ranges) and
+a value read by another range is realized in its own; its scheduling fuses no two ranges' nodes;
+its wrapper opens and closes each range between the kernels (``BrickWrapperCodegen``).
+
 **CUDA backing.** There brick memory is GPU memory, which the host kernels must never touch,
 and Inductor's GPU code on brick has not been verified on a GPU yet. The first graph with brick
 tensors warns once, and every such graph is declined with dynamo's ``SkipFrame`` (Inductor's own
@@ -164,8 +172,10 @@ def _mark_range_segments(graph) -> bool:
     boundary i lies between segments i and i + 1. False (nothing marked) for a graph with no
     ranges or no brick tensors."""
     profiler = torch.ops.profiler
-    enter_ops = (profiler._record_function_enter.default, profiler._record_function_enter_new.default)
-    exit_ops = (profiler._record_function_exit.default, profiler._record_function_exit._RecordFunction)
+    enter_ops = (profiler._record_function_enter.default,
+                 profiler._record_function_enter_new.default)
+    exit_ops = (profiler._record_function_exit.default,
+                profiler._record_function_exit._RecordFunction)
 
     def on_brick(node) -> bool:
         value = node.meta.get("val")
@@ -380,7 +390,8 @@ def _register() -> None:
                         (PythonWrapperCodegen, "enter_context"),
                         (PythonWrapperCodegen, "generate_return"),
                         (PythonWrapperCodegen, "generate_profiler_mark_wrapper_call"),
-                        (CppScheduling, "can_fuse_vertical"), (CppScheduling, "can_fuse_horizontal"),
+                        (CppScheduling, "can_fuse_vertical"),
+                        (CppScheduling, "can_fuse_horizontal"),
                         (CppScheduling, "codegen_node"), (CppScheduling, "codegen_template"),
                         (CppScheduling, "codegen_sync"), (CppScheduling, "flush"),
                         (GraphLowering, "set_current_device"),
