@@ -537,6 +537,42 @@ def test_no_pattern_replacement_joins_the_work_of_two_ranges():
         assert any(f"/{name}/" in path and work in path for path in paths), (name, paths)
 
 
+@host_only
+@needs_kept_ranges
+def test_a_compiled_training_step_keeps_its_forward_ranges_and_equals_the_cpu():
+    class TwoRanges(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first, self.second = nn.Linear(32, 64), nn.Linear(64, 8)
+
+        def forward(self, x):
+            with record_function("First"):
+                h = torch.nn.functional.gelu(self.first(x))
+            with record_function("Second"):
+                return self.second(h).softmax(-1)
+
+    torch.manual_seed(0)
+    cpu, on_brick = TwoRanges(), TwoRanges()
+    on_brick.load_state_dict(cpu.state_dict())
+    on_brick.to("brick")
+    x = torch.randn(16, 32)
+    with torch._dynamo.config.patch(capture_profiler_record_function=True):
+        compiled = torch.compile(on_brick)
+        cpu(x).sum().backward()
+        compiled(x.to("brick")).sum().backward()
+        for p_cpu, p_brick in zip(cpu.parameters(), on_brick.parameters()):
+            torch.testing.assert_close(p_brick.grad.cpu(), p_cpu.grad, rtol=1e-4, atol=1e-5)
+        with bp.profile() as p:
+            for _ in range(2):
+                compiled(x.to("brick")).sum().backward()
+    paths = {b.path: b.count for b in p.report.paths}
+    for name, kernel in (("First", "gelu"), ("Second", "softmax")):
+        ranged = [path for path in paths if path.endswith(f"_inductor_wrapper_call/{name}")]
+        assert len(ranged) == 1 and paths[ranged[0]] == 2, sorted(paths)
+        assert any(path.startswith(ranged[0] + "/") and "cpp_fused" in path and kernel in path
+                   for path in paths), sorted(paths)
+
+
 @needs_kept_ranges
 def test_compiled_cpu_code_keeps_pytorchs_handling_of_ranges():
     # Brick reads ranges only in graphs with brick tensors: on the CPU Inductor removes them.
