@@ -115,15 +115,22 @@ setup_python() {
 # ThreadSanitizer over the runtime and registry suites (plain C++, no torch).
 sanitize() {
   local asan="$PWD/build/asan" tsan="$PWD/build/tsan"
+  # Line tables only (-g1: reports keep file and line) instead of RelWithDebInfo's full -g: the
+  # debug info of torch's headers is most of a sanitized compile (distributed/collective_call.cpp
+  # under ASan+UBSan on the 2-core VM: 18.1 s with -O2 -g, 13.2 s with -O2 -g1). -O1 would save
+  # 1.6 s more but gives false -Wmaybe-uninitialized warnings inside c10's headers.
+  local sanitize_flags="-O2 -g1 -DNDEBUG"
   log "GoogleTest under AddressSanitizer + UndefinedBehaviorSanitizer ($asan)"
   cmake -S . -B "$asan" -G Ninja -DPython_EXECUTABLE="$(command -v "$PYTHON")" \
-    -DBRICK_BUILD_TESTS=ON -DBRICK_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+    -DBRICK_BUILD_TESTS=ON -DBRICK_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$sanitize_flags" >/dev/null
   cmake --build "$asan"
   UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 \
     ctest --test-dir "$asan" --output-on-failure -j 2
   log "GoogleTest under ThreadSanitizer ($tsan)"
   cmake -S . -B "$tsan" -G Ninja -DBRICK_WITH_TORCH=OFF -DBRICK_BUILD_TESTS=ON \
-    -DBRICK_SANITIZE=thread -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+    -DBRICK_SANITIZE=thread -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$sanitize_flags" >/dev/null
   cmake --build "$tsan"
   TSAN_OPTIONS=halt_on_error=1 ctest --test-dir "$tsan" --output-on-failure -j 2
 }
