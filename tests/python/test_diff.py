@@ -139,6 +139,26 @@ def test_a_slower_brick_beside_other_processes_is_inconclusive(base_dict, tmp_pa
     assert _diff(tmp_path, base_dict, slow).returncode == 1
 
 
+def test_a_run_where_every_brick_slowed_alike_is_inconclusive(base_dict, tmp_path):
+    """A VM whose host slows it shows nothing in the guest but slower calls everywhere (a CI run
+    measured every brick ~1.25x and the thread's CPU time 1.11x with no waits or neighbours):
+    a brick slowed no more than the rest is inconclusive; one slowed beyond them still fails."""
+    slow = copy.deepcopy(base_dict)
+    for b in slow["bricks"]:
+        _scale(slow, b["name"], 1.25)
+    _scale(slow, "GateProjection", 1.16 / 1.25)  # this one 1.16x, as that run's AttentionScore
+    d = diff_reports(load_report(base_dict), load_report(slow))
+    change = next(c for c in d.changes if c.name == "GateProjection")
+    assert change.verdict == "busy" and "every brick slowed: their median p50 1.25x" in \
+        change.reason, change
+    assert d.passed and d.inconclusive and not d.regressions
+    assert _diff(tmp_path, base_dict, slow).returncode == 3
+    _scale(slow, "GateProjection", 2.0 / 1.16)  # 2x while the rest went 1.25x: a regression
+    d = diff_reports(load_report(base_dict), load_report(slow))
+    assert [c.name for c in d.regressions] == ["GateProjection"], d.table()
+    assert _diff(tmp_path, base_dict, slow).returncode == 1
+
+
 def test_a_slower_microsecond_op_that_moves_no_wall_time_is_small(base_dict):
     slow = copy.deepcopy(base_dict)
     op = min(slow["bricks"], key=lambda b: b["total_ns"])

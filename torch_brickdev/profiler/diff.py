@@ -13,7 +13,11 @@ run's wall time is ``small`` (reported, not failed). Where the new report shows 
 for a CPU 5 % more of its wall than the base run's, or other processes used 25 % more of the
 machine's CPUs meanwhile (``report.machine``: they slow a run on CPUs of their own, through shared
 caches, memory and cores, without making it wait), a slower brick is ``busy``: inconclusive, not
-failed.
+failed. So is a slower brick when every brick slowed alike (the median brick's p50 by more than
+half the threshold) and this one no more than the rest by the threshold: a VM whose host runs
+slower shows nothing inside the guest but that (its thread's own CPU time grows), and a change
+that slows every op alike cannot be told from it; a brick that slowed beyond the rest is still
+``slower``.
 
 >>> d = diff_reports(load_report("base.json"), load_report("new.json"), threshold=0.10)
 >>> print(d.table())            # or d.markdown() for a CI comment, d.to_dict() for JSON
@@ -220,6 +224,17 @@ def _busier(base: Report, new: Report) -> Optional[str]:
     return None
 
 
+def _common_slowdown(base_by: Dict[str, BrickStats], new_by: Dict[str, BrickStats]) -> float:
+    """The median ratio of the p50s of the bricks both runs called equally often: how much the
+    whole run slowed (1.0 when fewer than 5 bricks compare)."""
+    ratios = sorted(new_by[n].p50_ns / b.p50_ns for n, b in base_by.items()
+                    if n in new_by and b.count and b.count == new_by[n].count and b.p50_ns > 0)
+    if len(ratios) < 5:
+        return 1.0
+    middle = len(ratios) // 2
+    return ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
+
+
 def diff_reports(base: Report, new: Report, *, threshold: float = 0.10, by: str = "name",
                  ignore_counts: bool = False, min_share: float = 0.005) -> ReportDiff:
     """Compares ``new`` with ``base`` brick by brick (``by="name"``, or ``"path"`` for each call
@@ -253,7 +268,19 @@ def diff_reports(base: Report, new: Report, *, threshold: float = 0.10, by: str 
     names = list(base_by) + [n for n in new_by if n not in base_by]
     floor_ns = min_share * base.wall_ns
     busy = _busier(base, new)
-    changes = [_change(n, base_by.get(n), new_by.get(n), threshold, floor_ns, busy)
+    common = _common_slowdown(base_by, new_by)
+    everything_slowed = common > 1 + threshold / 2
+
+    def busy_for(name: str) -> Optional[str]:
+        if busy is not None or not everything_slowed:
+            return busy
+        b, n = base_by.get(name), new_by.get(name)
+        if b is None or n is None or not b.p50_ns or n.p50_ns / b.p50_ns > common * (1 + threshold):
+            return None  # slowed beyond the rest: judged on its own
+        return (f"every brick slowed: their median p50 {common:.2f}x, this one no more than "
+                "the rest (a slower machine, or a change that slows every op alike)")
+
+    changes = [_change(n, base_by.get(n), new_by.get(n), threshold, floor_ns, busy_for(n))
                for n in names]
     severity = {v: i for i, v in enumerate(VERDICTS)}
     changes.sort(key=lambda c: (severity[c.verdict], -abs(c.new_total_ns - c.base_total_ns)))
