@@ -222,6 +222,13 @@ def _mark_range_segments(graph) -> bool:
     return True
 
 
+def _range_events() -> tuple:
+    """The range boundaries of the graph Inductor is compiling (empty: it has no ranges)."""
+    from torch._inductor.virtualized import V
+
+    return getattr(V.graph.module.graph, _RANGE_EVENTS, ())
+
+
 def _segment_of(scheduler_node) -> Optional[int]:
     """The segment whose kernels a scheduler node belongs to: that of its latest origin, as
     Inductor's own ``Scheduler.enter_context`` picks the origin to report; None when unmarked."""
@@ -432,13 +439,14 @@ def _register() -> None:
             with as_cpu_kernels():
                 return super().codegen_node(*args, **kwargs)
 
-        # No kernel spans two record_function ranges (see _mark_range_segments).
+        # No kernel spans two record_function ranges (see _mark_range_segments); a graph
+        # without ranges (most) is not searched for them.
         def can_fuse_vertical(self, node1, node2):
-            return _segment_of(node1) == _segment_of(node2) \
+            return (not _range_events() or _segment_of(node1) == _segment_of(node2)) \
                 and super().can_fuse_vertical(node1, node2)
 
         def can_fuse_horizontal(self, node1, node2):
-            return _segment_of(node1) == _segment_of(node2) \
+            return (not _range_events() or _segment_of(node1) == _segment_of(node2)) \
                 and super().can_fuse_horizontal(node1, node2)
 
         def codegen_template(self, *args, **kwargs):
@@ -511,7 +519,7 @@ def _register() -> None:
 
         def _range_boundaries(self, upto):
             # The range boundaries between the segment written last and `upto`, as lines.
-            events = getattr(V.graph.module.graph, _RANGE_EVENTS, ())
+            events = _range_events()
             lines = []
             for index in range(self._range_segment, min(upto, len(events))):
                 kind, name, opened_at = events[index]
@@ -531,8 +539,7 @@ def _register() -> None:
                 self.writeline(line)
 
         def generate_return(self, output_refs):
-            for line in self._range_boundaries(len(getattr(V.graph.module.graph, _RANGE_EVENTS,
-                                                               ()))):
+            for line in self._range_boundaries(len(_range_events())):
                 self.wrapper_call.writeline(line)
             super().generate_return(output_refs)
 
