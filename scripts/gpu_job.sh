@@ -75,6 +75,8 @@ gpu_preflight() {
     TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PYTHON" -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__, 'CUDA', torch.version.cuda)" 2>&1
     (command -v nvcc >/dev/null && nvcc --version | tail -n 2 | head -n 1) || true
     echo "cores $(nproc)"
+    # (The module's libstdc++ depends on the toolchain and its flags: see CMakeLists.txt.)
+    echo "c++: $(c++ --version 2>/dev/null | head -n 1); LDFLAGS '${LDFLAGS:-}'; CXXFLAGS '${CXXFLAGS:-}'"
   } | tee "$logs/machine.txt"
   if [ ${#missing[@]} -gt 0 ]; then
     printf 'gpu preflight: missing %s\n' "${missing[@]}" | tee -a "$logs/summary.txt" >&2
@@ -94,6 +96,10 @@ x = torch.arange(1024, dtype=torch.float32, device="brick")
 start, end = torch.brick.Event(enable_timing=True), torch.brick.Event(enable_timing=True)
 start.record(); y = (x * 2 + 1).sum(); end.record(); end.synchronize()
 assert y.item() == float((torch.arange(1024.0) * 2 + 1).sum()), y.item()
+try:  # an error message keeps its number (one libstdc++ in the process, see CMakeLists.txt)
+    torch.empty(1, device="brick:99")
+except RuntimeError as error:
+    assert "device index 99 is out of range" in str(error), str(error)
 print("smoke: ok:", torch_brickdev.runtime_note(), "| backing", torch_brickdev.backing_device_type(),
       "| one op timed by an event pair: %.3f ms" % start.elapsed_time(end))
 '
@@ -162,7 +168,7 @@ gpu() {
     fi
   else  # the second, optional command: the rest, if device time remains
     # First, which first NCCL collective crashes (plain NCCL, brick loaded, brick's path), each alone.
-    [ "$rehearse" = 0 ] && gpu_step nccl-probe 100 "$PYTHON" scripts/nccl_probe.py
+    [ "$rehearse" = 0 ] && gpu_step crash-probe 120 "$PYTHON" scripts/crash_probe.py
     for mode in immediate deferred; do
       gpu_step "demo-$mode" 90 "$PYTHON" -m torch_brickdev demo --sync-mode "$mode" --runs 3 \
         --no-progress -o "$logs/demo-$mode" "${demo_size[@]}"

@@ -25,6 +25,8 @@
 #include <utility>
 #include <vector>
 
+#define BRICK_TORCH_BEFORE_2_13 \
+  (TORCH_VERSION_MAJOR < 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 13))
 #define BRICK_TORCH_BEFORE_2_14 \
   (TORCH_VERSION_MAJOR < 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 14))
 
@@ -117,9 +119,7 @@ void cpu_policy(PolicyRegistrar& m) {
   KERNEL_PRIVATEUSEONE(prelu, lower_precision_fp)
   KERNEL_PRIVATEUSEONE(scaled_dot_product_attention, lower_precision_fp)
   KERNEL_PRIVATEUSEONE(_native_multi_head_attention, lower_precision_fp)
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 13)
   KERNEL_PRIVATEUSEONE(_addmm_activation, lower_precision_fp)
-#endif
 
   // fp32
   KERNEL_PRIVATEUSEONE(avg_pool3d, fp32)
@@ -128,6 +128,9 @@ void cpu_policy(PolicyRegistrar& m) {
   KERNEL_PRIVATEUSEONE(polar, fp32)
   KERNEL_PRIVATEUSEONE(prod, fp32)
   KERNEL_PRIVATEUSEONE(prod, dim_int, fp32)
+#if BRICK_TORCH_BEFORE_2_13  // (torch 2.11 lists the named-dimension overloads; 2.13 does not)
+  KERNEL_PRIVATEUSEONE(prod, dim_Dimname, fp32)
+#endif
   KERNEL_PRIVATEUSEONE(quantile, fp32)
   KERNEL_PRIVATEUSEONE(quantile, scalar, fp32)
   KERNEL_PRIVATEUSEONE(nanquantile, fp32)
@@ -234,6 +237,9 @@ void cpu_policy(PolicyRegistrar& m) {
   KERNEL_PRIVATEUSEONE(stack, promote)
   KERNEL_PRIVATEUSEONE(cat, promote)
   KERNEL_PRIVATEUSEONE(index_copy, promote)
+#if BRICK_TORCH_BEFORE_2_13
+  KERNEL_PRIVATEUSEONE(index_copy, dimname, promote)
+#endif
 }
 
 }  // namespace

@@ -775,15 +775,18 @@ TEST_F(BackendTest, AnAliasAKernelKeepsIsNotReused) {
 // ---------------------------------------------------------------------------------------------
 // BackingCall: the one way a brick kernel runs on the backing device
 
+// (The device calls name the last brick device: the second where there are two, as on the host
+// runtime, so that a call is seen to name its own device and not the current one.)
 TEST_F(BackendTest, BackingCallNamesAFailureWithItsOpAndDevice) {
-  const std::string message = c10_error_message([] {
-    brick::backend::BackingCall call("aten::sample", "Tensor", 1);
+  const c10::DeviceIndex last = rt().device_count() - 1;
+  const std::string message = c10_error_message([last] {
+    brick::backend::BackingCall call("aten::sample", "Tensor", last);
     call.run([] { TORCH_CHECK(false, "the kernel refused"); });
   });
   EXPECT_NE(message.find("the kernel refused"), std::string::npos) << message;
   const std::string backing = c10::DeviceTypeName(brick::backend::backing_device_type(), true);
-  EXPECT_NE(message.find("brick: aten::sample.Tensor on brick:1 failed on its backing device (" +
-                         backing + ")"),
+  EXPECT_NE(message.find("brick: aten::sample.Tensor on brick:" + std::to_string(last) +
+                         " failed on its backing device (" + backing + ")"),
             std::string::npos)
       << message;
   const std::string no_overload = c10_error_message([] {
@@ -795,6 +798,7 @@ TEST_F(BackendTest, BackingCallNamesAFailureWithItsOpAndDevice) {
 }
 
 TEST_F(BackendTest, BackingCallEntersItsDeviceAndRestoresTheCurrentOneAfterAFailure) {
+  REQUIRE_DEVICES(2);
   ASSERT_EQ(rt().current_device(), 0);
   {
     brick::backend::BackingCall call("aten::sample", "", 1);
@@ -812,16 +816,17 @@ TEST_F(BackendTest, BackingCallEntersItsDeviceAndRestoresTheCurrentOneAfterAFail
 }
 
 TEST_F(BackendTest, BackingCallLendsAliasesAndAdoptsResultsOnItsDevice) {
-  const at::Tensor x = cpu_values({6}).to(brick(1));
-  brick::backend::BackingCall call("aten::sample", "", 1);
+  const c10::DeviceIndex last = rt().device_count() - 1;
+  const at::Tensor x = cpu_values({6}).to(brick(last));
+  brick::backend::BackingCall call("aten::sample", "", last);
   const at::Tensor& alias = call.alias(x);
-  EXPECT_EQ(alias.device(), brick::backend::backing_device(1));
+  EXPECT_EQ(alias.device(), brick::backend::backing_device(last));
   EXPECT_EQ(alias.data_ptr(), x.data_ptr()) << "an alias shares the brick tensor's bytes";
   const at::Tensor scalar = at::scalar_tensor(2.0, on(kCpu));
   EXPECT_TRUE(call.alias(scalar).is_same(scalar)) << "a host tensor goes as it is";
   EXPECT_FALSE(call.alias(std::optional<at::Tensor>()).defined());
   const at::Tensor result = call.adopt(call.run([&] { return alias * 2; }));
-  EXPECT_EQ(result.device(), brick(1));
+  EXPECT_EQ(result.device(), brick(last));
   EXPECT_TRUE(at::equal(result.cpu(), x.cpu() * 2));
   EXPECT_FALSE(call.adopt(at::Tensor()).defined());
 }
@@ -884,17 +889,19 @@ class LaunchOrder final : public brick::runtime::LaunchObserver {
 TEST_F(BackendTest, ABackingCallPreparesItsArgumentsInsideItsLaunch) {
   static LaunchOrder order;  // an installed observer must outlive every launch that read it
   order.seen.clear();
+  const c10::DeviceIndex last = rt().device_count() - 1;
   brick::runtime::set_launch_observer(&order);
   {
-    brick::backend::BackingCall call("aten::sample", "", brick::runtime::LaunchKind::Kernel, [] {
-      order.seen.push_back("prepare");
-      return static_cast<c10::DeviceIndex>(1);
-    });
+    brick::backend::BackingCall call("aten::sample", "", brick::runtime::LaunchKind::Kernel,
+                                     [last] {
+                                       order.seen.push_back("prepare");
+                                       return last;
+                                     });
     order.seen.push_back("run");
   }
   brick::runtime::set_launch_observer(nullptr);
-  EXPECT_EQ(order.seen,
-            (std::vector<std::string>{"begin aten::sample", "prepare", "queue 1", "run", "end"}));
+  EXPECT_EQ(order.seen, (std::vector<std::string>{"begin aten::sample", "prepare",
+                                                  "queue " + std::to_string(last), "run", "end"}));
 }
 
 // ---------------------------------------------------------------------------------------------

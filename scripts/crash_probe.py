@@ -1,8 +1,8 @@
-"""Which NCCL all_reduce crashes on this GPU machine, for the GPU job (`scripts/run.sh gpu --more`).
+"""Where a crash seen on the GPU machine happens, for the GPU job (`scripts/run.sh gpu --more`).
 
-The first GPU run saw a segfault in the first NCCL collective of a process that had loaded brick,
-both on brick tensors and on plain cuda tensors. Each case below runs alone, in a fresh one-rank
-process, so a crash names its case:
+GPU runs saw segfaults in NCCL collectives of a process that had loaded brick, and in the first op
+profiled with input shapes. Each case below runs alone, in a fresh process (one rank for the NCCL
+ones), so a crash names its case, with its native backtrace:
   plain         a cuda tensor on NCCL, brick not loaded          (the machine's NCCL itself)
   brick-loaded  a cuda tensor on NCCL, brick loaded, not used    (brick's mere presence)
   brick         a brick tensor through brick's backend on NCCL   (brick's path)
@@ -10,11 +10,15 @@ process, so a crash names its case:
   cuda-after-brick  plain NCCL on a cuda tensor once brick ran    (brick's runtime in the process)
   mixed-group   brick's and a cuda tensor's all_reduce in one "cpu:gloo,cuda:nccl,brick:brick"
                 group (test_distributed's NCCL scenario)
+  brick-async   a brick tensor's all_reduce(async_op=True), its Work waited for, its future read
+  mixed-async   the same after synchronous ones on brick and cuda in a mixed group (as
+                test_distributed's NCCL scenario, which crashed there)
+  record-shapes one mm on brick profiled in event mode with input shapes (test_record_shapes)
 Under gdb, where the machine has it, a crash also prints its C++ backtrace; without gdb, a
 preloaded handler (scripts/segv_backtrace.c, built with the machine's C compiler) prints the
 crashing thread's frames, each of brick's own named by addr2line where the machine has it.
 
-Run: python scripts/nccl_probe.py [case ...]   (exit status: the number of cases that failed)
+Run: python scripts/crash_probe.py [case ...]   (exit status: the number of cases that failed)
 """
 
 import os
@@ -53,6 +57,43 @@ CASE_BODY = {
                     "                               dist.ProcessGroupNCCL.Options())\n"
                     "all_reduce = lambda t: engine.allreduce([t]).wait()\n"
                     "t = torch.ones(8, device='cuda')\n",
+    "brick-async": "import torch, torch_brickdev, torch.distributed as dist\n"
+                   "dist.init_process_group('brick', store=store, rank=0, world_size=1)\n"
+                   "def all_reduce(t):\n"
+                   "    work = dist.all_reduce(t, async_op=True)\n"
+                   "    print('queued', flush=True)\n"
+                   "    work.wait()\n"
+                   "    print('waited', flush=True)\n"
+                   "    assert work.get_future().wait()[0].data_ptr() == t.data_ptr()\n"
+                   "t = torch.ones(8, device='brick')\n",
+    # test_distributed's NCCL scenario up to its crash: synchronous all_reduces on brick and on
+    # cuda in one mixed group, then brick's asynchronous one.
+    "mixed-async": "import torch, torch_brickdev, torch.distributed as dist\n"
+                   "dist.init_process_group('cpu:gloo,cuda:nccl,brick:brick', store=store,\n"
+                   "                        rank=0, world_size=1)\n"
+                   "torch.cuda.set_device(0); torch.brick.set_device(0)\n"
+                   "for d in ('brick', 'cuda'):\n"
+                   "    x = torch.ones(8, device=d) * 3; dist.all_reduce(x)\n"
+                   "    print('sync ok on', d, flush=True)\n"
+                   "def all_reduce(t):\n"
+                   "    work = dist.all_reduce(t, async_op=True)\n"
+                   "    print('queued', flush=True)\n"
+                   "    work.wait()\n"
+                   "    assert work.get_future().wait()[0].data_ptr() == t.data_ptr()\n"
+                   "t = torch.ones(8, device='brick')\n",
+}
+
+# Cases that are not an all_reduce: the whole script (it prints "probe ok" when it got through).
+WHOLE_SCRIPT = {
+    "record-shapes": "import torch, torch_brickdev.profiler as bp\n"
+                     "w = torch.randn(8, 16, device='brick')\n"
+                     "a = torch.randn(4, 8, device='brick')\n"
+                     "print('made', flush=True)\n"
+                     "with bp.profile(sync_mode='event', record_shapes=True) as p:\n"
+                     "    torch.mm(a, w)\n"
+                     "    print('mm queued', flush=True)\n"
+                     "print(p.report.shape_stats())\n"
+                     "print('probe ok')\n",
 }
 
 PRELUDE = ("import datetime, sys\n"
@@ -62,7 +103,7 @@ PRELUDE = ("import datetime, sys\n"
 EPILOGUE = ("all_reduce(t)\n"
             "assert t.cpu().tolist() == [1.0] * 8, t\n"
             "if dist.is_initialized(): dist.destroy_process_group()\n"
-            "print('all_reduce ok')\n")
+            "print('probe ok')\n")
 
 
 def build_backtrace_preload(workdir: str):
@@ -72,7 +113,7 @@ def build_backtrace_preload(workdir: str):
         return None
     source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "segv_backtrace.c")
     library = os.path.join(workdir, "segv_backtrace.so")
-    done = subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", library, source],
+    done = subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", library, source, "-ldl"],
                           capture_output=True, text=True, timeout=60)
     return library if done.returncode == 0 else None
 
@@ -90,12 +131,14 @@ def symbolize(output: str) -> str:
         match = FRAME.match(line.strip())
         if addr2line is None or match is None or match["symbol"]:
             continue
+        if "torch_brickdev" not in match["lib"] and "/build/" not in match["lib"]:
+            continue  # brick's own frames only: PyTorch's exported ones are named already
         try:
-            named = subprocess.run([addr2line, "-f", "-C", "-e", match["lib"], match["offset"]],
-                                   capture_output=True, text=True, timeout=20).stdout.split("\n")
+            command = [addr2line, "-f", "-C", "-i", "-e", match["lib"], match["offset"]]
+            named = subprocess.run(command, capture_output=True, text=True, timeout=20).stdout.split("\n")
         except (OSError, subprocess.TimeoutExpired):
             continue
-        lines.append("        = " + " at ".join(part for part in named[:2] if part))
+        lines.append("        = " + " at ".join(part for part in named[:6] if part))
     text = "\n".join(lines)
     if shutil.which("c++filt"):  # the exported C++ symbols' names, demangled
         try:
@@ -109,7 +152,8 @@ def symbolize(output: str) -> str:
 def run_case(case: str, workdir: str) -> bool:
     script = os.path.join(workdir, f"{case}.py")
     with open(script, "w") as f:
-        f.write(PRELUDE + CASE_BODY[case] + EPILOGUE)
+        f.write(WHOLE_SCRIPT[case] if case in WHOLE_SCRIPT
+                else PRELUDE + CASE_BODY[case] + EPILOGUE)
     command = [sys.executable, script, os.path.join(workdir, f"{case}.store")]
     env = dict(os.environ, PYTHONFAULTHANDLER="1")
     if case == "plain":
@@ -123,23 +167,24 @@ def run_case(case: str, workdir: str) -> bool:
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     except subprocess.TimeoutExpired:
-        print(f"nccl-probe {case}: TIMED OUT after 120 s")
+        print(f"crash-probe {case}: TIMED OUT after 120 s")
         return False
     output = done.stdout + done.stderr
     # (Under gdb the exit status is gdb's: a program that exited cleanly says so.)
     finished = done.returncode == 0 or "exited normally" in output
-    ok = finished and "all_reduce ok" in output and "received signal" not in output
-    print(f"nccl-probe {case}: {'ok' if ok else f'FAILED (exit {done.returncode})'}")
+    ok = finished and "probe ok" in output and "received signal" not in output
+    print(f"crash-probe {case}: {'ok' if ok else f'FAILED (exit {done.returncode})'}")
     if not ok:
-        print("\n".join("    " + line for line in symbolize(output).strip().splitlines()[-90:]))
+        print("\n".join("    " + line for line in symbolize(output).strip().splitlines()[-160:]))
     return ok
 
 
 def main() -> int:
-    cases = sys.argv[1:] or list(CASE_BODY)
-    unknown = [c for c in cases if c not in CASE_BODY]
+    known = list(CASE_BODY) + list(WHOLE_SCRIPT)
+    cases = sys.argv[1:] or known
+    unknown = [c for c in cases if c not in known]
     if unknown:
-        print(f"nccl_probe: unknown case(s) {unknown}; expected some of {list(CASE_BODY)}")
+        print(f"crash_probe: unknown case(s) {unknown}; expected some of {known}")
         return 2
     with tempfile.TemporaryDirectory() as workdir:
         return sum(not run_case(case, workdir) for case in cases)
