@@ -23,15 +23,17 @@ from torch_brickdev.profiler import live
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+# Publishes for argv[1] seconds, or until the file argv[2] (if given) exists.
 LOOP = """
-import sys, time, torch, torch_brickdev
+import os, sys, time, torch, torch_brickdev
 from torch.profiler import record_function
 from torch_brickdev import profiler as bp
 x = torch.randn(64, 64, device="brick")
+stop = sys.argv[2] if len(sys.argv) > 2 else None
 with bp.profile(live=True):
     print("publishing", flush=True)
     end = time.time() + float(sys.argv[1])
-    while time.time() < end:
+    while time.time() < end and not (stop and os.path.exists(stop)):
         with record_function("Block"):
             x @ x
         time.sleep(0.002)
@@ -45,11 +47,11 @@ def env(tmp_path):
                 PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
 
 
-def start(env, seconds, tmp_path):
+def start(env, seconds, tmp_path, stop=None):
     script = tmp_path / "loop.py"
     script.write_text(LOOP)
-    proc = subprocess.Popen([sys.executable, str(script), str(seconds)], env=env,
-                            stdout=subprocess.PIPE, text=True)
+    args = [sys.executable, str(script), str(seconds)] + ([str(stop)] if stop else [])
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "publishing"
     return proc
 
@@ -109,14 +111,28 @@ def test_two_processes_merged_or_one_view_each(env, tmp_path):
 
 @pytest.mark.timeout(200)
 def test_top_says_when_the_watched_process_ends(env, tmp_path):
-    proc = start(env, 10, tmp_path)  # long enough for top to start on a loaded machine
+    stop = tmp_path / "stop"
+    proc = start(env, 120, tmp_path, stop)  # ends once top has shown it (the stop file)
+    view = subprocess.Popen([sys.executable, "-m", "torch_brickdev", "top", "--pid", str(proc.pid),
+                             "--rows", "3"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # not a terminal: a stream
     try:
-        stream = top(env, "--pid", str(proc.pid), "--rows", "3")  # not a terminal: a stream
+        seen = []
+        for line in view.stdout:  # bounded by the test's timeout; ends if top does
+            seen.append(line)
+            if "brick top" in line:
+                break
+        stop.touch()
+        rest, errors = view.communicate(timeout=120)
     finally:
-        proc.wait()
-    assert stream.returncode == 0, stream.stderr
-    assert stream.stdout.count("brick top") >= 1
-    assert stream.stdout.rstrip().splitlines()[-1].startswith(f"process {proc.pid} ended")
+        stop.touch()
+        proc.wait(timeout=120)
+        if view.poll() is None:
+            view.kill()
+    output = "".join(seen) + rest
+    assert view.returncode == 0, errors
+    assert output.count("brick top") >= 1
+    assert output.rstrip().splitlines()[-1].startswith(f"process {proc.pid} ended")
     assert not os.listdir(env["BRICK_LIVE_DIR"])  # the publisher removed its file
     gone = top(env, "--once")
     assert gone.returncode == 1 and "no brick process of this user is publishing" in gone.stderr
