@@ -8,6 +8,11 @@
 
 GTEST_CARRIED=build/carry/googletest  # Debian's GoogleTest sources, carried to the GPU machine
 
+# The CMake arguments that build GoogleTest from the carried sources, as the GPU machine must.
+carried_gtest_cmake_args() {
+  echo "-DBRICK_GTEST_SOURCE_DIR=$PWD/$GTEST_CARRIED -DCMAKE_DISABLE_FIND_PACKAGE_GTest=ON"
+}
+
 # Copies what the GPU machine lacks into the working tree (ignored paths the device tool carries).
 gpu_prepare() {
   [ -f /usr/src/googletest/CMakeLists.txt ] || setup_system  # libgtest-dev ships the sources
@@ -121,12 +126,14 @@ gpu() {
   deadline=$(($(date +%s) + ${BRICK_GPU_BUDGET_S:-480}))
   local cores runtime=cuda cmake_args build_dir=$PWD/build/gpu
   cores=$(nproc)
-  [ "$rehearse" = 1 ] && runtime=host build_dir=$PWD/build/gpu-rehearsal
+  # (CI's rehearsal reuses CI's own build, configured alike: BRICK_REHEARSAL_BUILD_DIR.)
+  [ "$rehearse" = 1 ] && runtime=host \
+    build_dir=${BRICK_REHEARSAL_BUILD_DIR:-$PWD/build/gpu-rehearsal}
   gpu_preflight || exit 1
   cmake_args=""
   if [ ! -f /usr/include/gtest/gtest.h ] || [ "$rehearse" = 1 ]; then
     # The rehearsal builds GoogleTest from the carried sources too, as the GPU machine must.
-    cmake_args="-DBRICK_GTEST_SOURCE_DIR=$PWD/$GTEST_CARRIED -DCMAKE_DISABLE_FIND_PACKAGE_GTest=ON"
+    cmake_args=$(carried_gtest_cmake_args)
   fi
   export BRICK_RUNTIME=$runtime  # a build or machine that falls back to the host fails loudly
   export PYTHONFAULTHANDLER=1    # a crash prints every thread's Python stack into the step's log

@@ -124,14 +124,14 @@ sanitize() {
   cmake -S . -B "$asan" -G Ninja -DPython_EXECUTABLE="$(command -v "$PYTHON")" \
     -DBRICK_BUILD_TESTS=ON -DBRICK_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$sanitize_flags" >/dev/null
-  cmake --build "$asan"
+  cmake --build "$asan" --target brick_gtests
   UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 \
     ctest --test-dir "$asan" --output-on-failure -j 2
   log "GoogleTest under ThreadSanitizer ($tsan)"
   cmake -S . -B "$tsan" -G Ninja -DBRICK_WITH_TORCH=OFF -DBRICK_BUILD_TESTS=ON \
     -DBRICK_SANITIZE=thread -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$sanitize_flags" >/dev/null
-  cmake --build "$tsan"
+  cmake --build "$tsan" --target brick_gtests
   TSAN_OPTIONS=halt_on_error=1 ctest --test-dir "$tsan" --output-on-failure -j 2
 }
 
@@ -237,15 +237,19 @@ case "$job" in
     setup_system; setup_python
     log "clang-format check"
     clang-format --dry-run -Werror csrc/*/*.h csrc/*/*.cpp tests/cpp/*.h tests/cpp/*.cpp benchmarks/*.cpp
-    build 1
+    # GoogleTest from the carried sources, as the GPU machine builds it: the rehearsal below
+    # then reuses this build instead of making its own (the sanitizer builds and the torch
+    # lanes take the installed GoogleTest).
+    gpu_prepare
+    BRICK_CMAKE_ARGS="$(carried_gtest_cmake_args)" build 1
     check_cuda_runtime_built
     log "GoogleTest (CTest)"
     ctest --test-dir "$BRICK_BUILD_DIR" --output-on-failure -j 2
     log "pytest (SIGINT ignored)"
     run_pytest "${@:2}"
     log "the GPU job, rehearsed on the host runtime"
-    gpu_prepare
-    (gpu --rehearse)  # its own environment (runtime, build folder) ends with it
+    # (In a subshell: the rehearsal's environment, its runtime and event completion, ends there.)
+    (BRICK_REHEARSAL_BUILD_DIR="$BRICK_BUILD_DIR" gpu --rehearse)
     if [ "${BRICK_SKIP_SANITIZERS:-0}" != 1 ]; then sanitize; fi
     for version in ${BRICK_COMPILE_LANES-2.11.0}; do compile_lane "$version"; done
     for version in ${BRICK_TORCH_LANES-2.14.1}; do torch_lane "$version" "${@:2}"; done
