@@ -105,6 +105,8 @@ try:  # an error message keeps its number (one libstdc++ in the process, see CMa
     torch.empty(1, device="brick:99")
 except RuntimeError as error:
     assert "device index 99 is out of range" in str(error), str(error)
+else:
+    raise AssertionError("brick:99 was accepted: expected an out-of-range error")
 print("smoke: ok:", torch_brickdev.runtime_note(), "| backing", torch_brickdev.backing_device_type(),
       "| one op timed by an event pair: %.3f ms" % start.elapsed_time(end))
 '
