@@ -64,6 +64,8 @@ setup_python() {
   for module in pytest pytest_timeout numpy expecttest hypothesis; do
     TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PYTHON" -c "import $module" 2>/dev/null || wanted+=("${module//_/-}")
   done
+  # pytest-xdist: run_pytest runs the tests that measure no time in parallel.
+  TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PYTHON" -c "import xdist" 2>/dev/null || wanted+=(pytest-xdist)
   if [ ${#wanted[@]} -gt 0 ]; then
     log "installing ${wanted[*]}"
     "$PYTHON" -m pip install -q "${wanted[@]}" || echo "could not install ${wanted[*]}; continuing" >&2
@@ -135,13 +137,17 @@ sanitize() {
   TSAN_OPTIONS=halt_on_error=1 ctest --test-dir "$tsan" --output-on-failure -j 2
 }
 
-# Another PyTorch release, in its own virtual environment (build/torch-VERSION/venv) and its own
-# copy of the working tree (build/torch-VERSION/src: the built module sits beside the sources, so
-# two builds of one tree would overwrite each other): the extension is built against that release
-# and every C++ and Python suite runs there. The release is pinned: pip never chooses a torch.
+# Another PyTorch release, in its own virtual environment and its own copy of the working tree
+# (build/torch-VERSION/src: the built module sits beside the sources, so two builds of one tree
+# would overwrite each other): the extension is built against that release and every C++ and
+# Python suite runs there. The release is pinned: pip never chooses a torch. The environment is
+# kept outside the tree ($BRICK_CACHE_DIR, default ~/.cache/torch_brickdev/venv-torch-VERSION),
+# so a fresh clone reuses it (installing it is over a minute); it is made again when its
+# Python or its torch is not the one asked for.
 torch_lane() {
   local version=$1 lane="$PWD/build/torch-$1"
-  local venv="$lane/venv" src="$lane/src" build="$lane/build"
+  local venv="${BRICK_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/torch_brickdev}/venv-torch-$1"
+  local src="$lane/src" build="$lane/build"
   log "lane torch==$version ($lane)"
   if ! "$venv/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$version')" 2>/dev/null; then
     log "installing torch==$version into $venv"
@@ -216,10 +222,26 @@ build() {
 
 # The whole pytest suite with $PYTHON, with SIGINT ignored, as a CI runner or scheduler may
 # start the job (a background job of a non-interactive shell): the disposition is inherited
-# across exec, so this proves that no test waits for an interrupt that never comes. Each test is
-# bounded by pytest-timeout.
+# across exec (pytest-xdist's workers included), so this proves that no test waits for an
+# interrupt that never comes. Each test is bounded by pytest-timeout.
+#
+# With pytest-xdist and more than one core, the tests that measure no time run in parallel
+# ($BRICK_TEST_WORKERS processes, default one per core), then the timing tests (marked `timing`:
+# tests/python/conftest.py) alone, so no other test's work lands inside their measurements.
+# With arguments (a selection, options) everything runs in one process, as asked.
 run_pytest() {
-  (trap '' INT; exec "$PYTHON" -m pytest tests/python -q "$@")
+  local workers=${BRICK_TEST_WORKERS:-$(nproc)}
+  if [ $# -gt 0 ] || [ "$workers" -le 1 ] ||
+    ! TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PYTHON" -c "import xdist" 2>/dev/null; then
+    (trap '' INT; exec "$PYTHON" -m pytest tests/python -q "$@")
+    return
+  fi
+  local parallel=0 alone=0
+  (trap '' INT; exec "$PYTHON" -m pytest tests/python -q -n "$workers" -m "not timing") ||
+    parallel=$?
+  log "pytest: the timing tests, alone"
+  (trap '' INT; exec "$PYTHON" -m pytest tests/python -q -m timing) || alone=$?
+  [ "$parallel" = 0 ] && [ "$alone" = 0 ]
 }
 
 # The GPU machine's job: gpu_prepare, gpu (sourced: it uses the helpers above).

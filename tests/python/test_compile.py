@@ -587,6 +587,7 @@ def test_compiled_cpu_code_keeps_pytorchs_handling_of_ranges():
 
 
 @host_only
+@pytest.mark.timing
 @pytest.mark.timeout(400)  # compiles the forward for the prefill and for decode steps
 def test_compiled_decode_demo_keeps_its_bricks_and_passes_the_contract(tmp_path):
     from contract_fixtures import MACHINE_TIMED, assert_contract_holds
