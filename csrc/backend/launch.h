@@ -1,5 +1,6 @@
-// Announces the work the backend queues on a brick device to an installed launch observer and
-// queue hook (runtime/launch_observer.h). Costs two atomic loads when none is installed.
+// Announces the work the backend queues on a brick device to an installed kernel timer, launch
+// observer and queue hook (runtime/launch_observer.h). Costs three relaxed atomic loads when none
+// is installed.
 #pragma once
 
 #include <c10/core/Device.h>
@@ -11,7 +12,9 @@ namespace brick::backend {
 class LaunchScope {
  public:
   LaunchScope(const char* name, runtime::LaunchKind kind) noexcept
-      : observer_(runtime::launch_observer()) {
+      : timer_(runtime::kernel_timer()), observer_(runtime::launch_observer()) {
+    if (timer_ != nullptr) [[unlikely]]
+      timer_->begin(name);
     if (observer_ != nullptr) [[unlikely]] {
       launch_.name = name;
       launch_.kind = kind;
@@ -21,6 +24,8 @@ class LaunchScope {
   ~LaunchScope() {
     if (observer_ != nullptr) [[unlikely]]
       observer_->end(launch_);
+    if (timer_ != nullptr) [[unlikely]]
+      timer_->end();
   }
   LaunchScope(const LaunchScope&) = delete;
   LaunchScope& operator=(const LaunchScope&) = delete;
@@ -35,6 +40,7 @@ class LaunchScope {
   }
 
  private:
+  const runtime::KernelTimer* timer_;
   runtime::LaunchObserver* observer_;
   runtime::Launch launch_;
 };

@@ -162,6 +162,21 @@ void bind_profiler(py::module_& parent) {
   m.def("percentile_of_buckets", &percentile_of_buckets, py::arg("buckets"), py::arg("q"));
   m.def("set_record_shapes", &profiler::set_record_shapes, py::arg("on"));
   m.def("record_shapes", &profiler::record_shapes);
+  // "dispatcher" or "kernels" (profiler::OpTiming).
+  m.def(
+      "set_op_timing",
+      [](const std::string& where) {
+        if (where != "dispatcher" && where != "kernels") {
+          throw py::value_error(
+              "brick profiler: ops are timed at 'dispatcher' or 'kernels', not '" + where + "'");
+        }
+        profiler::set_op_timing(where == "kernels" ? profiler::OpTiming::Kernels
+                                                   : profiler::OpTiming::Dispatcher);
+      },
+      py::arg("where"));
+  m.def("op_timing", [] {
+    return profiler::op_timing() == profiler::OpTiming::Kernels ? "kernels" : "dispatcher";
+  });
   // Per op brick and input signature: (path, name, overload, device, shapes, dtypes, values,
   // calls, total_ns, min_ns, max_ns), the signature's last three parts as JSON text.
   m.def("shape_rows", [] {

@@ -1,8 +1,10 @@
 // The RecordFunction observer that turns every op and range into a brick in the registry.
 //
 // While enabled, one global RecordFunction callback runs at every op, record_function range and
-// autograd node. Its state is per thread (a stack of open bricks and a cache of interned nodes),
-// so the hot path takes no lock and allocates nothing once a call site has been seen.
+// autograd node; with OpTiming::Kernels it runs at ranges and autograd nodes only, and ops open
+// their bricks at brick's kernel entry (the kernel timer, runtime/launch_observer.h) instead.
+// Its state is per thread (a stack of open bricks and a cache of interned nodes), so the hot
+// path takes no lock and allocates nothing once a call site has been seen.
 //
 // The op path (a synchronous runtime, the host's): an op's node is found by the address of its
 // schema's name in a direct-mapped per-thread cache (no hashing of text, no string compare: a
@@ -48,6 +50,7 @@ std::atomic<registry::Registry*> g_registry{nullptr};
 std::atomic<uint64_t> g_capture_skipped_base{0};  // not reported: before reset(), or a parent's
 std::atomic<bool> g_async{false};  // async_runtime(): bricks are timed by device events
 std::atomic<bool> g_record_shapes{false};
+std::atomic<OpTiming> g_op_timing{OpTiming::Dispatcher};
 std::atomic<bool> g_shapes_active{false};
 
 // Bumped whenever an operator schema is deregistered: its name's address may then be reused by
@@ -145,14 +148,9 @@ bool named_by_schema(const at::RecordFunction& fn) noexcept {
   return string_marker != nullptr && fn.overload_name() != string_marker;
 }
 
-NodeId node_for(ThreadState& state, const at::RecordFunction& fn, NodeId parent, int device) {
-  const char* name = fn.name();
-  if (fn.scope() != at::RecordScope::FUNCTION) {
-    return intern_node(state, name, parent, device, registry::Kind::Range);
-  }
-  if (!named_by_schema(fn)) [[unlikely]] {
-    return intern_node(state, name, parent, device, registry::Kind::Op);
-  }
+// The node of op `name`, whose text lives at that address for as long as its schema is
+// registered (a schema's name, a kernel's name): looked up by the address.
+NodeId op_node_by_address(ThreadState& state, const char* name, NodeId parent, int device) {
   const uint64_t epoch = g_schema_epoch.load(std::memory_order_relaxed);
   if (state.schema_epoch != epoch) [[unlikely]] {
     state.by_schema_name.clear();
@@ -164,6 +162,17 @@ NodeId node_for(ThreadState& state, const at::RecordFunction& fn, NodeId parent,
     state.by_schema_name.put(name, parent, device, node);
   }
   return node;
+}
+
+NodeId node_for(ThreadState& state, const at::RecordFunction& fn, NodeId parent, int device) {
+  const char* name = fn.name();
+  if (fn.scope() != at::RecordScope::FUNCTION) {
+    return intern_node(state, name, parent, device, registry::Kind::Range);
+  }
+  if (!named_by_schema(fn)) [[unlikely]] {
+    return intern_node(state, name, parent, device, registry::Kind::Op);
+  }
+  return op_node_by_address(state, name, parent, device);
 }
 
 // Work the autograd engine runs for a backward() call (on its device threads for brick).
@@ -191,41 +200,47 @@ void drop_open_bricks(ThreadState& state) {
   forget_last_op_end(state);
 }
 
-// The parent of a brick that opens with no brick open on its thread.
-NodeId top_level_parent(const ThreadState& state, const at::RecordFunction& fn) {
+namespace {
+
+// The parent of a brick that opens with no brick open on its thread; `engine_work(state)` says
+// whether it is work of PyTorch's autograd engine (asked only where that matters).
+template <typename IsEngineWork>
+NodeId top_level_parent(ThreadState& state, IsEngineWork&& engine_work) {
   ThreadState* owner = g_owner.load(std::memory_order_relaxed);
   // An autograd engine thread starting backward work: its caller's open brick is the parent.
-  if (owner == nullptr || owner == &state || !is_autograd_engine_work(fn)) {
-    return registry::kNoParent;
-  }
+  if (owner == nullptr || owner == &state || !engine_work(state)) return registry::kNoParent;
   return owner->published_top.load(std::memory_order_relaxed);
 }
 
-std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
+// Opens a brick on the calling thread: pushes its frame and starts its timing. `name_frame(state,
+// parent, frame)` sets the frame's node (and signature) once the session and the parent are
+// settled. Never throws: a brick that cannot be timed is dropped and counted, and its frame is
+// still pushed, so the close that comes for this call pops this frame, not its parent's (which
+// would close the parent early and mis-parent every brick after it).
+template <typename IsEngineWork, typename NameFrame>
+void open_brick(bool is_op, IsEngineWork&& engine_work, NameFrame&& name_frame) noexcept {
   ThreadState* state = nullptr;
   try {
     state = &thread_state();
   } catch (...) {
     g_timing_failures.fetch_add(1, std::memory_order_relaxed);
-    return nullptr;  // no thread state: its exit finds none either (counted as unbalanced)
+    return;  // no thread state: its close finds none either (counted as unbalanced)
   }
   runtime::Runtime& rt = *g_runtime.load(std::memory_order_relaxed);
-  Frame frame{kIgnored, rt.current_device(), 0, nullptr};
-  frame.is_op = fn.scope() == at::RecordScope::FUNCTION;
+  Frame frame{kIgnored, 0, 0, nullptr};
+  frame.is_op = is_op;
   try {
+    frame.device = rt.current_device();
     const uint64_t session = g_session.load(std::memory_order_acquire);
     if (state->session != session) [[unlikely]] {
       state->session = session;
       state->unpushed = 0;
       drop_open_bricks(*state);
     }
-    NodeId parent = state->stack.empty() ? top_level_parent(*state, fn) : state->stack.back().node;
+    NodeId parent =
+        state->stack.empty() ? top_level_parent(*state, engine_work) : state->stack.back().node;
     if (parent == kIgnored || parent == kSkippedInCapture) parent = registry::kNoParent;
-    frame.node = node_for(*state, fn, parent, frame.device);
-    if (frame.is_op && g_shapes_active.load(std::memory_order_relaxed) && frame.node != kIgnored)
-        [[unlikely]] {
-      frame.shape = intern_signature(fn);
-    }
+    name_frame(*state, parent, frame);
     if (frame.node != kIgnored) {
       if (g_async.load(std::memory_order_relaxed)) [[unlikely]] {
         start_async_timing(*state, rt, frame, frame.is_op);
@@ -234,10 +249,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
         frame.start_ns = registry::Registry::now_ns();
       }
     }
-  } catch (...) {
-    // The brick is dropped (counted), but its frame is still pushed: the exit that comes for
-    // this call must pop this frame, not its parent's (which would close the parent early and
-    // mis-parent every brick after it).
+  } catch (...) {  // the brick is dropped (counted), its frame still pushed
     g_timing_failures.fetch_add(1, std::memory_order_relaxed);
     frame.node = kIgnored;
     frame.start_event = nullptr;  // (start_async_timing returned it to the pool)
@@ -245,18 +257,18 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   }
   try {
     state->stack.push_back(frame);
-  } catch (...) {  // out of memory: the exit for this call is told to pop nothing
+  } catch (...) {  // out of memory: the close for this call is told to pop nothing
     g_timing_failures.fetch_add(1, std::memory_order_relaxed);
     if (frame.start_event != nullptr) state->events.release(frame.device, frame.start_event);
     ++state->unpushed;
-    return nullptr;
+    return;
   }
   if (frame.awaiting_work) ++state->awaiting;
   publish_top(*state);
-  return nullptr;
 }
 
-void on_exit(const at::RecordFunction& /*fn*/, at::ObserverContext* /*ctx*/) {
+// Closes the calling thread's innermost brick: pops its frame and records its time.
+void close_brick() noexcept {
   try {
     ThreadState& state = thread_state();
     if (state.unpushed > 0) [[unlikely]] {  // its enter could not push a frame
@@ -284,5 +296,41 @@ void on_exit(const at::RecordFunction& /*fn*/, at::ObserverContext* /*ctx*/) {
     g_timing_failures.fetch_add(1, std::memory_order_relaxed);
   }
 }
+
+}  // namespace
+
+std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
+  const bool is_op = fn.scope() == at::RecordScope::FUNCTION;
+  open_brick(
+      is_op,
+      [&fn](ThreadState& state) {
+        if (!is_autograd_engine_work(fn)) return false;
+        state.runs_autograd_nodes = true;
+        return true;
+      },
+      [&fn, is_op](ThreadState& state, NodeId parent, Frame& frame) {
+        frame.node = node_for(state, fn, parent, frame.device);
+        if (is_op && g_shapes_active.load(std::memory_order_relaxed) && frame.node != kIgnored)
+            [[unlikely]] {
+          frame.shape = intern_signature(fn);
+        }
+      });
+  return nullptr;
+}
+
+void on_exit(const at::RecordFunction& /*fn*/, at::ObserverContext* /*ctx*/) { close_brick(); }
+
+// A brick kernel or copy starts (OpTiming::Kernels): its op's brick opens. `name`, the kernel's
+// op, keeps its text at that address (a literal, or its registered schema's name).
+void on_kernel_begin(const char* name) noexcept {
+  open_brick(
+      // The gradient sums the engine does between nodes run outside any node's brick.
+      /*is_op=*/true, [](const ThreadState& state) { return state.runs_autograd_nodes; },
+      [name](ThreadState& state, NodeId parent, Frame& frame) {
+        frame.node = op_node_by_address(state, name, parent, frame.device);
+      });
+}
+
+void on_kernel_end() noexcept { close_brick(); }
 
 }  // namespace brick::profiler::detail

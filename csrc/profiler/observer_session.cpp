@@ -76,6 +76,8 @@ void observer_after_fork_in_child() {
 
 namespace {
 
+constexpr runtime::KernelTimer kKernelTimer{&on_kernel_begin, &on_kernel_end};
+
 class SchemaDeregistrationListener final : public c10::OpRegistrationListener {
  public:
   void onOperatorRegistered(const c10::OperatorHandle& /*op*/) override {}
@@ -124,9 +126,11 @@ void enable() {
   owner.session = g_session.load(std::memory_order_relaxed);
   owner.published_top.store(registry::kNoParent, std::memory_order_relaxed);
   g_owner.store(&owner, std::memory_order_release);
-  const bool shapes = record_shapes();
+  const bool kernels = g_op_timing.load(std::memory_order_relaxed) == OpTiming::Kernels;
+  const bool shapes = record_shapes();  // (never with kernels: set_op_timing refuses both)
   g_shapes_active.store(shapes, std::memory_order_relaxed);
-  g_handle = at::addGlobalCallback(observer_callback(&on_enter, &on_exit, shapes));
+  g_handle = at::addGlobalCallback(observer_callback(&on_enter, &on_exit, shapes, !kernels));
+  if (kernels) runtime::set_kernel_timer(&kKernelTimer);
   if (g_async.load(std::memory_order_relaxed) &&
       g_mode.load(std::memory_order_relaxed) == SyncMode::Event) {
     runtime::set_queue_hook(&start_awaiting_bricks);
@@ -137,6 +141,7 @@ void enable() {
 void disable() {
   std::lock_guard<std::mutex> lock(g_control_mutex);
   TORCH_CHECK(g_enabled.load(), "brick profiler: disable() called while not enabled");
+  runtime::set_kernel_timer(nullptr);
   at::removeCallback(g_handle);
   g_handle = 0;
   runtime::set_queue_hook(nullptr);
@@ -159,10 +164,26 @@ void set_record_shapes(bool on) {
   std::lock_guard<std::mutex> lock(g_control_mutex);
   TORCH_CHECK(!g_enabled.load(),
               "brick profiler: record_shapes cannot change while profiling; disable() first");
+  TORCH_CHECK(!on || g_op_timing.load() == OpTiming::Dispatcher,
+              "brick profiler: record_shapes needs ops timed at the dispatcher (their inputs "
+              "are RecordFunction's), but ops are timed at brick's kernels");
   g_record_shapes.store(on, std::memory_order_relaxed);
 }
 
 bool record_shapes() noexcept { return g_record_shapes.load(std::memory_order_relaxed); }
+
+void set_op_timing(OpTiming timing) {
+  std::lock_guard<std::mutex> lock(g_control_mutex);
+  TORCH_CHECK(!g_enabled.load(),
+              "brick profiler: where ops are timed cannot change while profiling; disable() "
+              "first");
+  TORCH_CHECK(timing == OpTiming::Dispatcher || !g_record_shapes.load(),
+              "brick profiler: ops timed at brick's kernels cannot record shapes (their inputs "
+              "are RecordFunction's); set_record_shapes(false) first");
+  g_op_timing.store(timing, std::memory_order_relaxed);
+}
+
+OpTiming op_timing() noexcept { return g_op_timing.load(std::memory_order_relaxed); }
 
 registry::Snapshot snapshot() {
   // Every thread's outstanding pairs (asynchronous runtimes only) resolve here, waiting for

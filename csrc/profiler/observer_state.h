@@ -52,6 +52,7 @@ extern std::atomic<registry::Registry*> g_registry;
 extern std::atomic<uint64_t> g_capture_skipped_base;  // not reported: before reset(), or a parent's
 extern std::atomic<bool> g_async;          // async_runtime(): bricks are timed by device events
 extern std::atomic<bool> g_record_shapes;  // the setting: profiles enabled from now on
+extern std::atomic<OpTiming> g_op_timing;  // the setting: profiles enabled from now on
 extern std::atomic<bool> g_shapes_active;  // the running profile records shapes
 
 // Bumped whenever an operator schema is deregistered: its name's address may then be reused by
@@ -196,6 +197,9 @@ struct ThreadState {
   // The innermost open brick, readable by other threads (see on_enter: autograd workers).
   std::atomic<NodeId> published_top{registry::kNoParent};
   EventPool events;
+  // This thread opened an autograd node while another thread owned the profile: it is one of
+  // the autograd engine's threads, whose kernels outside any brick are that backward's work.
+  bool runs_autograd_nodes = false;
   uint32_t unpushed = 0;  // enters whose frame could not be pushed (out of memory)
   uint32_t awaiting = 0;  // frames on the stack with awaiting_work set
   // Event mode: the end event of the op that ended last on this thread, held (one reference)
@@ -241,6 +245,9 @@ inline ThreadState& thread_state() {
 void drop_open_bricks(ThreadState& state);
 std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn);
 void on_exit(const at::RecordFunction& fn, at::ObserverContext* ctx);
+// The kernel timer's pair (OpTiming::Kernels: runtime::KernelTimer).
+void on_kernel_begin(const char* name) noexcept;
+void on_kernel_end() noexcept;
 
 // ---- asynchronous timing (observer_events.cpp) ----
 void resolve_locked(ThreadState& state, bool by_owner, bool wait_all);

@@ -15,8 +15,9 @@ namespace brick::profiler {
 // The process-wide registry every brick op and range is recorded into.
 registry::Registry& brick_registry();
 
-// Registers the RecordFunction observer (ops, record_function ranges, autograd nodes). While
-// disabled no callback is registered: the op path pays nothing. Throws if already enabled.
+// Registers the RecordFunction observer (ops, record_function ranges, autograd nodes; ops at
+// brick's kernels instead with OpTiming::Kernels). While disabled no callback is registered: the
+// op path pays nothing. Throws if already enabled.
 void enable();
 void disable();  // throws if not enabled
 bool is_enabled() noexcept;
@@ -27,6 +28,20 @@ registry::SyncMode sync_mode() noexcept;
 // Throws while enabled: a profiled region records them from start to end or not at all.
 void set_record_shapes(bool on);
 bool record_shapes() noexcept;
+// Where the registry times ops (ranges and autograd nodes are timed alike in both).
+enum class OpTiming : uint8_t {
+  // Every op the dispatcher runs on the profiled thread (composites such as aten::linear with
+  // the ops inside them, views, factories), through RecordFunction, named as PyTorch's profilers
+  // name them. Every op call then takes PyTorch's RecordFunction path (its cost with no
+  // callback work at all is most of what profiling costs a model of small ops).
+  Dispatcher,
+  // Every brick kernel and copy (the ops that run device work: aten::addmm for a Linear, no
+  // views), timed at brick's kernel entry: ops do not take the RecordFunction path.
+  Kernels,
+};
+// Throws while enabled, like the sync mode.
+void set_op_timing(OpTiming timing);
+OpTiming op_timing() noexcept;
 // Resolves outstanding device events, then merges every thread's figures: one reading, from
 // which both views (by call path, by name) derive.
 registry::Snapshot snapshot();

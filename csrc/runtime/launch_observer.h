@@ -71,6 +71,29 @@ inline void set_launch_observer(LaunchObserver* observer) noexcept {
   detail::g_launch_observer.store(observer, std::memory_order_release);
 }
 
+// Brick's registry timing ops at their kernels (`profile(ops="kernels")`): called on the
+// launching thread around every kernel and copy brick launches (not collectives, which the
+// distributed layer times), outside the launch observer's begin() and end(), also when the
+// kernel threw; `name` as Launch::name. Neither may throw. Installed only while the registry
+// records, so a launch pays one relaxed load for it otherwise.
+struct KernelTimer {
+  void (*begin)(const char* name) noexcept;
+  void (*end)() noexcept;
+};
+
+namespace detail {
+inline std::atomic<const KernelTimer*> g_kernel_timer{nullptr};
+}  // namespace detail
+
+// The installed timer, or nullptr. A timer must stay alive for the process once installed.
+inline const KernelTimer* kernel_timer() noexcept {
+  return detail::g_kernel_timer.load(std::memory_order_acquire);
+}
+
+inline void set_kernel_timer(const KernelTimer* timer) noexcept {
+  detail::g_kernel_timer.store(timer, std::memory_order_release);
+}
+
 // Called on the launching thread right before the backend queues work on `device`'s current
 // stream (a kernel, a copy, a collective), whether or not a launch observer is installed. The
 // registry installs one while it times bricks by device events, so that an op's device interval

@@ -11,6 +11,7 @@
 #include "profiler/range_stack.h"
 #include "profiler/shape_stats.h"
 #include "registry/registry.h"
+#include "runtime/launch_observer.h"
 
 namespace {
 
@@ -54,6 +55,48 @@ TEST(RangeStackTest, RangesOpenedWhileDisabledCostNothingAndRecordNothing) {
   profiler::pop_ranges(depth);
   EXPECT_EQ(profiler::range_depth(), depth);
   EXPECT_EQ(counts_by_path().count("unprofiled"), 0u);
+}
+
+// Ops timed at brick's kernels: PyTorch's dispatcher keeps its fast path (no callback for ops),
+// ranges are still observed, and a kernel (what BackingCall's launch does through the kernel
+// timer) is a brick inside the range open on its thread. The setting lasts until changed.
+TEST(ObserverTest, OpsTimedAtKernelsLeaveTheDispatchersFastPath) {
+  profiler::set_op_timing(profiler::OpTiming::Kernels);
+  profiler::enable();
+  const bool ops_observed = at::getStepCallbacksUnlessEmpty(at::RecordScope::FUNCTION).has_value();
+  const bool ranges_observed =
+      at::getStepCallbacksUnlessEmpty(at::RecordScope::USER_SCOPE).has_value();
+  const brick::runtime::KernelTimer* timer = brick::runtime::kernel_timer();
+  ASSERT_NE(timer, nullptr);
+  {
+    RECORD_USER_SCOPE("block");
+    timer->begin("aten::mm");
+    timer->end();
+  }
+  timer->begin("aten::mm");
+  timer->end();
+  const auto counts = counts_by_path();
+  const auto health = profiler::health();
+  profiler::disable();
+  const brick::runtime::KernelTimer* after_disable = brick::runtime::kernel_timer();
+  profiler::set_op_timing(profiler::OpTiming::Dispatcher);
+  profiler::enable();
+  const bool ops_observed_at_dispatcher =
+      at::getStepCallbacksUnlessEmpty(at::RecordScope::FUNCTION).has_value();
+  const brick::runtime::KernelTimer* dispatcher_timer = brick::runtime::kernel_timer();
+  profiler::disable();
+  profiler::reset();
+
+  EXPECT_FALSE(ops_observed);
+  EXPECT_TRUE(ranges_observed);
+  EXPECT_EQ(counts.at("block"), 1u);
+  EXPECT_EQ(counts.at("block/aten::mm"), 1u);
+  EXPECT_EQ(counts.at("aten::mm"), 1u);
+  EXPECT_EQ(health.unbalanced_exits, 0u);
+  EXPECT_EQ(health.timing_failures, 0u);
+  EXPECT_EQ(after_disable, nullptr);
+  EXPECT_TRUE(ops_observed_at_dispatcher);
+  EXPECT_EQ(dispatcher_timer, nullptr);
 }
 
 // (Before the tests that fill the registry's node table: each test runs in its own process

@@ -69,6 +69,25 @@ def test_event_mode_queues_pairs_and_resolves_every_one():
     assert seen["min_ns"] >= 0
 
 
+def test_ops_timed_at_kernels_take_the_same_event_path():
+    """profile(ops="kernels") on an asynchronous device: each kernel's pair starts at its first
+    queued work and resolves later, as an op's does at the dispatcher."""
+    seen = run("""
+        with bp.profile(sync_mode="event", ops="kernels"):
+            with record_function("loop"):
+                for _ in range(3000):
+                    x.add_(1)
+            pending_inside = bp.health()["pending_events"]
+        after = counts()
+        print(json.dumps({"pending_inside": pending_inside, "counts": after,
+                          "health": bp.health()}))
+    """)
+    assert seen["pending_inside"] > 0
+    assert seen["counts"] == {"loop": 1, "loop/aten::add_": 3000}
+    assert seen["health"]["pending_events"] == 0
+    assert seen["health"]["timing_failures"] == 0 and seen["health"]["unbalanced_exits"] == 0
+
+
 def test_event_mode_times_an_ops_device_work_from_its_first_launch():
     """On an asynchronous device an op's Event-mode time is its device work's: from the stream's
     point where its first work was queued to the end of its last. A view queues none (its time

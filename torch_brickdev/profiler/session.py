@@ -12,7 +12,7 @@ from typing import Optional, Union
 import torch
 
 from .. import _C
-from ..argcheck import check_bool, describe
+from ..argcheck import check_bool, describe, describe_value
 from ._registry import disable, enable, is_enabled, reset, set_sync_mode, sync_mode
 from ._stats import SyncMode
 from . import machine
@@ -58,12 +58,22 @@ class profile:
     input shapes and dtypes (:mod:`.shapes`): ``report.table(by="shape")``. ``roofline=True``
     (which records shapes) adds each brick's FLOPs, bytes, achieved rates and their fraction of
     the backing device's measured peaks (:mod:`.roofline`): ``report.table(roofline=True)``.
+
+    ``ops`` says where ops are timed (ranges and autograd nodes are timed alike either way):
+    ``"dispatcher"`` (the default) times every op the dispatcher runs, through PyTorch's
+    RecordFunction, with the names PyTorch's profilers show: composites such as ``aten::linear``
+    with the ops inside them, views, factories. ``"kernels"`` times every brick kernel and copy
+    at brick's kernel entry: the ops that run device work (``aten::addmm`` for a Linear, the copy
+    as ``aten::_copy_from``), no composites or views, and ops skip PyTorch's RecordFunction path,
+    which is most of what profiling costs a model of many small ops. It records no input shapes
+    (``record_shapes`` and ``roofline`` need the dispatcher's inputs); the report's
+    ``metadata["ops"]`` says ``"kernels"``.
     """
 
     def __init__(self, sync_mode: Optional[Union[SyncMode, str]] = None, *, reset: bool = True,
                  metadata: Optional[dict] = None, modules: bool = False,
                  live: Optional[bool] = None, record_shapes: bool = False,
-                 roofline: bool = False):
+                 roofline: bool = False, ops: str = "dispatcher"):
         where = "brick profiler: profile()"
         self._mode = None if sync_mode is None else SyncMode.parse(sync_mode, arg="sync_mode",
                                                                      where=where)
@@ -72,6 +82,15 @@ class profile:
         self._modules = ModuleBricks() if check_bool(modules, "modules", where) else None
         self._roofline = check_bool(roofline, "roofline", where)
         self._record_shapes = check_bool(record_shapes, "record_shapes", where) or self._roofline
+        if ops not in ("dispatcher", "kernels"):
+            raise ValueError(f"{where}: ops must be 'dispatcher' or 'kernels', got "
+                             f"{describe_value(ops)}")
+        if ops == "kernels" and self._record_shapes:
+            option = "roofline" if self._roofline else "record_shapes"
+            raise ValueError(f"{where}: ops='kernels' records no input shapes (they are the "
+                             f"dispatcher's): drop {option}=True, or time ops at the "
+                             f"dispatcher (ops='dispatcher')")
+        self._ops = ops
         # live=None: as BRICK_LIVE says (1: every profile of the process is watchable)
         self._live = (os.environ.get("BRICK_LIVE", "0") not in ("", "0")) if live is None \
             else check_bool(live, "live", where)
@@ -102,10 +121,11 @@ class profile:
             self._modules.__enter__()
         self._start = time.perf_counter_ns()
         _C._profiler.set_record_shapes(self._record_shapes)  # read by enable()
+        _C._profiler.set_op_timing(self._ops)
         try:
             enable()
         except BaseException:  # no profile, and no setting left behind
-            _C._profiler.set_record_shapes(False)
+            self._restore_settings()
             raise
         if self._publisher is not None:
             try:
@@ -116,7 +136,7 @@ class profile:
                     self._modules.__exit__(None, None, None)
                 self._publisher.stop()
                 set_sync_mode(self._previous_mode)
-                _C._profiler.set_record_shapes(False)
+                self._restore_settings()
                 raise
         return self
 
@@ -135,7 +155,7 @@ class profile:
             denied = machine.machine_figures(self._machine_before, machine.sample())
         finally:
             disable()
-            _C._profiler.set_record_shapes(False)
+            self._restore_settings()
             if self._modules is not None:
                 self._modules.__exit__(*exc)
             mode = sync_mode()
@@ -154,6 +174,8 @@ class profile:
             metadata.setdefault("modules", list(self._modules.names))
         if self._record_shapes:
             metadata.setdefault("shapes", shapes.capture())
+        if self._ops == "kernels":
+            metadata.setdefault("ops", "kernels")
         self.report = Report.capture(wall_ns=self.wall_ns, sync_mode=mode, metadata=metadata or None,
                                      machine=denied)
         if self._roofline and "roofline" not in self.report.metadata:
@@ -162,6 +184,12 @@ class profile:
             self.report = self.report.with_metadata(roofline=roofline.compute(
                 self.report.paths, self.report.shape_stats(by="path")))
         return False
+
+    @staticmethod
+    def _restore_settings() -> None:
+        """The per-profile settings back to their defaults, for the next enable()."""
+        _C._profiler.set_record_shapes(False)
+        _C._profiler.set_op_timing("dispatcher")
 
 
 def _distributed_metadata(before: dict) -> dict:

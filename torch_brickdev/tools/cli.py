@@ -148,6 +148,10 @@ def profile_script(args) -> int:
     if not os.path.isfile(args.script):
         print(f"error: no such script: {args.script}", file=sys.stderr)
         return 2
+    if args.ops == "kernels" and (args.record_shapes or args.roofline):
+        option = "--roofline" if args.roofline else "--record-shapes"
+        print(f"error: --ops kernels records no input shapes: drop {option}", file=sys.stderr)
+        return 2
     from torch_brickdev.distributed import group_info
 
     # Under torchrun every rank profiles itself: each writes to its own folder.
@@ -164,7 +168,7 @@ def profile_script(args) -> int:
         if quiet_legacy is not None:
             quiet_legacy.__enter__()
         with bp.profile(sync_mode=args.sync_mode, modules=args.modules, live=args.live or None,
-                        record_shapes=args.record_shapes, roofline=args.roofline,
+                        record_shapes=args.record_shapes, roofline=args.roofline, ops=args.ops,
                         metadata={"script": args.script, "argv": list(args.script_args)}) as p:
             try:
                 runpy.run_path(args.script, run_name="__main__")
@@ -337,6 +341,9 @@ def main(argv=None) -> int:
                    help="each brick's FLOPs and bytes, achieved GFLOP/s and GB/s and their share "
                    "of the backing device's measured peaks (records shapes; the peaks are "
                    "measured once per machine and cached)")
+    p.add_argument("--ops", choices=["dispatcher", "kernels"], default="dispatcher",
+                   help="where ops are timed: every op the dispatcher runs (default), or brick's "
+                   "kernels only (cheaper: no RecordFunction per op; no composites or views)")
     p.add_argument("script")
     p.add_argument("script_args", nargs=argparse.REMAINDER)
     p.set_defaults(run=profile_script)
