@@ -41,6 +41,7 @@ import torch
 
 import torch_brickdev  # noqa: F401
 import torch_brickdev.profiler as bp
+from torch_brickdev import _C
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import empty_callback  # noqa: E402
@@ -72,15 +73,17 @@ def run_empty_callback(a, b, n):
         module.set_enabled(False)
 
 
-def run_registry(mode):
+def run_registry(mode, ops="dispatcher"):
     def run(a, b, n):
         bp.reset()
         bp.set_sync_mode(mode)
+        _C._profiler.set_op_timing(ops)
         bp.enable()
         try:
             return timed(lambda: workload(a, b, n))
         finally:
             bp.disable()
+            _C._profiler.set_op_timing("dispatcher")
 
     return run
 
@@ -142,6 +145,7 @@ sys.path.insert(0, {bench_dir!r})
 import torch
 import torch_brickdev
 import torch_brickdev.profiler as bp
+from torch_brickdev import _C
 import empty_callback
 a = torch.randn(1000, device="brick")
 b = torch.randn(1000, device="brick")
@@ -156,11 +160,16 @@ def workload(n):
 workload(100)
 """
 
+# Ops timed at brick's kernels (profile(ops="kernels")): no RecordFunction on the op path.
+KERNELS = "registry, event mode, ops at kernels"
+
 _CALLGRIND_CONFIGS = {
     "no profiler": "",
     "empty RecordFunction callback (the floor)": "empty_callback.load().set_enabled(True)",
     "registry, event mode": "bp.set_sync_mode('event'); bp.enable()",
     "registry, deferred mode": "bp.set_sync_mode('deferred'); bp.enable()",
+    KERNELS: "bp.set_sync_mode('event'); torch_brickdev._C._profiler.set_op_timing('kernels'); "
+             "bp.enable()",
 }
 
 
@@ -168,6 +177,7 @@ def _stop_profilers():
     # Timer runs the setup once in this process too (a smoke test): undo what it started.
     if bp.is_enabled():
         bp.disable()
+    _C._profiler.set_op_timing("dispatcher")
     empty_callback.load().set_enabled(False)
 
 
@@ -212,6 +222,7 @@ def main() -> int:
         "registry, event mode": run_registry("event"),
         "registry, deferred mode": run_registry("deferred"),
         "registry, immediate mode": run_registry("immediate"),
+        KERNELS: run_registry("event", ops="kernels"),
         "legacy autograd profiler (use_device=brick)": run_legacy,
         "legacy autograd profiler (CPU only)": run_legacy_cpu,
         "torch.profiler (Kineto, CPU)": run_kineto,
@@ -258,6 +269,9 @@ def main() -> int:
         ns = figures[f"registry, {mode} mode"][1]
         print(f"registry, {mode} mode: {ns:.0f} ns/op, {ns / floor_ns:.2f}x the floor, "
               f"{ns - event_ns:+.0f} ns/op vs event mode")
+    kernels_ns = figures[KERNELS][1]
+    print(f"{KERNELS}: {kernels_ns:.0f} ns/op, {kernels_ns / floor_ns:.2f}x the floor, "
+          f"{kernels_ns - event_ns:+.0f} ns/op vs the dispatcher's (per op the dispatcher runs)")
     disabled_ratio = figures["registry disabled"][2]
     print(f"registry disabled: {disabled_ratio:.4f}x no profiler (target within 1%): "
           f"{'ok' if abs(disabled_ratio - 1) <= 0.01 else 'OUTSIDE TARGET'}")
