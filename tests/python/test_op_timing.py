@@ -145,3 +145,34 @@ def test_the_profile_command_times_a_scripts_kernels(tmp_path):
     out = subprocess.run([*command, "kernels", "--record-shapes", str(script)],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "--ops kernels records no input shapes" in out.stderr
+
+
+def test_transformers_generate_is_unchanged_and_its_kernels_are_in_its_modules(brick):
+    """A real client: Qwen2's greedy generate under profile(ops="kernels", modules=True) gives
+    the unprofiled tokens, and its matmuls are bricks inside the module bricks that ran them."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Qwen2Config(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = transformers.Qwen2ForCausalLM(config).to(brick).eval()
+    ids = torch.randint(3, 128, (1, 6), device=brick)
+
+    def generate():
+        with torch.no_grad():
+            return model.generate(ids, max_new_tokens=5, min_new_tokens=5, do_sample=False,
+                                  pad_token_id=0)
+
+    expected = generate()
+    with bp.profile(ops="kernels", modules=True) as p:
+        tokens = generate()
+    assert torch.equal(tokens.cpu(), expected.cpu())
+    paths = {b.path: b for b in p.report.paths}
+    # 5 forwards (the prompt, then one per new token but the last), each projection a kernel.
+    q_proj = [b for path, b in paths.items()
+              if path.endswith("self_attn.q_proj/aten::mm") or
+              path.endswith("self_attn.q_proj/aten::addmm")]
+    assert sum(b.count for b in q_proj) == 5 * config.num_hidden_layers, sorted(paths)
+    assert not any(b.name in ("aten::linear", "aten::view") for b in p.report.bricks)
+    assert p.report.health["unbalanced_exits"] == 0 and p.report.health["timing_failures"] == 0
