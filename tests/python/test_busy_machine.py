@@ -185,3 +185,43 @@ def test_the_fixture_warns_on_an_inconclusive_check_and_does_not_fail(brick_prof
     with pytest.warns(BrickInconclusiveWarning, match="stability inconclusive: CV of per-token"):
         results = brick_profile.check()
     assert [r.id for r in results if r.inconclusive] == ["stability"]
+
+
+def _schedstat_descriptors() -> int:
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        count += "/task/" in target and target.endswith("/schedstat")
+    return count
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux's /proc")
+def test_machine_samples_keep_one_descriptor_per_live_thread_and_none_across_a_fork():
+    import threading
+
+    from torch_brickdev.profiler import machine
+
+    release = threading.Event()
+    workers = [threading.Thread(target=release.wait) for _ in range(4)]
+    for worker in workers:
+        worker.start()
+    try:
+        machine.sample()
+        assert _schedstat_descriptors() == len(os.listdir("/proc/self/task"))
+    finally:
+        release.set()
+        for worker in workers:
+            worker.join()
+    sample = machine.sample()  # the ended threads' files are closed
+    assert _schedstat_descriptors() == len(os.listdir("/proc/self/task"))
+    assert sample.thread_schedstat is not None
+    pid = os.fork()
+    if pid == 0:  # the child's sample reads its own task, not the parent's descriptors
+        ok = machine.sample().thread_schedstat is not None and _schedstat_descriptors() == len(
+            os.listdir("/proc/self/task"))
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
