@@ -176,3 +176,16 @@ def test_transformers_generate_is_unchanged_and_its_kernels_are_in_its_modules(b
     assert sum(b.count for b in q_proj) == 5 * config.num_hidden_layers, sorted(paths)
     assert not any(b.name in ("aten::linear", "aten::view") for b in p.report.bricks)
     assert p.report.health["unbalanced_exits"] == 0 and p.report.health["timing_failures"] == 0
+
+
+def test_the_demo_takes_the_setting_and_refuses_what_it_cannot_compare(tmp_path):
+    from torch_brickdev.tools import demo
+
+    with pytest.raises(ValueError, match=r"ops must be 'dispatcher' or 'kernels', got int \(1\)"):
+        demo.run_demo(ops=1, out_dir=tmp_path / "never")
+    with pytest.raises(ValueError, match=r"legacy=True compares the registry's ops"):
+        demo.run_demo(ops="kernels", legacy=True, out_dir=tmp_path / "never")
+    assert not (tmp_path / "never").exists()  # refused before any work
+    command = [sys.executable, "-m", "torch_brickdev", "demo", "--ops", "kernels", "--legacy"]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "drop --ops kernels" in out.stderr

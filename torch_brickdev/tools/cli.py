@@ -124,10 +124,14 @@ def decode_demo(args) -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    if args.legacy and args.ops == "kernels":
+        print("error: --legacy compares the registry's ops with key_averages(), which names "
+              "them at the dispatcher: drop --ops kernels", file=sys.stderr)
+        return 2
     torch.set_num_threads(args.threads if args.threads is not None else decode.default_threads())
     result = decode.run_demo(config, device=args.device, sync_mode=args.sync_mode, runs=args.runs,
                              out_dir=args.output, legacy=args.legacy, progress=not args.no_progress,
-                             compile=args.compile)
+                             compile=args.compile, ops=args.ops)
     print(decode.format_summary(result))
     from torch_brickdev.tools import contract
 
@@ -258,6 +262,9 @@ def main(argv=None) -> int:
     p.add_argument("--legacy", action="store_true",
                    help="also compare key_averages() of the legacy profiler with the registry")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--ops", choices=["dispatcher", "kernels"], default="dispatcher",
+                   help="where the profiled runs time ops: every op the dispatcher runs "
+                   "(default), or brick's kernels only (cheaper)")
     p.add_argument("--compile", action="store_true",
                    help="compile the forward with torch.compile (Inductor), each block still a "
                    "brick; the warm-up decode compiles")

@@ -16,7 +16,7 @@ import torch
 
 import torch_brickdev  # noqa: F401  (registers brick)
 from torch_brickdev import profiler as bp
-from torch_brickdev.argcheck import check_bool, check_int, check_path, describe
+from torch_brickdev.argcheck import check_bool, check_int, check_path, describe, describe_value
 from torch_brickdev.tools.demo_config import (DecodeConfig, DecodeConfigTypeError, _check_config,
                                               _check_device)
 from torch_brickdev.tools.demo_decode import (DecodeResult, _decode, _percentile, decode,
@@ -86,13 +86,15 @@ def _is_terminal(stream) -> bool:
 def run_demo(config: Optional[DecodeConfig] = None, device: Union[str, torch.device] = "brick:0",
              sync_mode: str = "event", runs: int = 5, out_dir: Union[str, os.PathLike] = ".",
              legacy: bool = False, progress: bool = True, legacy_rows: int = 15,
-             compile: bool = False) -> dict:
+             compile: bool = False, ops: str = "dispatcher") -> dict:
     """Builds the model on ``device``, warms up, profiles ``runs`` decodes with the brick
     registry (the last run's report is kept and written to ``out_dir/report.json``), then runs
     one decode under the legacy autograd profiler for ``out_dir/trace.json`` and its
     ``key_averages()`` table. ``legacy=True`` adds the registry-vs-key_averages comparison.
     ``compile=True`` compiles the forward with torch.compile, each block still a brick (see
-    :class:`QwenStyleDecoder`); the warm-up decode compiles, so no profiled run does."""
+    :class:`QwenStyleDecoder`); the warm-up decode compiles, so no profiled run does.
+    ``ops="kernels"`` times ops at brick's kernels (``profile(ops="kernels")``): the profiled
+    runs cost less; the blocks, the contract's bricks, are timed alike."""
     # Every argument is checked before any work (no model built, no folder created).
     where = "run_demo()"
     config = _check_config(DecodeConfig() if config is None else config, where)
@@ -111,6 +113,13 @@ def run_demo(config: Optional[DecodeConfig] = None, device: Union[str, torch.dev
     check_bool(legacy, "legacy", f"decode demo: {where}")
     check_bool(progress, "progress", f"decode demo: {where}")
     check_bool(compile, "compile", f"decode demo: {where}")
+    if ops not in ("dispatcher", "kernels"):
+        raise ValueError(f"decode demo: {where}: ops must be 'dispatcher' or 'kernels', got "
+                         f"{describe_value(ops)}")
+    if legacy and ops == "kernels":
+        raise ValueError(f"decode demo: {where}: legacy=True compares the registry's ops with "
+                         f"key_averages(), which names them at the dispatcher: use "
+                         f"ops='dispatcher'")
     # As key_averages().table(row_limit=...): a positive count, or <= 0 for every row.
     check_int(legacy_rows, "legacy_rows", f"decode demo: {where}")
     os.makedirs(out_dir, exist_ok=True)
@@ -123,7 +132,7 @@ def run_demo(config: Optional[DecodeConfig] = None, device: Union[str, torch.dev
         run_means, run_medians, run_denied, prof, result = [], [], [], None, None
         for r in range(runs):
             bar.start(f"run {r + 1}/{runs}")
-            prof = bp.profile(sync_mode=mode)
+            prof = bp.profile(sync_mode=mode, ops=ops)
             result = _decode(model, config, device, region=prof, progress=bar)
             run_means.append(result.mean_token_ns)
             run_medians.append(result.median_token_ns)
