@@ -53,6 +53,9 @@ PYBIND11_MODULE(_C, m) {
   brick::backend::ensure_registered();
 
   m.def("_runtime_name", [] { return std::string(rt().name()); });
+  // Whether its work completes after the call that queued it (CUDA; the host runtime with
+  // deferred completion): what deferred-mode times then is the launch, not the work.
+  m.def("_runtime_asynchronous", [] { return rt().asynchronous(); });
   // Whether this build has the CUDA runtime (built where the CUDA toolkit was found; CI checks
   // that a machine with the toolkit really built it).
 #if BRICK_WITH_CUDA

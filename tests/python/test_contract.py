@@ -285,6 +285,30 @@ def test_the_ten_times_rule_does_not_apply_to_deferred(base_dict):
     assert by_id(run_checks(d))["per-call-ordering"].status == "pass"
 
 
+@pytest.mark.parametrize("device", [{"runtime": "cuda"},
+                                    {"runtime": "host", "asynchronous": True}])
+def test_timing_checks_are_not_applicable_to_deferred_mode_on_an_asynchronous_device(
+        base_dict, device):
+    """Deferred mode times launches: on an asynchronous device (CUDA; the host runtime with
+    deferred completion) coverage and the per-call ordering say n/a there, not fail; in
+    immediate and event mode, and in deferred mode on a synchronous device, they are checked."""
+    d = copy.deepcopy(base_dict)
+    d["device"] = {**d["device"], "asynchronous": None, **device}
+    _coverage_low(d)  # the launches cover half the wall
+    _lmhead_under_ten_rmsnorm(d)
+    ids = ("coverage", "per-call-ordering")
+    for mode, asynchronous in (("deferred", True), ("event", True), ("deferred", False)):
+        d["sync_mode"] = mode
+        if not asynchronous:
+            d["device"] = {**d["device"], "runtime": "host", "asynchronous": False}
+        results = by_id(run_checks(d, only=ids))
+        if mode == "deferred" and asynchronous:
+            assert {results[i].status for i in ids} == {"n/a"}, [results[i] for i in ids]
+            assert "the launches', not the device's work" in results["coverage"].message
+        else:
+            assert results["coverage"].status == "fail", (mode, results["coverage"])
+
+
 def test_missing_brick_is_named(base_dict):
     d = copy.deepcopy(base_dict)
     d["bricks"] = [b for b in d["bricks"] if b["name"] != "AttentionSoftmax"]

@@ -117,6 +117,7 @@ class Report:
             device={
                 "type": "brick",
                 "runtime": _C._runtime_name(),
+                "asynchronous": _C._runtime_asynchronous(),
                 "backing": _C._backing_device_type(),
                 "count": _C._device_count(),
             },

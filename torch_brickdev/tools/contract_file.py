@@ -66,8 +66,9 @@ class ContractError(ValueError):
 
 @dataclass(frozen=True)
 class Check:
-    """One check of a contract: its id, kind, title, the sync modes it applies in (None: all)
-    and its parameters, validated for its kind."""
+    """One check of a contract: its id, kind, title, the sync modes it applies in (None: all),
+    those it applies in on an asynchronous device (None: the same), and its parameters,
+    validated for its kind."""
 
     id: str
     kind: str
@@ -75,6 +76,7 @@ class Check:
     modes: Optional[Tuple[str, ...]]
     params: Dict[str, object]
     line: int  # where the check starts in the file
+    async_modes: Optional[Tuple[str, ...]] = None
 
 
 @dataclass(frozen=True)
@@ -254,7 +256,7 @@ KINDS = {
     # per-call and share-of-wall budgets per brick
     "budget": {"limits": (_limits, _REQUIRED)},
 }
-_COMMON = {"id", "kind", "title", "modes"}
+_COMMON = {"id", "kind", "title", "modes", "async_modes"}
 
 
 # ---- reading -----------------------------------------------------------------------------------
@@ -393,7 +395,8 @@ def parse_contract(text: str, source: str = "<string>") -> Contract:
                   for key, (validate, default) in spec.items()}
         check = Check(check_id, kind, field_of(raw, "title", line, f"{where}.title", _text,
                                                check_id),
-                      field_of(raw, "modes", line, f"{where}.modes", _modes, None), params, line)
+                      field_of(raw, "modes", line, f"{where}.modes", _modes, None), params, line,
+                      field_of(raw, "async_modes", line, f"{where}.async_modes", _modes, None))
         _validate_figures(check, figures, lambda key, problem: fail(
             lines.key(line, key), f"{where}.{key}", problem))
         checks.append(check)

@@ -29,6 +29,12 @@ def run_check(check: Check, s: Subject) -> CheckResult:
     if check.modes is not None and s.mode.value not in check.modes:
         return result(NA, f"applies in {', '.join(check.modes)} mode only; the report was timed "
                       f"in {s.mode.value} mode", sync_mode=s.mode.value)
+    if check.async_modes is not None and s.asynchronous and s.mode.value not in check.async_modes:
+        return result(NA, f"on an asynchronous device applies in {', '.join(check.async_modes)} "
+                      f"mode only: the report was timed in {s.mode.value} mode on "
+                      f"{s.report.device.get('runtime', 'an asynchronous runtime')}, where its "
+                      f"durations are the launches', not the device's work",
+                      sync_mode=s.mode.value)
     try:
         return KIND_BODIES[check.kind](check.params, s, result)
     except Exception as error:  # a check must never hide the others

@@ -88,6 +88,15 @@ class Subject:
     written: Optional[WrittenFigures] = None  # of a report read from a file or dict
     invalid: Optional[str] = None
 
+    @property
+    def asynchronous(self) -> bool:
+        """Whether the report's device completes work after its launch (CUDA; the host runtime
+        with deferred completion). A report written before the field: its runtime says."""
+        written = self.report.device.get("asynchronous")
+        if isinstance(written, bool):
+            return written
+        return self.report.device.get("runtime") == "cuda"
+
     def no_metadata(self, names: Sequence[str]) -> str:
         table = f"{self.contract.metadata} " if self.contract.metadata else ""
         return f"report has no {table}metadata ({', '.join(names)}): {self.contract.missing}"
