@@ -1,6 +1,6 @@
 // Announces the work the backend queues on a brick device to an installed kernel timer, launch
-// observer and queue hook (runtime/launch_observer.h). Costs three relaxed atomic loads when none
-// is installed.
+// observer and queue hook (runtime/launch_observer.h). Costs three atomic loads (acquire: plain
+// loads on x86) when none is installed.
 #pragma once
 
 #include <c10/core/Device.h>

@@ -75,7 +75,7 @@ inline void set_launch_observer(LaunchObserver* observer) noexcept {
 // launching thread around every kernel and copy brick launches (not collectives, which the
 // distributed layer times), outside the launch observer's begin() and end(), also when the
 // kernel threw; `name` as Launch::name. Neither may throw. Installed only while the registry
-// records, so a launch pays one relaxed load for it otherwise.
+// records, so a launch pays one atomic load for it otherwise.
 struct KernelTimer {
   void (*begin)(const char* name) noexcept;
   void (*end)() noexcept;

@@ -41,6 +41,17 @@ def _check_metadata(metadata, where: str) -> dict:
     return dict(metadata)
 
 
+OP_TIMINGS = ("dispatcher", "kernels")
+
+
+def check_ops(ops, where: str) -> str:
+    """``ops`` of :class:`profile` (where ops are timed), checked: one of :data:`OP_TIMINGS`."""
+    if ops not in OP_TIMINGS:
+        raise ValueError(f"{where}: ops must be 'dispatcher' or 'kernels', got "
+                         f"{describe_value(ops)}")
+    return ops
+
+
 class profile:
     """Profiles a region with the brick registry and keeps its :class:`Report`.
 
@@ -82,10 +93,7 @@ class profile:
         self._modules = ModuleBricks() if check_bool(modules, "modules", where) else None
         self._roofline = check_bool(roofline, "roofline", where)
         self._record_shapes = check_bool(record_shapes, "record_shapes", where) or self._roofline
-        if ops not in ("dispatcher", "kernels"):
-            raise ValueError(f"{where}: ops must be 'dispatcher' or 'kernels', got "
-                             f"{describe_value(ops)}")
-        if ops == "kernels" and self._record_shapes:
+        if check_ops(ops, where) == "kernels" and self._record_shapes:
             option = "roofline" if self._roofline else "record_shapes"
             raise ValueError(f"{where}: ops='kernels' records no input shapes (they are the "
                              f"dispatcher's): drop {option}=True, or time ops at the "

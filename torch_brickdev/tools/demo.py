@@ -16,7 +16,8 @@ import torch
 
 import torch_brickdev  # noqa: F401  (registers brick)
 from torch_brickdev import profiler as bp
-from torch_brickdev.argcheck import check_bool, check_int, check_path, describe, describe_value
+from torch_brickdev.argcheck import check_bool, check_int, check_path, describe
+from torch_brickdev.profiler.session import check_ops
 from torch_brickdev.tools.demo_config import (DecodeConfig, DecodeConfigTypeError, _check_config,
                                               _check_device)
 from torch_brickdev.tools.demo_decode import (DecodeResult, _decode, _percentile, decode,
@@ -113,10 +114,7 @@ def run_demo(config: Optional[DecodeConfig] = None, device: Union[str, torch.dev
     check_bool(legacy, "legacy", f"decode demo: {where}")
     check_bool(progress, "progress", f"decode demo: {where}")
     check_bool(compile, "compile", f"decode demo: {where}")
-    if ops not in ("dispatcher", "kernels"):
-        raise ValueError(f"decode demo: {where}: ops must be 'dispatcher' or 'kernels', got "
-                         f"{describe_value(ops)}")
-    if legacy and ops == "kernels":
+    if check_ops(ops, f"decode demo: {where}") == "kernels" and legacy:
         raise ValueError(f"decode demo: {where}: legacy=True compares the registry's ops with "
                          f"key_averages(), which names them at the dispatcher: use "
                          f"ops='dispatcher'")
