@@ -22,7 +22,14 @@ TIMES = ("total_ns", "min_ns", "max_ns", "last_ns", "p50_ns", "p90_ns", "p99_ns"
 
 @pytest.fixture(scope="module")
 def base_dict():
-    return json.loads(decode_report("event", runs=1).to_json())
+    """A real demo report, each brick's p90 held within 5 % of its p50: the crafted changes
+    below then get the same verdict however noisy the measuring run was (a CI run's base had
+    GateProjection's p90 1.18x its p50, which made a 1.16x slowdown "noise")."""
+    report = json.loads(decode_report("event", runs=1).to_json())
+    for b in report["bricks"]:
+        if b["count"]:
+            b["p90_ns"] = min(b["p90_ns"], b["p50_ns"] * 1.05)
+    return report
 
 
 def _brick(d, name):
