@@ -125,9 +125,12 @@ def group_info() -> Optional[dict]:
     if dist.is_available() and dist.is_initialized():
         return {"rank": dist.get_rank(), "world_size": dist.get_world_size(),
                 "backend": str(dist.get_backend())}
+    rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+    if rank is None or world is None:  # no launcher (and no exception raised on the way)
+        return None
     try:
-        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    except (KeyError, ValueError):
+        rank, world = int(rank), int(world)
+    except ValueError:
         return None
     if world < 1 or not 0 <= rank < world:
         return None

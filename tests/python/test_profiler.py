@@ -371,6 +371,20 @@ def test_names_match_legacy_key_averages_backward():
     assert bricks == expected
 
 
+def test_report_created_is_when_the_profile_ended_in_utc(x):
+    """``created`` is formatted when first read, from the time the report was captured."""
+    import datetime
+
+    with bp.profile() as p:
+        torch.relu(x)
+    ended = datetime.datetime.now(datetime.timezone.utc)
+    time.sleep(0.05)
+    created = datetime.datetime.fromisoformat(p.report.created)
+    assert created.utcoffset() == datetime.timedelta(0)
+    assert ended - datetime.timedelta(seconds=1) < created <= ended
+    assert json.loads(p.report.to_json())["created"] == p.report.created
+
+
 def test_report_json_has_one_entry_per_brick_and_round_trips(tmp_path, x):
     with bp.profile(metadata={"model": "relu"}) as p:
         with record_function("R"):

@@ -27,6 +27,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import time
 from typing import Iterable, List, Optional, Union
 
 import torch
@@ -59,6 +60,26 @@ def _entries(view: str, doc: str) -> property:
         setattr(self, rows, None)
 
     return property(read, write, doc=doc)
+
+
+_DEVICE_ENTRY: dict = {}  # pid -> the report's "device" entry
+
+
+def _device_entry() -> dict:
+    """The report's ``device`` entry. Fixed for a process once brick is initialised (a forked
+    child gets a runtime of its own): read once per process id."""
+    pid = os.getpid()
+    entry = _DEVICE_ENTRY.get(pid)
+    if entry is None:
+        _DEVICE_ENTRY.clear()
+        entry = _DEVICE_ENTRY[pid] = {
+            "type": "brick",
+            "runtime": _C._runtime_name(),
+            "asynchronous": _C._runtime_asynchronous(),
+            "backing": _C._backing_device_type(),
+            "count": _C._device_count(),
+        }
+    return dict(entry)
 
 
 class Report:
@@ -102,9 +123,21 @@ class Report:
         # What the machine denied the region (profiler.machine): lets a verdict tell a busy
         # machine from a slow program.
         self.machine = dict(machine or {})
-        self.created = created or datetime.datetime.now(datetime.timezone.utc).isoformat()
+        # When the report was made: its ISO text is made when first read (datetime's formatting
+        # costs tens of microseconds cold, in the profiled region's exit).
+        self._created = created or None
+        self._created_ns = time.time_ns() if self._created is None else 0
         self.torch_version = torch_version or torch.__version__
         self.written = written
+
+    @property
+    def created(self) -> str:
+        """When the report was made (UTC, ISO 8601), or as the file read held it."""
+        if self._created is None:
+            seconds, ns = divmod(self._created_ns, 1_000_000_000)
+            self._created = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc) \
+                .replace(microsecond=ns // 1000).isoformat()
+        return self._created
 
     @classmethod
     def capture(cls, *, wall_ns: int, sync_mode: Union[SyncMode, str],
@@ -114,13 +147,7 @@ class Report:
         rows = _C._profiler.report_rows(["name", "path"])  # tuples in BrickStats' field order
         report = cls(
             bricks=[], paths=[], wall_ns=wall_ns, sync_mode=sync_mode,
-            device={
-                "type": "brick",
-                "runtime": _C._runtime_name(),
-                "asynchronous": _C._runtime_asynchronous(),
-                "backing": _C._backing_device_type(),
-                "count": _C._device_count(),
-            },
+            device=_device_entry(),
             metadata=metadata, health=health(), machine=machine,
         )
         # The figures are the snapshot's, taken now; their BrickStats (about 1 us each) are made
