@@ -28,6 +28,8 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 BUILD_DIR=${BRICK_BUILD_DIR:-build/release}
 export BRICK_BUILD_DIR="$PWD/$BUILD_DIR"
+# What outlives a clone: the torch lanes' virtual environments, the compiler cache.
+CACHE_ROOT="${BRICK_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/torch_brickdev}"
 
 log() { printf '\n== %s\n' "$*"; }
 
@@ -39,6 +41,7 @@ setup_system() {
   [ -f /usr/include/benchmark/benchmark.h ] || missing+=(libbenchmark-dev)
   command -v clang-format >/dev/null || missing+=(clang-format)
   command -v tmux >/dev/null || missing+=(tmux)  # drives top's terminal view in the tests
+  command -v ccache >/dev/null || missing+=(ccache)  # use_compiler_cache
   if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
       log "installing system packages: ${missing[*]}"
@@ -48,6 +51,25 @@ setup_system() {
       exit 1
     fi
   fi
+}
+
+# Every build below compiles through ccache where it is installed (setup_system installs it), its
+# cache outside the tree ($CACHE_ROOT/ccache): a fresh clone's builds (release, sanitizers, the
+# lanes) reuse the compilations of the sources that did not change since an earlier run, in this
+# clone or another. The object files are the compiler's own; only a source, flag or header change
+# compiles again. Paths inside the tree are hashed relative to it (CCACHE_BASEDIR), and the
+# sanitizer builds' debug information names files relative to it (-fdebug-prefix-map), so the
+# cache serves any clone's location. The PCH sloppiness is what ccache asks for CMake's
+# precompiled headers; the mtime ones let a fresh clone's headers (all just written) hit.
+# CMake takes the launchers from the environment when it configures a build folder first.
+use_compiler_cache() {
+  command -v ccache >/dev/null || return 0
+  export CCACHE_DIR="${CCACHE_DIR:-$CACHE_ROOT/ccache}"
+  export CCACHE_BASEDIR="$PWD"
+  export CCACHE_SLOPPINESS="pch_defines,time_macros,include_file_mtime,include_file_ctime"
+  export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-5G}"
+  export CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache
+  export CMAKE_CUDA_COMPILER_LAUNCHER=ccache
 }
 
 setup_python() {
@@ -121,7 +143,7 @@ sanitize() {
   # debug info of torch's headers is most of a sanitized compile (distributed/collective_call.cpp
   # under ASan+UBSan on the 2-core VM: 18.1 s with -O2 -g, 13.2 s with -O2 -g1). -O1 would save
   # 1.6 s more but gives false -Wmaybe-uninitialized warnings inside c10's headers.
-  local sanitize_flags="-O2 -g1 -DNDEBUG"
+  local sanitize_flags="-O2 -g1 -DNDEBUG -fdebug-prefix-map=$PWD=."
   log "GoogleTest under AddressSanitizer + UndefinedBehaviorSanitizer ($asan)"
   cmake -S . -B "$asan" -G Ninja -DPython_EXECUTABLE="$(command -v "$PYTHON")" \
     -DBRICK_BUILD_TESTS=ON -DBRICK_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=RelWithDebInfo \
@@ -146,7 +168,7 @@ sanitize() {
 # Python or its torch is not the one asked for.
 torch_lane() {
   local version=$1 lane="$PWD/build/torch-$1"
-  local venv="${BRICK_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/torch_brickdev}/venv-torch-$1"
+  local venv="$CACHE_ROOT/venv-torch-$1"
   local src="$lane/src" build="$lane/build"
   log "lane torch==$version ($lane)"
   if ! "$venv/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$version')" 2>/dev/null; then
@@ -251,12 +273,12 @@ source scripts/gpu_job.sh
 job=${1:-}
 case "$job" in
   demo)
-    setup_system; setup_python; build 0
+    setup_system; use_compiler_cache; setup_python; build 0
     log "python -m torch_brickdev demo"
     "$PYTHON" -m torch_brickdev demo "${@:2}"
     ;;
   test)
-    setup_system; setup_python
+    setup_system; use_compiler_cache; setup_python
     log "clang-format check"
     clang-format --dry-run -Werror csrc/*/*.h csrc/*/*.cpp tests/cpp/*.h tests/cpp/*.cpp benchmarks/*.cpp
     # GoogleTest from the carried sources, as the GPU machine builds it: the rehearsal below
@@ -277,15 +299,15 @@ case "$job" in
     for version in ${BRICK_TORCH_LANES-2.14.1}; do torch_lane "$version" "${@:2}"; done
     ;;
   sanitize)
-    setup_system; setup_python
+    setup_system; use_compiler_cache; setup_python
     sanitize
     ;;
   torch-lane)
     [ -n "${2:-}" ] || { echo "usage: scripts/run.sh torch-lane VERSION [pytest args...]" >&2; exit 2; }
-    setup_system; torch_lane "${@:2}"
+    setup_system; use_compiler_cache; torch_lane "${@:2}"
     ;;
   bench)
-    setup_system; setup_python; build 0
+    setup_system; use_compiler_cache; setup_python; build 0
     # valgrind counts instructions beside the times (bench_ops, bench_profiler); optional.
     if ! command -v valgrind >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
       apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null ||
@@ -321,7 +343,7 @@ case "$job" in
     ;;
   compile-lane)
     [ -n "${2:-}" ] || { echo "usage: scripts/run.sh compile-lane VERSION" >&2; exit 2; }
-    setup_system; compile_lane "$2"
+    setup_system; use_compiler_cache; compile_lane "$2"
     ;;
   *)
     echo "usage: scripts/run.sh demo|test|bench|sanitize|torch-lane|compile-lane|gpu|gpu-prepare [args...]" >&2
