@@ -225,3 +225,45 @@ def test_machine_samples_keep_one_descriptor_per_live_thread_and_none_across_a_f
         os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux's /proc")
+def test_machine_samples_see_every_thread_though_they_list_the_threads_only_on_a_change(
+        monkeypatch):
+    """A sample lists /proc/self/task again only when the thread count changed or a listed
+    thread ended; each sample still holds exactly the process's threads, also when one thread
+    ended and another started between two samples (the same count)."""
+    import threading
+
+    from torch_brickdev.profiler import machine
+
+    listings = []
+    list_threads = machine._list_threads
+    monkeypatch.setattr(machine, "_list_threads", lambda: listings.append(1) or list_threads())
+
+    def threads_now():
+        return {int(tid) for tid in os.listdir("/proc/self/task")}
+
+    machine.sample()
+    before = len(listings)
+    assert set(machine.sample().process_waits) == threads_now()
+    assert len(listings) == before  # nothing changed: not listed again
+
+    release = [threading.Event() for _ in range(2)]
+    workers = [threading.Thread(target=event.wait) for event in release]
+    workers[0].start()
+    try:
+        assert set(machine.sample().process_waits) == threads_now()  # one more thread
+        old = workers[0].native_id
+        release[0].set()
+        workers[0].join()
+        workers[1].start()  # one ended, another started: the same count
+        seen = set(machine.sample().process_waits)
+        assert seen == threads_now() and old not in seen and workers[1].native_id in seen
+    finally:
+        for event in release:
+            event.set()
+        for worker in workers:
+            if worker.is_alive() or worker.ident is not None:
+                worker.join()
+    assert set(machine.sample().process_waits) == threads_now()
