@@ -166,8 +166,8 @@ def _schedstats() -> Dict[int, tuple]:
     2) differs from the last listing's, or one of them could not be read (it ended: a thread
     that started since then means one ended, as the number is the same): listing the directory
     costs 46-80 us right after a garbage collection, counting its links 33 us (the 2-core VM)."""
+    links = _PROC.links(_TASKS.rstrip("/"))  # first: in a forked child it forgets the parent's
     tids, listed = _PROC.threads, False
-    links = _PROC.links(_TASKS.rstrip("/"))
     if tids is None or links is None or links - 2 != len(tids):
         tids, listed = _list_threads(), True
     if tids is None:
