@@ -166,6 +166,27 @@ def test_a_run_where_every_brick_slowed_alike_is_inconclusive(base_dict, tmp_pat
     assert _diff(tmp_path, base_dict, slow).returncode == 1
 
 
+def test_a_machine_that_slowed_ops_unevenly_is_inconclusive_but_a_brick_beyond_them_fails(
+        base_dict, tmp_path):
+    """A slower machine slows ops unevenly (two real demo runs on one idle VM, the second 1.2x
+    slower: p50 ratios with quartiles 1.24x, 1.47x, 1.76x): a brick within the slowdown most
+    other bricks show is inconclusive, though well above the median; one beyond them fails."""
+    factors = (1.15, 1.25, 1.47, 1.6, 1.76, 1.9, 2.05)
+    slow = copy.deepcopy(base_dict)
+    for i, b in enumerate(sorted(slow["bricks"], key=lambda b: b["name"])):
+        _scale(slow, b["name"], factors[i % len(factors)])
+    gate = _brick(base_dict, "GateProjection")["p50_ns"]
+    _scale(slow, "GateProjection", 1.9 * gate / _brick(slow, "GateProjection")["p50_ns"])
+    d = diff_reports(load_report(base_dict), load_report(slow))
+    change = next(c for c in d.changes if c.name == "GateProjection")
+    assert change.verdict == "busy" and "every brick slowed" in change.reason, change
+    assert d.passed and d.inconclusive and not d.regressions, d.table()
+    assert _diff(tmp_path, base_dict, slow).returncode == 3
+    _scale(slow, "GateProjection", 3.0 / 1.9)  # 3x: beyond 90 % of the others by the threshold
+    d = diff_reports(load_report(base_dict), load_report(slow))
+    assert [c.name for c in d.regressions] == ["GateProjection"], d.table()
+
+
 def test_a_slower_microsecond_op_that_moves_no_wall_time_is_small(base_dict):
     slow = copy.deepcopy(base_dict)
     op = min(slow["bricks"], key=lambda b: b["total_ns"])
