@@ -62,24 +62,22 @@ def _entries(view: str, doc: str) -> property:
     return property(read, write, doc=doc)
 
 
-_DEVICE_ENTRY: dict = {}  # pid -> the report's "device" entry
+_device_entry_of = (-1, {})  # (process id, the report's "device" entry read in it)
 
 
 def _device_entry() -> dict:
     """The report's ``device`` entry. Fixed for a process once brick is initialised (a forked
     child gets a runtime of its own): read once per process id."""
-    pid = os.getpid()
-    entry = _DEVICE_ENTRY.get(pid)
-    if entry is None:
-        _DEVICE_ENTRY.clear()
-        entry = _DEVICE_ENTRY[pid] = {
+    global _device_entry_of
+    if _device_entry_of[0] != os.getpid():
+        _device_entry_of = (os.getpid(), {
             "type": "brick",
             "runtime": _C._runtime_name(),
             "asynchronous": _C._runtime_asynchronous(),
             "backing": _C._backing_device_type(),
             "count": _C._device_count(),
-        }
-    return dict(entry)
+        })
+    return dict(_device_entry_of[1])
 
 
 class Report:

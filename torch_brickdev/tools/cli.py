@@ -20,6 +20,7 @@ import sys
 import torch
 
 import torch_brickdev  # noqa: F401  (registers brick)
+from torch_brickdev.profiler.session import OP_TIMINGS
 from torch_brickdev.tools._args import fraction, positive_int
 from torch_brickdev.tools.quiet_kineto import QuietProfile
 
@@ -262,7 +263,7 @@ def main(argv=None) -> int:
     p.add_argument("--legacy", action="store_true",
                    help="also compare key_averages() of the legacy profiler with the registry")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--ops", choices=["dispatcher", "kernels"], default="dispatcher",
+    p.add_argument("--ops", choices=OP_TIMINGS, default="dispatcher",
                    help="where the profiled runs time ops: every op the dispatcher runs "
                    "(default), or brick's kernels only (cheaper)")
     p.add_argument("--compile", action="store_true",
@@ -348,7 +349,7 @@ def main(argv=None) -> int:
                    help="each brick's FLOPs and bytes, achieved GFLOP/s and GB/s and their share "
                    "of the backing device's measured peaks (records shapes; the peaks are "
                    "measured once per machine and cached)")
-    p.add_argument("--ops", choices=["dispatcher", "kernels"], default="dispatcher",
+    p.add_argument("--ops", choices=OP_TIMINGS, default="dispatcher",
                    help="where ops are timed: every op the dispatcher runs (default), or brick's "
                    "kernels only (cheaper: no RecordFunction per op; no composites or views)")
     p.add_argument("script")
