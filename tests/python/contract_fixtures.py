@@ -133,8 +133,17 @@ def decode_report(sync_mode="event", *, layers=LAYERS, tokens=TOKENS, runs=RUNS)
 
 def undisturbed_dict(report) -> dict:
     """``report`` as a dict with the figures other processes move set as an undisturbed run
-    would read: every call at its median time, the wall 5% above the top-level bricks."""
+    would read: every call at its median time, the wall 5% above the top-level bricks, and the
+    machine quiet (no run's thread waited for a CPU, no other process ran beside it)."""
     d = json.loads(report.to_json())
+    machine = d.setdefault("machine", {})
+    machine["denied_share"] = 0.0
+    for key in ("runqueue_wait_ns", "others_share", "others_cpu_ns"):
+        if key in machine:
+            machine[key] = 0
+    decode = d.get("metadata", {}).get("decode", {})
+    if "run_denied_share" in decode:
+        decode["run_denied_share"] = [0.0] * len(decode["run_denied_share"])
     for entry in d["bricks"] + d["paths"]:
         per_call = min(max(entry["p50_ns"], entry["min_ns"]), entry["max_ns"])
         entry["total_ns"] = round(per_call * entry["count"])
