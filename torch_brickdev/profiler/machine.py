@@ -39,6 +39,9 @@ _TICK_NS = 1e9 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 1e7
 # others_share needs the region to span this many clock ticks of the machine's CPUs together
 # (/proc/stat counts in ticks): its error is then a tick or two in 20, about 10 %.
 _TICKS_FOR_A_SHARE = 20
+# The machine's CPUs, read once: os.cpu_count() reads sysfs, 60 us right after a garbage
+# collection (the 2-core VM), a tenth of a profile's fixed cost; CPUs are rarely hot-plugged.
+_MACHINE_CPUS = os.cpu_count() or 1
 
 
 class _ProcFiles:
@@ -247,13 +250,13 @@ def machine_figures(before: Sample, after: Sample) -> dict:
     try:
         figures["cpus"] = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        figures["cpus"] = os.cpu_count() or 1
+        figures["cpus"] = _MACHINE_CPUS
     if before.machine_busy_ns is not None and after.machine_busy_ns is not None:
         # /proc/stat covers every CPU of the machine, the affinity mask perhaps fewer
         others = max(0, int(after.machine_busy_ns - before.machine_busy_ns)
                      - figures["process_cpu_ns"])
         figures["others_cpu_ns"] = others
-        capacity = wall * (os.cpu_count() or 1)
+        capacity = wall * _MACHINE_CPUS
         if capacity >= _TICKS_FOR_A_SHARE * _TICK_NS:  # else a tick or two would be the share
             figures["others_share"] = min(1.0, others / capacity)
     try:
