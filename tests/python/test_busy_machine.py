@@ -267,3 +267,27 @@ def test_machine_samples_see_every_thread_though_they_list_the_threads_only_on_a
             if worker.is_alive() or worker.ident is not None:
                 worker.join()
     assert set(machine.sample().process_waits) == threads_now()
+
+
+@pytest.mark.skipif(not os.path.isfile("/proc/stat"), reason="needs Linux's /proc/stat")
+def test_tick_figures_come_only_with_regions_long_enough_for_them(monkeypatch):
+    """/proc/stat counts 10 ms ticks: over a region shorter than 20 ticks of the machine's CPUs,
+    the steal and the other processes' CPU time would be a tick or two, so the report leaves
+    them out, and the profile does not pay for reading /proc/stat at its end."""
+    from torch_brickdev.profiler import machine
+
+    reads = []
+    cpu_times = machine._cpu_times
+    monkeypatch.setattr(machine, "_cpu_times", lambda: reads.append(1) or cpu_times())
+    x = torch.ones(4, device="brick")
+    with bp.profile() as short:
+        x + x
+    assert len(reads) == 1  # at the start only
+    assert not machine.ticks_tell(short.report.machine["wall_ns"])
+    assert not {"steal_ns", "others_cpu_ns", "others_share"} & set(short.report.machine)
+    needed = 20 * 1e9 / os.sysconf("SC_CLK_TCK") / (os.cpu_count() or 1)
+    with bp.profile() as long:
+        time.sleep(needed / 1e9 * 1.2)
+    assert len(reads) == 3 and machine.ticks_tell(long.report.machine["wall_ns"])
+    assert 0 <= long.report.machine["others_share"] <= 1
+    assert long.report.machine["others_cpu_ns"] >= 0

@@ -13,8 +13,9 @@ processes ran, so that a verdict can tell a busy machine from a slow program.
   ``/proc/stat`` less this process's), and ``others_share``, that over ``wall_ns * cpus``: other
   processes that ran beside the region on CPUs of their own (a build on the sibling core, say)
   slow it without making it wait, through the caches, memory and a shared physical core;
-  ``/proc/stat`` counts in clock ticks (10 ms): ``others_share`` is given only for a region of at
-  least 20 ticks of the machine's CPUs together (100 ms on 2 CPUs);
+  ``/proc/stat`` counts in clock ticks (10 ms): ``steal_ns`` and the ``others_*`` figures are
+  given only for a region of at least 20 ticks of the machine's CPUs together (100 ms on 2
+  CPUs), where a tick or two is not the whole figure;
 * ``cpus`` (those the process may run on) and ``load_1m`` (the run-queue average);
 * ``denied_share``: ``runqueue_wait_ns / wall_ns``, the share of the region the thread wanted a
   CPU and did not get one; ``denied_source`` says how it was measured: ``"runqueue"``, or
@@ -210,10 +211,18 @@ class Sample:
     machine_busy_ns: Optional[float] = None  # every CPU's busy time since boot
 
 
-def sample() -> Sample:
-    """The counters now, for the calling thread and its process."""
+def ticks_tell(wall_ns: int) -> bool:
+    """Whether a region of ``wall_ns`` spans enough clock ticks of the machine's CPUs together
+    for the figures /proc/stat counts in ticks (``others_*``, ``steal_ns``) to mean anything."""
+    return wall_ns * _MACHINE_CPUS >= _TICKS_FOR_A_SHARE * _TICK_NS
+
+
+def sample(ticks: bool = True) -> Sample:
+    """The counters now, for the calling thread and its process. ``ticks=False`` leaves out the
+    machine's tick counts (/proc/stat, the costliest read: 45-97 us right after a garbage
+    collection on the 2-core VM), for the end of a region too short for them (``ticks_tell``)."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    busy, steal = _cpu_times()
+    busy, steal = _cpu_times() if ticks else (None, None)
     stats = _schedstats()
     return Sample(time.perf_counter_ns(), time.thread_time_ns(),
                   int((usage.ru_utime + usage.ru_stime) * 1e9), usage.ru_nivcsw,
@@ -245,20 +254,19 @@ def machine_figures(before: Sample, after: Sample) -> dict:
     else:
         figures["denied_share"] = min(1.0, max(0.0, 1 - thread_cpu / wall))
         figures["denied_source"] = "off-cpu"
-    if before.steal_ns is not None and after.steal_ns is not None:
-        figures["steal_ns"] = int(after.steal_ns - before.steal_ns)
     try:
         figures["cpus"] = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         figures["cpus"] = _MACHINE_CPUS
-    if before.machine_busy_ns is not None and after.machine_busy_ns is not None:
+    ticked = ticks_tell(wall)
+    if ticked and before.steal_ns is not None and after.steal_ns is not None:
+        figures["steal_ns"] = int(after.steal_ns - before.steal_ns)
+    if ticked and before.machine_busy_ns is not None and after.machine_busy_ns is not None:
         # /proc/stat covers every CPU of the machine, the affinity mask perhaps fewer
         others = max(0, int(after.machine_busy_ns - before.machine_busy_ns)
                      - figures["process_cpu_ns"])
         figures["others_cpu_ns"] = others
-        capacity = wall * _MACHINE_CPUS
-        if capacity >= _TICKS_FOR_A_SHARE * _TICK_NS:  # else a tick or two would be the share
-            figures["others_share"] = min(1.0, others / capacity)
+        figures["others_share"] = min(1.0, others / (wall * _MACHINE_CPUS))
     try:
         figures["load_1m"] = os.getloadavg()[0]
     except OSError:

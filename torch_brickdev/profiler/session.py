@@ -160,7 +160,8 @@ class profile:
             for index in _C._devices_in_use():
                 torch.brick.synchronize(index)
             self.wall_ns = time.perf_counter_ns() - self._start
-            denied = machine.machine_figures(self._machine_before, machine.sample())
+            denied = machine.machine_figures(
+                self._machine_before, machine.sample(ticks=machine.ticks_tell(self.wall_ns)))
         finally:
             disable()
             self._restore_settings()
