@@ -37,8 +37,8 @@ from typing import Dict, List, Optional, Tuple
 __all__ = ["Sample", "machine_figures", "sample"]
 
 _TICK_NS = 1e9 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 1e7
-# others_share needs the region to span this many clock ticks of the machine's CPUs together
-# (/proc/stat counts in ticks): its error is then a tick or two in 20, about 10 %.
+# The figures /proc/stat counts in ticks (others_*, steal_ns) need the region to span this many
+# clock ticks of the machine's CPUs together: their error is then a tick or two in 20, ~10 %.
 _TICKS_FOR_A_SHARE = 20
 # The machine's CPUs, read once: os.cpu_count() reads sysfs, 60 us right after a garbage
 # collection (the 2-core VM), a tenth of a profile's fixed cost; CPUs are rarely hot-plugged.
