@@ -34,12 +34,12 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
-__all__ = ["Sample", "machine_figures", "sample"]
+__all__ = ["Sample", "machine_figures", "sample", "spans_enough_ticks"]
 
 _TICK_NS = 1e9 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 1e7
 # The figures /proc/stat counts in ticks (others_*, steal_ns) need the region to span this many
 # clock ticks of the machine's CPUs together: their error is then a tick or two in 20, ~10 %.
-_TICKS_FOR_A_SHARE = 20
+_TICKS_FOR_A_FIGURE = 20
 # The machine's CPUs, read once: os.cpu_count() reads sysfs, 60 us right after a garbage
 # collection (the 2-core VM), a tenth of a profile's fixed cost; CPUs are rarely hot-plugged.
 _MACHINE_CPUS = os.cpu_count() or 1
@@ -211,16 +211,17 @@ class Sample:
     machine_busy_ns: Optional[float] = None  # every CPU's busy time since boot
 
 
-def ticks_tell(wall_ns: int) -> bool:
+def spans_enough_ticks(wall_ns: int) -> bool:
     """Whether a region of ``wall_ns`` spans enough clock ticks of the machine's CPUs together
     for the figures /proc/stat counts in ticks (``others_*``, ``steal_ns``) to mean anything."""
-    return wall_ns * _MACHINE_CPUS >= _TICKS_FOR_A_SHARE * _TICK_NS
+    return wall_ns * _MACHINE_CPUS >= _TICKS_FOR_A_FIGURE * _TICK_NS
 
 
 def sample(ticks: bool = True) -> Sample:
     """The counters now, for the calling thread and its process. ``ticks=False`` leaves out the
     machine's tick counts (/proc/stat, the costliest read: 45-97 us right after a garbage
-    collection on the 2-core VM), for the end of a region too short for them (``ticks_tell``)."""
+    collection on the 2-core VM), for the end of a region too short for them
+    (``spans_enough_ticks``)."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     busy, steal = _cpu_times() if ticks else (None, None)
     stats = _schedstats()
@@ -258,7 +259,7 @@ def machine_figures(before: Sample, after: Sample) -> dict:
         figures["cpus"] = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         figures["cpus"] = _MACHINE_CPUS
-    ticked = ticks_tell(wall)
+    ticked = spans_enough_ticks(wall)
     if ticked and before.steal_ns is not None and after.steal_ns is not None:
         figures["steal_ns"] = int(after.steal_ns - before.steal_ns)
     if ticked and before.machine_busy_ns is not None and after.machine_busy_ns is not None:

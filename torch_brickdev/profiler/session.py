@@ -160,8 +160,8 @@ class profile:
             for index in _C._devices_in_use():
                 torch.brick.synchronize(index)
             self.wall_ns = time.perf_counter_ns() - self._start
-            denied = machine.machine_figures(
-                self._machine_before, machine.sample(ticks=machine.ticks_tell(self.wall_ns)))
+            ticks = machine.spans_enough_ticks(self.wall_ns)  # else /proc/stat's are noise
+            denied = machine.machine_figures(self._machine_before, machine.sample(ticks=ticks))
         finally:
             disable()
             self._restore_settings()
