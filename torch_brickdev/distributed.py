@@ -27,7 +27,9 @@ BACKEND = "brick"
 __all__ = ["BACKEND", "collective_counters", "group_info", "is_registered", "register",
            "wait_for_collectives"]
 
-_groups_made = []  # (rank, world size) of each brick backend this process made
+# (rank, world size) of each brick backend this process made; until one is, no collective of
+# brick's ran (a profile then neither waits for nor counts them)
+_groups_made = []
 
 
 def _engine(kind: str, store, rank: int, world_size: int, timeout: datetime.timedelta):
@@ -96,7 +98,7 @@ def collective_counters() -> Dict[str, Dict[str, int]]:
     completed it (what the rank waited for, its peers included; a collective still running is not
     in it yet). Collectives never run are left out; {} where this PyTorch has no
     torch.distributed."""
-    if not hasattr(_C, "_distributed"):
+    if not _groups_made:  # only brick's process groups run its collectives
         return {}
     return {name: {"calls": calls, "bytes": nbytes, "group_size": group, "time_ns": time_ns,
                    "timed_calls": timed}
@@ -109,7 +111,7 @@ def wait_for_collectives() -> int:
     its own bookkeeping included); how many it waited for. The profiler calls it before it stops,
     as it synchronizes the devices: DDP waits on a collective's future, which gloo completes before
     it ends its own profiling range."""
-    if not hasattr(_C, "_distributed"):
+    if not _groups_made:  # only brick's process groups run its collectives
         return 0
     return _C._distributed.wait_for_collectives()
 

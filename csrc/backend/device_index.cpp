@@ -4,6 +4,7 @@
 #include "backend/device_index.h"
 
 #include <ATen/Context.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
 
 #include <atomic>
 #include <mutex>
@@ -56,6 +57,15 @@ void check_device_index(c10::DeviceIndex index, const char* op) {
               op != nullptr ? ": " : "", "device index ", static_cast<int>(index),
               " is out of range: there are ", count, " brick device(s), valid indices are 0..",
               count - 1, " (the host runtime's count is set by BRICK_HOST_DEVICES)");
+}
+
+std::vector<int> devices_in_use() {
+  std::vector<int> used;
+  const auto& hooks = at::detail::getPrivateUse1Hooks();
+  for (int index = 0; index < rt().device_count(); ++index) {
+    if (hooks.hasPrimaryContext(static_cast<c10::DeviceIndex>(index))) used.push_back(index);
+  }
+  return used;
 }
 
 c10::DeviceIndex resolve_device_index(c10::DeviceIndex index) {

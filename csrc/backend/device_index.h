@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "runtime/runtime.h"
 
@@ -57,6 +58,11 @@ inline c10::DispatchKeySet backing_dispatch_key_set() {
 void check_device_index(c10::DeviceIndex index, const char* op = nullptr);
 // -1 means the calling thread's current brick device.
 c10::DeviceIndex resolve_device_index(c10::DeviceIndex index);
+
+// The brick devices this process has used: every one on the host; on CUDA backing those whose
+// GPU has a context. Code that visits every device (synchronizing around a profile, draining
+// autograd threads) visits these, so it creates no CUDA context on another GPU.
+std::vector<int> devices_in_use();
 
 // The brick device a factory op (`op`, for errors) makes its tensor on: its `device=` argument,
 // which must be a brick device, or the current brick device for none or one without an index.

@@ -1,5 +1,4 @@
 // torch_brickdev._C: the Python view of the brick backend and runtime.
-#include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/Generator.h>
@@ -79,17 +78,7 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_autocast_policy_ops", &brick::backend::autocast_policy_ops, py::arg("cuda_backing"));
   m.def("_device_count", [] { return rt().device_count(); });
-  m.def("_devices_in_use", [] {
-    // The brick devices this process has used: every one on the host; on CUDA backing those
-    // whose GPU has a context. Code that visits every device (synchronizing around a profile,
-    // draining autograd threads) visits these, so it creates no CUDA context on another GPU.
-    std::vector<int> used;
-    const auto& hooks = at::detail::getPrivateUse1Hooks();
-    for (int index = 0; index < rt().device_count(); ++index) {
-      if (hooks.hasPrimaryContext(static_cast<c10::DeviceIndex>(index))) used.push_back(index);
-    }
-    return used;
-  });
+  m.def("_devices_in_use", &brick::backend::devices_in_use);
   m.def("_current_device", [] { return rt().current_device(); });
   m.def("_set_device", [](int device) {
     brick::backend::check_device_index(static_cast<c10::DeviceIndex>(device));

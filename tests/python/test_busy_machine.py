@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from contract_fixtures import decode_report, undisturbed_dict
+import torch_brickdev
 from torch_brickdev import profiler as bp
 from torch_brickdev.tools.contract import EXIT_INCONCLUSIVE, format_results, run_checks
 
@@ -228,8 +229,7 @@ def test_machine_samples_keep_one_descriptor_per_live_thread_and_none_across_a_f
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux's /proc")
-def test_machine_samples_see_every_thread_though_they_list_the_threads_only_on_a_change(
-        monkeypatch):
+def test_machine_samples_see_every_thread_though_they_list_the_threads_only_on_a_change():
     """A sample lists /proc/self/task again only when the thread count changed or a listed
     thread ended; each sample still holds exactly the process's threads, also when one thread
     ended and another started between two samples (the same count)."""
@@ -237,17 +237,16 @@ def test_machine_samples_see_every_thread_though_they_list_the_threads_only_on_a
 
     from torch_brickdev.profiler import machine
 
-    listings = []
-    list_threads = machine._list_threads
-    monkeypatch.setattr(machine, "_list_threads", lambda: listings.append(1) or list_threads())
+    def listings():
+        return torch_brickdev._C._profiler.machine_sample_reads()[1]
 
     def threads_now():
         return {int(tid) for tid in os.listdir("/proc/self/task")}
 
     machine.sample()
-    before = len(listings)
+    before = listings()
     assert set(machine.sample().process_waits) == threads_now()
-    assert len(listings) == before  # nothing changed: not listed again
+    assert listings() == before  # nothing changed: not listed again
 
     release = [threading.Event() for _ in range(2)]
     workers = [threading.Thread(target=event.wait) for event in release]
@@ -270,24 +269,25 @@ def test_machine_samples_see_every_thread_though_they_list_the_threads_only_on_a
 
 
 @pytest.mark.skipif(not os.path.isfile("/proc/stat"), reason="needs Linux's /proc/stat")
-def test_tick_figures_come_only_with_regions_long_enough_for_them(monkeypatch):
+def test_tick_figures_come_only_with_regions_long_enough_for_them():
     """/proc/stat counts 10 ms ticks: over a region shorter than 20 ticks of the machine's CPUs,
     the steal and the other processes' CPU time would be a tick or two, so the report leaves
     them out, and the profile does not pay for reading /proc/stat at its end."""
     from torch_brickdev.profiler import machine
 
-    reads = []
-    cpu_times = machine._cpu_times
-    monkeypatch.setattr(machine, "_cpu_times", lambda: reads.append(1) or cpu_times())
+    def stat_reads():
+        return torch_brickdev._C._profiler.machine_sample_reads()[0]
+
     x = torch.ones(4, device="brick")
+    first = stat_reads()
     with bp.profile() as short:
         x + x
-    assert len(reads) == 1  # at the start only
+    assert stat_reads() == first + 1  # at the start only
     assert not machine.spans_enough_ticks(short.report.machine["wall_ns"])
     assert not {"steal_ns", "others_cpu_ns", "others_share"} & set(short.report.machine)
     needed = 20 * 1e9 / os.sysconf("SC_CLK_TCK") / (os.cpu_count() or 1)
     with bp.profile() as long:
         time.sleep(needed / 1e9 * 1.2)
-    assert len(reads) == 3 and machine.spans_enough_ticks(long.report.machine["wall_ns"])
+    assert stat_reads() == first + 3 and machine.spans_enough_ticks(long.report.machine["wall_ns"])
     assert 0 <= long.report.machine["others_share"] <= 1
     assert long.report.machine["others_cpu_ns"] >= 0

@@ -33,7 +33,7 @@ from typing import Iterable, List, Optional, Union
 import torch
 
 from .. import _C
-from ._registry import health
+from ._registry import health as _health
 from ._report_schema import (BRICK_FIELDS, SCHEMA, VERSION, ReportError, WrittenFigures,
                              first_unwritable, read_source, Reader, type_name)
 from ._stats import BrickStats, SyncMode
@@ -139,17 +139,24 @@ class Report:
 
     @classmethod
     def capture(cls, *, wall_ns: int, sync_mode: Union[SyncMode, str],
-                metadata: Optional[dict] = None, machine: Optional[dict] = None) -> "Report":
+                metadata: Optional[dict] = None, machine: Optional[dict] = None,
+                rows=None, health: Optional[dict] = None,
+                created_ns: Optional[int] = None) -> "Report":
         """Builds a report from the registry's current figures: one snapshot, from which both
-        views derive, so that they agree even while other threads record."""
-        rows = _C._profiler.report_rows(["name", "path"])  # tuples in BrickStats' field order
+        views derive, so that they agree even while other threads record. A profile passes what
+        it took at its exit instead: ``rows`` (``_C._profiler.capture_rows()``), ``health``
+        (the registry's health counters) and ``created_ns`` (``time.time_ns()``)."""
+        rows = (_C._profiler.report_rows(["name", "path"]) if rows is None
+                else rows.rows())  # tuples in BrickStats' field order
         report = cls(
             bricks=[], paths=[], wall_ns=wall_ns, sync_mode=sync_mode,
             device=_device_entry(),
-            metadata=metadata, health=health(), machine=machine,
+            metadata=metadata, health=_health() if health is None else health, machine=machine,
         )
+        if created_ns is not None:
+            report._created_ns = created_ns
         # The figures are the snapshot's, taken now; their BrickStats (about 1 us each) are made
-        # when first read, not in the profiled region's exit.
+        # when first read.
         report._bricks_rows, report._paths_rows = rows["name"], rows["path"]
         report._bricks = report._paths = None
         return report

@@ -7,13 +7,11 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Optional, Union
-
-import torch
+from typing import NamedTuple, Optional, Tuple, Union
 
 from .. import _C
 from ..argcheck import check_bool, describe, describe_value
-from ._registry import disable, enable, is_enabled, reset, set_sync_mode, sync_mode
+from ._registry import _native, disable, health, is_enabled, set_sync_mode, sync_mode
 from ._stats import SyncMode
 from . import machine
 from .live import Publisher
@@ -88,23 +86,29 @@ class profile:
         where = "brick profiler: profile()"
         self._mode = None if sync_mode is None else SyncMode.parse(sync_mode, arg="sync_mode",
                                                                      where=where)
-        self._reset = check_bool(reset, "reset", where)
-        self._metadata = _check_metadata(metadata, where)
-        self._modules = ModuleBricks() if check_bool(modules, "modules", where) else None
-        self._roofline = check_bool(roofline, "roofline", where)
-        self._record_shapes = check_bool(record_shapes, "record_shapes", where) or self._roofline
-        if check_ops(ops, where) == "kernels" and self._record_shapes:
-            option = "roofline" if self._roofline else "record_shapes"
+        for arg, value in (("reset", reset), ("modules", modules), ("roofline", roofline),
+                           ("record_shapes", record_shapes), ("live", live)):
+            if value.__class__ is not bool and not (arg == "live" and value is None):
+                check_bool(value, arg, where)  # raises, naming the argument
+        self._reset = reset
+        self._metadata = _check_metadata(metadata, where) if metadata is not None else {}
+        self._modules = ModuleBricks() if modules else None
+        self._roofline = roofline
+        self._record_shapes = record_shapes or roofline
+        if ops not in OP_TIMINGS:
+            check_ops(ops, where)  # raises
+        if ops == "kernels" and self._record_shapes:
+            option = "roofline" if roofline else "record_shapes"
             raise ValueError(f"{where}: ops='kernels' records no input shapes (they are the "
                              f"dispatcher's): drop {option}=True, or time ops at the "
                              f"dispatcher (ops='dispatcher')")
         self._ops = ops
         # live=None: as BRICK_LIVE says (1: every profile of the process is watchable)
-        self._live = (os.environ.get("BRICK_LIVE", "0") not in ("", "0")) if live is None \
-            else check_bool(live, "live", where)
+        self._live = _native.env_flag("BRICK_LIVE") if live is None else live
         self._publisher = None
         self._previous_mode: Optional[SyncMode] = None
-        self.report = None
+        self._report: Optional[Report] = None
+        self._captured: Optional[_Captured] = None
         self.wall_ns = 0
 
     def __enter__(self) -> "profile":
@@ -116,25 +120,20 @@ class profile:
         self._previous_mode = sync_mode()
         if self._mode is not None:
             set_sync_mode(self._mode)
-        if self._reset:
-            reset()
-        from ..distributed import collective_counters, wait_for_collectives
-
-        wait_for_collectives()  # earlier collectives end before: the region's counts are its own
-        for index in _C._devices_in_use():  # no CUDA context made on an unused GPU
-            torch.brick.synchronize(index)
-        self._collectives_before = collective_counters()
-        self._machine_before = machine.sample()
+        distributed = _distributed()
+        distributed.wait_for_collectives()  # earlier collectives end first: the counts are the region's
+        self._collectives_before = distributed.collective_counters()
         if self._modules is not None:
             self._modules.__enter__()
-        self._start = time.perf_counter_ns()
-        _C._profiler.set_record_shapes(self._record_shapes)  # read by enable()
-        _C._profiler.set_op_timing(self._ops)
         try:
-            enable()
-        except BaseException:  # no profile, and no setting left behind
-            self._restore_settings()
+            # resets, waits for the devices, samples the machine, enables (nothing left if it fails)
+            sample, self._start = _native.begin_region(self._reset, self._record_shapes, self._ops)
+        except BaseException:
+            if self._modules is not None:
+                self._modules.__exit__(None, None, None)
+            set_sync_mode(self._previous_mode)
             raise
+        self._machine_before = tuple.__new__(machine.Sample, sample)
         if self._publisher is not None:
             try:
                 self._publisher.start()
@@ -149,50 +148,81 @@ class profile:
         return self
 
     def __exit__(self, *exc) -> bool:
-        from ..distributed import wait_for_collectives
-
         if self._publisher is not None:
             self._publisher.stop()  # its file goes: top says the profile ended
-            published = {"snapshots": self._publisher.snapshots,
-                         "cost_ns": self._publisher.cost_ns}
+        distributed = _distributed()
         try:
-            wait_for_collectives()  # collectives are device work too: their ranges end inside
-            for index in _C._devices_in_use():
-                torch.brick.synchronize(index)
-            self.wall_ns = time.perf_counter_ns() - self._start
-            ticks = machine.spans_enough_ticks(self.wall_ns)  # else /proc/stat's are noise
-            denied = machine.machine_figures(self._machine_before, machine.sample(ticks=ticks))
+            distributed.wait_for_collectives()  # collectives are device work: their ranges end inside
+            # waits for the devices, samples the machine, disables, takes the registry's rows
+            self.wall_ns, machine_after, rows = _native.end_region(self._start,
+                                                                   machine.TICKED_WALL_NS)
         finally:
-            disable()
-            self._restore_settings()
+            if is_enabled():  # waiting for the collectives failed
+                disable()
+                self._restore_settings()
             if self._modules is not None:
                 self._modules.__exit__(*exc)
-            mode = sync_mode()
-            if self._previous_mode is not None and self._previous_mode != mode:
+            mode = _native.sync_mode()
+            if self._previous_mode is not None and self._previous_mode.value != mode:
                 set_sync_mode(self._previous_mode)
+        # What the report is made of, taken now; made into the report when first read.
+        info = distributed.group_info()
+        self._captured = _Captured(
+            wall_ns=self.wall_ns, sync_mode=mode, rows=rows, health=health(),
+            machine=(self._machine_before, tuple.__new__(machine.Sample, machine_after)),
+            group_info=info,
+            collectives=(self._collectives_before,
+                         distributed.collective_counters() if info is not None else {}),
+            shapes=shapes.capture() if self._record_shapes else None,
+            published=None if self._publisher is None else {
+                "snapshots": self._publisher.snapshots, "cost_ns": self._publisher.cost_ns},
+            created_ns=time.time_ns())
+        self._report = None
+        if self._roofline:
+            self.report  # noqa: B018  (the peaks are measured now, on a machine as the region had it)
+        return False
 
+    @property
+    def report(self) -> Optional[Report]:
+        """The profiled region's :class:`Report` (None before the region ended). Its figures are
+        those of the region's end; the Python objects are made when first read, so that they are
+        not the profiled program's time (~0.3 ms right after a garbage collection)."""
+        if self._report is None and self._captured is not None:
+            self._report = self._make_report(self._captured)
+            self._captured = None
+        return self._report
+
+    @report.setter
+    def report(self, value: Optional[Report]) -> None:
+        self._report, self._captured = value, None
+
+    def _make_report(self, captured: "_Captured") -> Report:
         # The caller's own entries win over the ones filled in here.
-        metadata = {**_distributed_metadata(self._collectives_before), **(self._metadata or {})}
-        if self._publisher is not None:
+        metadata = {**_distributed_metadata(captured.group_info, *captured.collectives),
+                    **(self._metadata or {})}
+        if captured.published is not None:
             # what publishing cost the process: the time its thread spent taking and writing
             # snapshots (it holds the GIL for part of it), against the region's wall time
-            metadata.setdefault("live", {**published,
-                                         "share": published["cost_ns"] / max(self.wall_ns, 1)})
+            metadata.setdefault("live", {**captured.published, "share":
+                                         captured.published["cost_ns"] / max(captured.wall_ns, 1)})
         if self._modules is not None:
             # which range bricks are modules: Report.table(by="module") builds its tree from them
             metadata.setdefault("modules", list(self._modules.names))
-        if self._record_shapes:
-            metadata.setdefault("shapes", shapes.capture())
+        if captured.shapes is not None:
+            metadata.setdefault("shapes", captured.shapes)
         if self._ops == "kernels":
             metadata.setdefault("ops", "kernels")
-        self.report = Report.capture(wall_ns=self.wall_ns, sync_mode=mode, metadata=metadata or None,
-                                     machine=denied)
-        if self._roofline and "roofline" not in self.report.metadata:
+        report = Report.capture(wall_ns=captured.wall_ns, sync_mode=captured.sync_mode,
+                                metadata=metadata or None,
+                                machine=machine.machine_figures(*captured.machine),
+                                rows=captured.rows, health=captured.health,
+                                created_ns=captured.created_ns)
+        if self._roofline and "roofline" not in report.metadata:
             # after the region: the work estimates and a first measurement of the peaks are not
             # the region's time
-            self.report = self.report.with_metadata(roofline=roofline.compute(
-                self.report.paths, self.report.shape_stats(by="path")))
-        return False
+            report = report.with_metadata(roofline=roofline.compute(
+                report.paths, report.shape_stats(by="path")))
+        return report
 
     @staticmethod
     def _restore_settings() -> None:
@@ -201,21 +231,49 @@ class profile:
         _C._profiler.set_op_timing("dispatcher")
 
 
-def _distributed_metadata(before: dict) -> dict:
-    """Where a profiled process is one rank of a group: ``distributed`` (rank, world size,
-    backend) and ``collectives`` (per collective brick's c10d backend ran in the region: calls,
-    input bytes of this rank, group size, and the time in the collective, enqueue to completion,
-    summed over ``timed_calls``). The engine's own bricks (``gloo:all_reduce`` …) hold the time
-    its worker spent. Empty for a process that is no rank."""
-    from .. import distributed
-
-    info = distributed.group_info()
+def _distributed_metadata(info: Optional[dict], before: dict, after: dict) -> dict:
+    """Where a profiled process is one rank of a group (``info``: distributed.group_info()):
+    ``distributed`` (rank, world size, backend) and ``collectives`` (per collective brick's c10d
+    backend ran in the region, from its counters ``before`` and ``after``: calls, input bytes of
+    this rank, group size, and the time in the collective, enqueue to completion, summed over
+    ``timed_calls``). The engine's own bricks (``gloo:all_reduce`` …) hold the time its worker
+    spent. Empty for a process that is no rank."""
     if info is None:
         return {}
     collectives = {}
-    for name, now in distributed.collective_counters().items():
+    for name, now in after.items():
         earlier = before.get(name, dict.fromkeys(now, 0))
         delta = {key: now[key] - earlier[key] for key in ("calls", "bytes", "time_ns", "timed_calls")}
         if delta["calls"]:
             collectives[name] = {**delta, "group_size": now["group_size"]}
     return {"distributed": info, "collectives": collectives}
+
+
+class _Captured(NamedTuple):
+    """What a profile's exit took for its report: the registry's rows (kept in C++), the two
+    machine samples, the health counters, the distributed state, the shapes."""
+
+    wall_ns: int
+    sync_mode: str
+    rows: object  # _C._profiler.CapturedRows
+    health: dict
+    machine: Tuple[machine.Sample, machine.Sample]
+    group_info: Optional[dict]
+    collectives: Tuple[dict, dict]  # counters before and after the region
+    shapes: Optional[list]
+    published: Optional[dict]
+    created_ns: int
+
+
+_DISTRIBUTED = None
+
+
+def _distributed():
+    """torch_brickdev.distributed, imported when first profiled (it imports torch.distributed),
+    then kept: an import statement costs a profile ~18 us right after a garbage collection."""
+    global _DISTRIBUTED
+    if _DISTRIBUTED is None:
+        from .. import distributed
+
+        _DISTRIBUTED = distributed
+    return _DISTRIBUTED
