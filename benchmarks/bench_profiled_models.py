@@ -72,16 +72,17 @@ def region(configuration: str):
         return bp.profile()
     if configuration == "registry-kernels":
         return bp.profile(ops="kernels")
-    # Kineto's start/stop notices (stderr) are dropped, alike for both Kineto configurations.
+    # Kineto's start/stop notices (stderr) are dropped alike for every configuration it runs
+    # (the legacy profiler runs on Kineto too).
     if configuration == "kineto-cpu":
         return QuietProfile(torch.profiler.profile(activities=[activities.CPU]))
     if configuration == "kineto-brick":
         return QuietProfile(torch.profiler.profile(activities=[activities.CPU,
                                                                activities.PrivateUse1]))
     if configuration == "legacy-cpu":
-        return torch.autograd.profiler.profile()
+        return QuietProfile(torch.autograd.profiler.profile())
     if configuration == "legacy-brick":
-        return torch.autograd.profiler.profile(use_device="brick")
+        return QuietProfile(torch.autograd.profiler.profile(use_device="brick"))
     return contextlib.nullcontext()
 
 
