@@ -174,6 +174,7 @@ class profile:
             collectives=(self._collectives_before,
                          distributed.collective_counters() if info is not None else {}),
             shapes=shapes.capture() if self._record_shapes else None,
+            modules=None if self._modules is None else list(self._modules.names),
             published=None if self._publisher is None else {
                 "snapshots": self._publisher.snapshots, "cost_ns": self._publisher.cost_ns},
             created_ns=time.time_ns())
@@ -187,8 +188,9 @@ class profile:
         """The profiled region's :class:`Report` (None before the region ended). Its figures are
         those of the region's end; the Python objects are made when first read, so that they are
         not the profiled program's time (~0.3 ms right after a garbage collection)."""
-        if self._report is None and self._captured is not None:
-            self._report = self._make_report(self._captured)
+        captured = self._captured  # once: another thread may read the report meanwhile
+        if self._report is None and captured is not None:
+            self._report = self._make_report(captured)
             self._captured = None
         return self._report
 
@@ -205,9 +207,9 @@ class profile:
             # snapshots (it holds the GIL for part of it), against the region's wall time
             metadata.setdefault("live", {**captured.published, "share":
                                          captured.published["cost_ns"] / max(captured.wall_ns, 1)})
-        if self._modules is not None:
+        if captured.modules is not None:
             # which range bricks are modules: Report.table(by="module") builds its tree from them
-            metadata.setdefault("modules", list(self._modules.names))
+            metadata.setdefault("modules", captured.modules)
         if captured.shapes is not None:
             metadata.setdefault("shapes", captured.shapes)
         if self._ops == "kernels":
@@ -251,7 +253,8 @@ def _distributed_metadata(info: Optional[dict], before: dict, after: dict) -> di
 
 class _Captured(NamedTuple):
     """What a profile's exit took for its report: the registry's rows (kept in C++), the two
-    machine samples, the health counters, the distributed state, the shapes."""
+    machine samples, the health counters, the distributed state, the shapes, the module bricks,
+    what live publishing cost."""
 
     wall_ns: int
     sync_mode: str
@@ -261,6 +264,7 @@ class _Captured(NamedTuple):
     group_info: Optional[dict]
     collectives: Tuple[dict, dict]  # counters before and after the region
     shapes: Optional[list]
+    modules: Optional[list]  # the module bricks' names
     published: Optional[dict]
     created_ns: int
 
