@@ -265,11 +265,11 @@ void bind_profiler(py::module_& parent) {
       },
       py::arg("name"));
   // The native half of a profile's entry and exit (profiler/session.py), one call each: right
-  // after a garbage collection each Python step of them cost 5-10 us, and together they were
-  // a tenth of a Qwen2 generate()'s profiling.
+  // after a garbage collection each Python step of them cost 5-25 us, ~240 us of a profile's
+  // ~600 us fixed cost (the 2-core VM, docs/benchmarks.md).
   // begin_region: resets the registry (if asked), waits for the devices in use, samples the
   // machine, applies the settings and enables; returns (the sample, the start's
-  // perf_counter_ns). Nothing is left changed if enabling fails.
+  // perf_counter_ns). If enabling fails, the settings are restored and no profile runs.
   m.def(
       "begin_region",
       [](bool reset, bool record_shapes, const std::string& ops) {
