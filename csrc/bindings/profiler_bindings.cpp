@@ -108,6 +108,12 @@ py::list sparse_histogram(const registry::Histogram& histogram) {
   return out;
 }
 
+// A registry snapshot. It may wait for device work; other Python threads run meanwhile.
+registry::Snapshot take_snapshot() {
+  py::gil_scoped_release released;
+  return profiler::snapshot();
+}
+
 // One registry snapshot, each view asked for ("name", "path") converted by `convert` (a
 // std::vector<BrickStats> to a py::list): views taken together always agree.
 template <typename Convert>
@@ -119,12 +125,7 @@ py::dict snapshot_views(const std::vector<std::string>& views, const char* where
                             "'; expected 'name' or 'path'");
     }
   }
-  registry::Snapshot snapshot;
-  {
-    // It may wait for device work; other Python threads run meanwhile.
-    py::gil_scoped_release released;
-    snapshot = profiler::snapshot();
-  }
+  const registry::Snapshot snapshot = take_snapshot();
   py::dict out;
   for (const std::string& view : views) {
     out[py::str(view)] = convert(view == "name" ? snapshot.by_name() : snapshot.nodes);
@@ -179,12 +180,8 @@ profiler::OpTiming parse_op_timing(const std::string& where) {
 }
 
 CapturedRows capture_rows() {
-  CapturedRows captured;
-  py::gil_scoped_release released;  // may wait for device work
-  const registry::Snapshot snapshot = profiler::snapshot();
-  captured.by_name = report_rows_of(snapshot.by_name());
-  captured.by_path = report_rows_of(snapshot.nodes);
-  return captured;
+  const registry::Snapshot snapshot = take_snapshot();
+  return {report_rows_of(snapshot.by_name()), report_rows_of(snapshot.nodes)};
 }
 
 // Waits for every brick device this process used (no CUDA context made on an unused GPU).
@@ -254,6 +251,8 @@ void bind_profiler(py::module_& parent) {
     return out;
   });
   m.def("capture_rows", &capture_rows);
+  // The per-profile settings (record_shapes, op timing) back to their defaults.
+  m.def("restore_settings", &restore_region_settings);
   // Whether environment variable `name` is set to anything but "" or "0". os.environ's lookup
   // (encoding the key, Python-level mapping methods) cost a profile's construction 35 us right
   // after a garbage collection; os.environ's changes go through putenv, so getenv sees them.
