@@ -164,6 +164,9 @@ def test_chrome_trace_has_named_tracks_flows_and_device_work_inside_its_op(tmp_p
     launches = [e for e in events if e.get("cat") == "privateuse1_runtime"]
     assert len(device) == len(launches) == 6
     assert all(e["pid"] == 0 and e["tid"] == 0 for e in device)
+    # The arguments trace tools read (HTA: stream, correlation, device), as numbers.
+    assert all(set(e["args"]) >= {"device", "stream", "correlation"} for e in device)
+    assert all((e["args"]["device"], e["args"]["stream"]) == (0, 0) for e in device)
     assert all(e["pid"] == os.getpid() for e in launches)
     # ac2g arrows, both ends: one start on the launch, one end on the device activity.
     flows = [e for e in events if e.get("cat") == "ac2g"]
