@@ -163,8 +163,11 @@ void run_as_the_cpu_does(const c10::OperatorHandle& op, c10::DispatchKeySet /*ke
                 " and ", tensor.device());
     at::Tensor alias = make_backing_alias(tensor);
     arguments.push_back(tensor);
+    // The flag, also without grad mode: the CPU's composites read it (matmul folds a batched
+    // input into one mm when the weight requires grad, under no_grad too), and the CPU runs
+    // them on parameters that have it.
+    if (tensor.requires_grad()) alias.set_requires_grad(true);
     if (grad && tensor.requires_grad()) {
-      alias.set_requires_grad(true);
       inputs.push_back(tensor);
       leaves.push_back(alias);
     }

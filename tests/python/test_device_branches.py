@@ -221,6 +221,37 @@ def test_packed_sequences_and_no_grad_run_as_the_cpu():
     assert not bh.requires_grad
 
 
+def test_no_grad_recurrent_layers_take_the_cpus_path_for_parameters_requiring_grad():
+    """Under no_grad a module's parameters still require grad, and the CPU's composites read the
+    flag: matmul folds a batch-first sequence's input projection into one mm when the weight
+    requires grad, else runs a bmm, whose float32 results differ in the last bits on some CPUs
+    (AVX-512). Brick's CPU aliases carry the flag, so brick runs the very ops the CPU runs."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class OpNames(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func not in (torch.ops.aten._to_copy.default,):  # brick's copy of its input
+                self.names.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(4, 4, proj_size=2, batch_first=True).eval()
+    x = torch.randn(3, 2, 4)
+    runs = {}
+    for device in ("cpu", "brick"):
+        module, inp = lstm.to(device), x.to(device)
+        with torch.no_grad(), OpNames() as names:
+            out, _ = module(inp)
+        runs[device] = (names.names, out.cpu())
+    assert runs["brick"][0] == runs["cpu"][0]
+    assert "aten.bmm.default" not in runs["cpu"][0]
+    torch.testing.assert_close(runs["brick"][1], runs["cpu"][1], rtol=0, atol=0)
+
+
 def test_backing_graph_refuses_what_autograd_refuses():
     """An argument changed in place between forward and backward, and double backward (the CPU
     graph is differentiated once): clear errors, not wrong gradients."""
