@@ -5,6 +5,7 @@ decided once per process)."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -113,3 +114,20 @@ def test_a_cpu_only_fsdp2_script_runs_as_without_brick(tmp_path):
         results[name] = json.loads(out.read_text())
     assert results["unasked"] == results["without"]
     assert results["unasked"]["devices"] == ["cpu"]
+
+
+def test_the_module_exports_its_init_function_and_none_of_brick_s_own():
+    # An exported function of brick's could stand in for a like-named one of another library
+    # loaded after it, or be replaced by one (ELF symbol interposition): brick's module exports
+    # only what Python loads it by. (The standard library's template code compiled into it keeps
+    # libstdc++'s default visibility.)
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("no nm (binutils) to read the module's dynamic symbols")
+    import torch_brickdev._C as module
+
+    listed = subprocess.run([nm, "-D", "-C", "--defined-only", module.__file__],
+                            capture_output=True, text=True, timeout=60, check=True).stdout
+    names = [line.split(" ", 2)[2] for line in listed.splitlines() if line.count(" ") >= 2]
+    assert "PyInit__C" in names
+    assert [name for name in names if name.startswith("brick::")] == []
