@@ -1314,8 +1314,9 @@ def test_legacy_profiler_records_ranges_forward_and_backward(tmp_path):
         assert expected in names, expected
     assert any("AddmmBackward" in n for n in names)  # the autograd engine's events
     assert names.count("aten::add") >= 2
+    # Every row: which rows make a top ten by measured time depends on the machine's load.
     table = prof.key_averages(group_by_input_shape=True).table(sort_by="cpu_time_total",
-                                                               row_limit=10)
+                                                               row_limit=-1)
     assert "aten::addmm" in table
     path = tmp_path / "trace.json"
     prof.export_chrome_trace(str(path))
