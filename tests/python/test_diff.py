@@ -153,6 +153,7 @@ def test_a_run_where_every_brick_slowed_alike_is_inconclusive(base_dict, tmp_pat
     slow = copy.deepcopy(base_dict)
     for b in slow["bricks"]:
         _scale(slow, b["name"], 1.25)
+    slow["wall_ns"] = int(base_dict["wall_ns"] * 1.25)  # nested bricks: added once, not per brick
     _scale(slow, "GateProjection", 1.16 / 1.25)  # this one 1.16x, as that run's AttentionScore
     d = diff_reports(load_report(base_dict), load_report(slow))
     change = next(c for c in d.changes if c.name == "GateProjection")
@@ -175,6 +176,7 @@ def test_a_machine_that_slowed_ops_unevenly_is_inconclusive_but_a_brick_beyond_t
     slow = copy.deepcopy(base_dict)
     for i, b in enumerate(sorted(slow["bricks"], key=lambda b: b["name"])):
         _scale(slow, b["name"], factors[i % len(factors)])
+    slow["wall_ns"] = int(base_dict["wall_ns"] * 1.2)  # that pair's wall, 1.2x
     gate = _brick(base_dict, "GateProjection")["p50_ns"]
     _scale(slow, "GateProjection", 1.9 * gate / _brick(slow, "GateProjection")["p50_ns"])
     d = diff_reports(load_report(base_dict), load_report(slow))
@@ -185,6 +187,50 @@ def test_a_machine_that_slowed_ops_unevenly_is_inconclusive_but_a_brick_beyond_t
     _scale(slow, "GateProjection", 3.0 / 1.9)  # 3x: beyond 90 % of the others by the threshold
     d = diff_reports(load_report(base_dict), load_report(slow))
     assert [c.name for c in d.regressions] == ["GateProjection"], d.table()
+
+
+def _slow_outside(d, name, factor):
+    """The wall outside ``name`` (the wall less its total) ``factor`` times longer: the time
+    between the bricks and every brick but ``name``'s ancestors left as they were."""
+    outside = d["wall_ns"] - _brick(d, name)["total_ns"]
+    d["wall_ns"] += int(outside * (factor - 1))
+
+
+def test_a_machine_that_slowed_the_time_outside_a_brick_as_much_is_inconclusive(
+        base_dict, tmp_path):
+    """Two real demo runs in CI, the second on a VM slowed by its host: LmHead's p50 1.19x (its
+    fastest call 1.11x), the wall outside LmHead 1.24x, while 46 of 64 bricks (microsecond ops)
+    kept their speed. The time outside the brick shows the machine; the brick's own regression
+    would leave it as it was."""
+    slow = copy.deepcopy(base_dict)
+    _scale(slow, "LmHead", 1.19)
+    _slow_outside(slow, "LmHead", 1.24)
+    d = diff_reports(load_report(base_dict), load_report(slow))
+    change = next(c for c in d.changes if c.name == "LmHead")
+    assert change.verdict == "busy", change
+    assert "the run's wall outside this brick slowed 1.24x" in change.reason, change
+    assert d.passed and d.inconclusive and not d.regressions, d.table()
+    assert _diff(tmp_path, base_dict, slow).returncode == 3
+
+    alone = copy.deepcopy(base_dict)  # the same brick slowed, the rest of the run as it was
+    _scale(alone, "LmHead", 1.19)
+    d = diff_reports(load_report(base_dict), load_report(alone))
+    assert [c.name for c in d.regressions] == ["LmHead"], d.table()
+
+    _scale(slow, "LmHead", 1.5 / 1.19)  # 1.5x: beyond the time outside it by the threshold
+    d = diff_reports(load_report(base_dict), load_report(slow))
+    assert [c.name for c in d.regressions] == ["LmHead"], d.table()
+    assert _diff(tmp_path, base_dict, slow).returncode == 1
+
+
+def test_a_brick_spanning_most_of_the_wall_is_not_judged_by_the_few_gaps_outside_it(base_dict):
+    name = max((b for b in base_dict["bricks"] if b["count"]), key=lambda b: b["total_ns"])["name"]
+    assert _brick(base_dict, name)["total_ns"] > 0.75 * base_dict["wall_ns"], name
+    slow = copy.deepcopy(base_dict)
+    _scale(slow, name, 1.19)
+    _slow_outside(slow, name, 1.5)
+    d = diff_reports(load_report(base_dict), load_report(slow))
+    assert name in [c.name for c in d.regressions], d.table()
 
 
 def test_a_slower_microsecond_op_that_moves_no_wall_time_is_small(base_dict):

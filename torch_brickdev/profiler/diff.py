@@ -18,7 +18,10 @@ threshold) and this one no more than the rest by the threshold (the rest: the sl
 the other bricks stayed within, as a slower machine slows ops unevenly): a VM whose host runs
 slower shows nothing inside the guest but that (its thread's own CPU time grows), and a change
 that slows every op alike cannot be told from it; a brick that slowed beyond the rest is still
-``slower``.
+``slower``. Likewise when the run's wall outside the brick (the wall less the brick's total)
+slowed by more than half the threshold and the brick no more than that by the threshold: a slower
+machine can slow the heavy kernels and the time between them while most microsecond ops keep
+their speed, and a brick's own regression leaves the time outside it as it was.
 
 >>> d = diff_reports(load_report("base.json"), load_report("new.json"), threshold=0.10)
 >>> print(d.table())            # or d.markdown() for a CI comment, d.to_dict() for JSON
@@ -257,6 +260,22 @@ def _rest_of(ratios: List[float], ratio: float) -> float:
     return ratios[rank + 1] if bisect.bisect_left(ratios, ratio) <= rank else ratios[rank]
 
 
+# The time outside a brick judges the machine only when it is at least this share of the base
+# run's wall (the wall less a brick that spans nearly all of it is a few gaps, as noisy as they
+# are short).
+_OUTSIDE_MIN_SHARE = 0.25
+
+
+def _outside_ratio(base_wall_ns: int, new_wall_ns: int, base: BrickStats,
+                   new: BrickStats) -> Optional[float]:
+    """How much the wall outside the brick grew from the base run to the new one (None when that
+    time is under _OUTSIDE_MIN_SHARE of the base wall)."""
+    base_outside = base_wall_ns - base.total_ns
+    if base_wall_ns <= 0 or base_outside < _OUTSIDE_MIN_SHARE * base_wall_ns:
+        return None
+    return (new_wall_ns - new.total_ns) / base_outside
+
+
 def diff_reports(base: Report, new: Report, *, threshold: float = 0.10, by: str = "name",
                  ignore_counts: bool = False, min_share: float = 0.005) -> ReportDiff:
     """Compares ``new`` with ``base`` brick by brick (``by="name"``, or ``"path"`` for each call
@@ -295,18 +314,26 @@ def diff_reports(base: Report, new: Report, *, threshold: float = 0.10, by: str 
     everything_slowed = common > 1 + threshold / 2
 
     def busy_for(name: str) -> Optional[str]:
-        if busy is not None or not everything_slowed:
+        if busy is not None:
             return busy
         b, n = base_by.get(name), new_by.get(name)
         if b is None or n is None or not b.p50_ns or b.count != n.count:
             return None
         ratio = n.p50_ns / b.p50_ns
-        rest = _rest_of(ratios, ratio)
-        if ratio > rest * (1 + threshold):
-            return None  # slowed beyond the rest: judged on its own
-        return (f"every brick slowed: their median p50 {common:.2f}x, this one no more than "
-                f"the rest ({rest:.2f}x, {_REST_QUANTILE:.0%} of the others within it: a "
-                "slower machine, or a change that slows every op alike)")
+        if everything_slowed:
+            rest = _rest_of(ratios, ratio)
+            if ratio <= rest * (1 + threshold):
+                return (f"every brick slowed: their median p50 {common:.2f}x, this one no more "
+                        f"than the rest ({rest:.2f}x, {_REST_QUANTILE:.0%} of the others within "
+                        "it: a slower machine, or a change that slows every op alike)")
+        outside = _outside_ratio(base.wall_ns, new.wall_ns, b, n)
+        if outside is not None and outside > 1 + threshold / 2 and \
+                ratio <= outside * (1 + threshold):
+            return (f"the run's wall outside this brick slowed {outside:.2f}x "
+                    f"({(base.wall_ns - b.total_ns) / 1e6:.3f} -> "
+                    f"{(new.wall_ns - n.total_ns) / 1e6:.3f} ms), this one no more: a slower "
+                    "machine")
+        return None  # judged on its own
 
     changes = [_change(n, base_by.get(n), new_by.get(n), threshold, floor_ns, busy_for(n))
                for n in names]
