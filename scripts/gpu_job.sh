@@ -67,8 +67,11 @@ gpu_preflight() {
   for module in torch pytest pytest_timeout setuptools; do
     TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PYTHON" -c "import $module" 2>/dev/null || missing+=("$module (Python)")
   done
-  [ -f /usr/include/gtest/gtest.h ] || [ -f "$GTEST_CARRIED/CMakeLists.txt" ] ||
-    missing+=("GoogleTest (not installed, and $GTEST_CARRIED was not carried: scripts/run.sh gpu-prepare)")
+  # (The rehearsal builds GoogleTest from the carried sources too: see gpu.)
+  if { [ ! -f /usr/include/gtest/gtest.h ] || [ "$rehearse" = 1 ]; } &&
+    [ ! -f "$GTEST_CARRIED/CMakeLists.txt" ]; then
+    missing+=("GoogleTest's sources in $GTEST_CARRIED (run scripts/run.sh gpu-prepare here and carry that folder)")
+  fi
   if [ "$rehearse" = 0 ]; then
     command -v nvidia-smi >/dev/null || missing+=("nvidia-smi")
     command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ] || missing+=("nvcc (the CUDA toolkit)")
