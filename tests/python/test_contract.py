@@ -112,11 +112,13 @@ def test_lmhead_count_states_how_the_final_token_is_counted(reports):
     assert f"ran {TOKENS} times for {TOKENS} decoded tokens" in result.message
 
 
-def test_format_results_lines_and_verdict(reports):
-    results = run_checks(reports["event"], only=["coverage"])
+def test_format_results_lines_and_verdict(base_dict):
+    # The undisturbed report: a real run's coverage is the machine's (a preemption between the
+    # bricks lowers it; see MACHINE_TIMED), the format is not.
+    results = run_checks(copy.deepcopy(base_dict), only=["coverage"])
     lines = format_results(results).splitlines()
     assert len(lines) == 2
-    assert lines[0].startswith("PASS  coverage  top-level 0.9")
+    assert lines[0].startswith("PASS  coverage  top-level 0.95")
     assert "of wall (expected 0.85-1.0)" in lines[0]
     assert lines[1].startswith("verdict: PASS")
 

@@ -259,19 +259,29 @@ def test_bad_arguments_are_named(base_dict, tmp_path):
     assert missing.returncode == 2 and "none.json" in missing.stderr
 
 
-@pytest.mark.timeout(200)
+def _demo_report(out):
+    done = subprocess.run([sys.executable, "-m", "torch_brickdev", "demo", "--no-progress",
+                           "--tokens", "16", "--runs", "2", "-o", str(out)],
+                          capture_output=True, text=True, timeout=180)
+    assert (out / "report.json").exists(), done.stdout + done.stderr
+    return str(out / "report.json")
+
+
+@pytest.mark.timeout(400)
 def test_two_real_demo_runs_do_not_regress(tmp_path):
-    reports = []
-    for run in ("a", "b"):
-        out = tmp_path / run
-        done = subprocess.run([sys.executable, "-m", "torch_brickdev", "demo", "--no-progress",
-                               "--tokens", "16", "--runs", "2", "-o", str(out)],
-                              capture_output=True, text=True, timeout=180)
-        assert (out / "report.json").exists(), done.stdout + done.stderr
-        reports.append(str(out / "report.json"))
-    done = subprocess.run([sys.executable, "-m", "torch_brickdev", "diff", *reports],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode in (0, 3), done.stdout + done.stderr  # 3: the second run was denied
+    """Two runs of one program have no regression between them. The verdict reads two moments
+    of a shared machine, and its rules for a slower machine (busy, above) are tested on crafted
+    reports: a pair that fails is run again once, and the test fails when that pair fails too
+    (a defect in the diff, a double count or a mode not applied, fails every pair)."""
+    failed = []
+    for attempt in range(2):
+        reports = [_demo_report(tmp_path / f"{attempt}{run}") for run in ("a", "b")]
+        done = subprocess.run([sys.executable, "-m", "torch_brickdev", "diff", *reports],
+                              capture_output=True, text=True, timeout=120)
+        if done.returncode in (0, 3):  # 3: the second run was slowed by the machine
+            break
+        failed.append(done.stdout + done.stderr)
+    assert len(failed) < 2, "\n".join(failed)
     d = diff_reports(load_report(reports[0]), load_report(reports[1]))
     assert {c.verdict for c in d.changes} <= {"same", "noise", "small", "faster", "busy"}
     assert len(d.changes) > 30  # every op and range of the decode was compared

@@ -5,6 +5,8 @@ submodule) and transformers' Qwen2, whose module tree adds up to the step."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from torch import nn
@@ -162,9 +164,12 @@ def test_qwen2_module_tree_adds_up_to_the_forward(one_thread):
     model, ids = load_benchmark("bench_profile_options").qwen2()  # Qwen2, tiny config, on brick
     with torch.no_grad():
         model(ids)
+        calls_ns = []
         with bp.profile(modules=True) as p:
             for _ in range(4):
+                start = time.perf_counter_ns()
                 model(ids)
+                calls_ns.append(time.perf_counter_ns() - start)
     counts = _counts(p.report)
     for name in ("Qwen2ForCausalLM", "model", "model.layers.0", "model.layers.0.self_attn",
                  "model.layers.1.self_attn.q_proj", "model.layers.1.mlp.down_proj", "lm_head",
@@ -173,8 +178,10 @@ def test_qwen2_module_tree_adds_up_to_the_forward(one_thread):
     rows = p.report.module_times()
     root = p.report.brick("Qwen2ForCausalLM")
     assert sum(r["self_ns"] for r in rows) == root.total_ns
-    # The model's calls are the region: the root module's total is its time, less the loop.
-    assert 0.8 * p.report.wall_ns <= root.total_ns <= p.report.wall_ns
+    # The root module's total is its calls' time, less nn.Module's call machinery around its
+    # forward (measured beside it, so that a preemption counts on both sides or on neither).
+    assert 0.95 * sum(calls_ns) <= root.total_ns <= min(sum(calls_ns), p.report.wall_ns), \
+        (root.total_ns, calls_ns, p.report.wall_ns)
 
 
 def test_a_ddp_wrapped_model_is_named_as_named_modules_names_it(net, tmp_path, one_thread):

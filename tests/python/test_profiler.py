@@ -871,20 +871,24 @@ def test_legacy_profiler_device_time_is_the_cpu_interval_on_a_synchronous_runtim
     # its own CPU interval (PyTorch truncates device times to whole µs; its CPU stamps pass
     # through an approximate clock, hence the small tolerance), and a range's covers its ops.
     a = torch.randn(64, 64, device="brick")
-    with legacy_profile() as prof:
-        with record_function("Steps"):
-            for _ in range(20):
-                torch.mm(a, a).relu_()
-    timed = [e for e in prof.function_events if e.kernels]
-    assert sum(e.name == "aten::mm" for e in timed) == 20
     # A thread preempted between PyTorch's CPU stamp and the stub's record (a loaded 2-core
-    # machine) stretches one of the two: a few such outliers are allowed, none far off.
-    off = [event for event in timed
-           if abs(event.kernels[0].duration - event.time_range.elapsed_us())
-           > 1 + 1e-3 * event.time_range.elapsed_us()]
-    assert len(off) <= 2, off
-    for event in timed:
-        assert abs(event.kernels[0].duration - event.time_range.elapsed_us()) < 100, event
+    # machine, or a VM whose host paused it) stretches one of the two by as long as it was away:
+    # two such outliers are allowed, of any size, and a run with more (a busy machine preempts
+    # often) is run again, three times at most; a defect in the stamps moves every event.
+    for _ in range(3):
+        with legacy_profile() as prof:
+            with record_function("Steps"):
+                for _ in range(20):
+                    torch.mm(a, a).relu_()
+        timed = [e for e in prof.function_events if e.kernels]
+        assert sum(e.name == "aten::mm" for e in timed) == 20
+        off = [(event.name, event.kernels[0].duration, event.time_range.elapsed_us())
+               for event in timed
+               if abs(event.kernels[0].duration - event.time_range.elapsed_us())
+               > 1 + 1e-3 * event.time_range.elapsed_us()]
+        if len(off) <= 2:
+            break
+    assert len(off) <= 2, off  # (name, device us, CPU us)
     steps = next(e for e in timed if e.name == "Steps")
     assert steps.kernels[0].duration >= sum(e.kernels[0].duration for e in timed
                                             if e.name == "aten::mm")
