@@ -208,16 +208,20 @@ def test_known_duration_is_measured(mode):
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
 def test_range_around_sleep_is_measured(mode):
-    """A range around ``time.sleep(0.01)`` measures ≥ 10 ms and < 10 ms + 5 ms (the 10 ms
-    being what the sleep really took, by perf_counter, if the OS woke it up late)."""
+    """A range around ``time.sleep(0.01)`` measures at least the 10 ms (or what the sleep really
+    took, by perf_counter, if the OS woke it up late) and at most the range's enter to its exit
+    by perf_counter: a preempted thread moves both bounds, not the verdict."""
     with bp.profile(sync_mode=mode) as p:
+        outer_start = time.perf_counter_ns()
         with record_function("Sleep"):
             start = time.perf_counter_ns()
             time.sleep(0.01)
             slept = time.perf_counter_ns() - start
+        outer = time.perf_counter_ns() - outer_start
     s = p.report.brick("Sleep")
     assert s.count == 1
-    assert max(10_000_000, slept) <= s.total_ns < max(10_000_000, slept) + 5_000_000, (s, slept)
+    # (the registry reads the TSC, calibrated against that clock: 0.1 % allowed for its rate)
+    assert max(10_000_000, slept) <= s.total_ns <= outer * 1.001, (s, slept, outer)
     assert p.report.wall_ns >= s.total_ns
 
 
