@@ -321,19 +321,25 @@ def test_profile_with_stack_keeps_the_device_timeline(tmp_path):
 
 
 def test_trace_after_a_later_profile(tmp_path):
-    """Exporting an older profile after another one ran still matches every op."""
+    """Exporting an older profile after another one ran still matches every op: each device
+    event ends within its own CPU op's window. A thread preempted between PyTorch's CPU stamp and
+    brick's device stamp moves one of them (see the xfail test above): such a pair of profiles
+    is made again, three times at most; a match with the later profile's op is off every time."""
     a = torch.randn(32, 32, device="brick")
-    with legacy_profile() as first:
-        torch.relu(a)
-    with legacy_profile() as second:
-        torch.relu(a)
-        torch.relu(a)
-    ours, _ = export(first, tmp_path / "first.json")
-    assert ours["brickInfo"]["unmatched_threads"] == []
-    assert Counter(d["name"] for d in device_events(ours))["aten::relu"] == 1
-    for lead, lag, _ in window_errors(matched_pairs(ours)):
-        assert lag <= TOLERANCE_US and lead <= 1000
-    ours2, _ = export(second, tmp_path / "second.json")
+    for attempt in range(3):
+        with legacy_profile() as first:
+            torch.relu(a)
+        with legacy_profile() as second:
+            torch.relu(a)
+            torch.relu(a)
+        ours, _ = export(first, tmp_path / f"first{attempt}.json")
+        assert ours["brickInfo"]["unmatched_threads"] == []
+        assert Counter(d["name"] for d in device_events(ours))["aten::relu"] == 1
+        errors = window_errors(matched_pairs(ours))
+        if all(lag <= TOLERANCE_US and lead <= 1000 for lead, lag, _ in errors):
+            break
+    assert errors and all(lag <= TOLERANCE_US and lead <= 1000 for lead, lag, _ in errors), errors
+    ours2, _ = export(second, tmp_path / f"second{attempt}.json")
     assert Counter(d["name"] for d in device_events(ours2))["aten::relu"] == 2
 
 
