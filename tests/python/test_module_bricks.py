@@ -179,9 +179,11 @@ def test_qwen2_module_tree_adds_up_to_the_forward(one_thread):
     root = p.report.brick("Qwen2ForCausalLM")
     assert sum(r["self_ns"] for r in rows) == root.total_ns
     # The root module's total is its calls' time, less nn.Module's call machinery around its
-    # forward (measured beside it, so that a preemption counts on both sides or on neither).
-    assert 0.95 * sum(calls_ns) <= root.total_ns <= min(sum(calls_ns), p.report.wall_ns), \
-        (root.total_ns, calls_ns, p.report.wall_ns)
+    # forward (measured beside it, so that a preemption counts on both sides or on neither; the
+    # registry reads the TSC, calibrated against perf_counter's clock: 0.1 % for its rate).
+    assert 0.95 * sum(calls_ns) <= root.total_ns <= 1.001 * sum(calls_ns), \
+        (root.total_ns, calls_ns)
+    assert root.total_ns <= p.report.wall_ns
 
 
 def test_a_ddp_wrapped_model_is_named_as_named_modules_names_it(net, tmp_path, one_thread):
