@@ -2,45 +2,49 @@
 
 PyTorch runs an op's RecordFunction machinery (the dispatcher's slow path, the RecordFunction
 object, the callback calls) as soon as any global callback is registered; what a profiler adds
-beyond that is its own cost. This module compiles (once; PyTorch's extension cache keeps it) a
-callback pair that returns at once, registered with brick's observer's own options
-(csrc/profiler/observer_callback.h), so the benchmarks can measure that floor in the same run as
-the profilers they compare with it.
+beyond that is its own cost. benchmarks/empty_callback.cpp is a callback pair that returns at
+once, registered with brick's observer's own options; CMake builds it beside the module (with the
+tests, or with -DBRICK_BUILD_BENCHMARKS=ON: `scripts/run.sh bench` does), and this module loads
+it, so the benchmarks measure that floor in the same run as the profilers they compare with it.
 """
 
+import ctypes
 import os
+from pathlib import Path
 
-from torch.utils.cpp_extension import load_inline
+_LIBRARY = "libbrick_bench_empty_callback.so"
+_ROOT = Path(__file__).resolve().parent.parent
 
-_CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "csrc")
 
-_SOURCE = r"""
-#include "profiler/observer_callback.h"
+class EmptyCallback:
+    def __init__(self, library: ctypes.CDLL):
+        self._set_enabled = library.brick_bench_empty_callback_set_enabled
+        self._set_enabled.argtypes = [ctypes.c_int]
+        self._set_enabled.restype = None
 
-namespace {
-at::CallbackHandle g_handle = 0;
-std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction&) { return nullptr; }
-void on_exit(const at::RecordFunction&, at::ObserverContext*) {}
-}  // namespace
+    def set_enabled(self, enabled: bool) -> None:
+        self._set_enabled(1 if enabled else 0)
 
-void set_enabled(bool enabled) {
-  if (enabled && g_handle == 0) {
-    g_handle = at::addGlobalCallback(brick::profiler::observer_callback(&on_enter, &on_exit));
-  } else if (!enabled && g_handle != 0) {
-    at::removeCallback(g_handle);
-    g_handle = 0;
-  }
-}
-"""
 
 _module = None
 
 
-def load():
-    """The compiled module (set_enabled(bool)); the first call in a fresh cache takes ~30 s."""
+def library_path() -> Path:
+    """Where the build put the helper: $BRICK_BUILD_DIR (scripts/run.sh exports it), else the
+    default build folder of setup.py."""
+    return Path(os.environ.get("BRICK_BUILD_DIR", _ROOT / "build" / "release")) / _LIBRARY
+
+
+def load() -> EmptyCallback:
+    """The empty callback (``set_enabled(bool)``), loaded once. torch must be imported first
+    (the library binds to the libtorch already loaded)."""
     global _module
     if _module is None:
-        _module = load_inline("brick_bench_empty_callback", cpp_sources=_SOURCE,
-                              functions=["set_enabled"], extra_cflags=["-O2"],
-                              extra_include_paths=[_CSRC])
+        path = library_path()
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"{path} is missing: build it with the tests (BRICK_BUILD_TESTS=1) or with "
+                "BRICK_CMAKE_ARGS=-DBRICK_BUILD_BENCHMARKS=ON, e.g. `scripts/run.sh bench`"
+            )
+        _module = EmptyCallback(ctypes.CDLL(str(path)))
     return _module

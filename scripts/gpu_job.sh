@@ -21,18 +21,19 @@ gpu_prepare() {
   echo "gpu-prepare: $GTEST_CARRIED ($(du -sh "$GTEST_CARRIED" | cut -f1)); carry it with the job"
 }
 
-# `gpu_step NAME SECONDS command...`: the command bounded by SECONDS and by what is left of the
-# job's budget, its output in $logs/NAME.log; prints (and appends to summary.txt) one line: the
-# verdict, the seconds it took and the log's last line (pytest's counts, the contract's verdict...).
+# `gpu_step NAME SECONDS command...`: the command bounded by SECONDS (times $time_scale) and by
+# what is left of the job's budget, its output in $logs/NAME.log; prints (and appends to
+# summary.txt) one line: the verdict, the seconds it took and the log's last line (pytest's
+# counts, the contract's verdict...). A failed step is named once in $failed_steps.
 gpu_step() {
-  local name=$1 limit=$2 start rc verdict left
+  local name=$1 limit=$(($2 * time_scale)) start rc verdict left
   shift 2
   left=$((deadline - $(date +%s)))
   [ "$left" -lt "$limit" ] && limit=$left
   if [ "$limit" -le 5 ]; then
     printf 'gpu %-16s %-22s %4ss  %s\n' "$name" "SKIPPED" 0 "out of the job's time budget" |
       tee -a "$logs/summary.txt"
-    failures=$((failures + 1))
+    failed_steps+=("$name")
     return
   fi
   start=$(date +%s)
@@ -43,7 +44,12 @@ gpu_step() {
   local failed=1
   case $rc in
     0) verdict=ok failed=0 ;;
-    124 | 137) verdict="TIMED OUT after ${limit} s" ;;
+    124 | 137)
+      verdict="TIMED OUT after ${limit} s"
+      # Said in the log too (a step killed before it printed anything leaves it empty otherwise),
+      # with the machine's load: what else wanted the CPUs meanwhile.
+      echo "gpu step $name: killed after $limit s; load average $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)" >>"$logs/$name.log"
+      ;;
     *) verdict="FAILED (exit $rc)" ;;
   esac
   # The demo's contract exits 3 when a timing check is inconclusive: the machine was busy (the
@@ -55,7 +61,7 @@ gpu_step() {
   [ -n "$said" ] || said=$(grep -v '^[[:space:]]*$' "$logs/$name.log" | tail -n 1 || true)
   printf 'gpu %-16s %-22s %4ss  %s\n' "$name" "$verdict" "$(($(date +%s) - start))" \
     "$(printf '%s' "$said" | cut -c1-160)" | tee -a "$logs/summary.txt"
-  [ $failed = 0 ] || failures=$((failures + 1))
+  [ $failed = 0 ] || failed_steps+=("$name")
 }
 
 # What the job needs, checked before anything runs; what is missing is named, and the job stops.
@@ -127,8 +133,13 @@ gpu() {
   logs=${BRICK_LOG_DIR:-$PWD/build/gpu-logs}
   rm -rf "$logs" && mkdir -p "$logs"
   : >"$logs/summary.txt"
-  failures=0
-  deadline=$(($(date +%s) + ${BRICK_GPU_BUDGET_S:-480}))
+  failed_steps=()
+  # On the GPU machine the bounds are the lease's. A rehearsal's bounds are hang guards only: a
+  # shared or busy machine (others taking several times the job's CPU) must not fail it, so they
+  # are $BRICK_REHEARSAL_TIME_SCALE (default 5) times the GPU's.
+  time_scale=1
+  [ "$rehearse" = 1 ] && time_scale=${BRICK_REHEARSAL_TIME_SCALE:-5}
+  deadline=$(($(date +%s) + ${BRICK_GPU_BUDGET_S:-480} * time_scale))
   local cores runtime=cuda cmake_args build_dir=$PWD/build/gpu
   cores=$(nproc)
   # (CI's rehearsal reuses CI's own build, configured alike: BRICK_REHEARSAL_BUILD_DIR.)
@@ -153,7 +164,7 @@ gpu() {
   if [ "$more" = 0 ]; then
     gpu_step build 300 env BRICK_BUILD_TESTS=1 CMAKE_BUILD_PARALLEL_LEVEL="$cores" \
       BRICK_CMAKE_ARGS="$cmake_args" "$PYTHON" -m pip install --no-build-isolation --no-deps --no-index -e .
-    if [ "$failures" != 0 ]; then  # every later step would test an older build, or none
+    if [ ${#failed_steps[@]} != 0 ]; then  # every later step would test an older build, or none
       echo "gpu: the build failed (its log: $logs/build.log); nothing else was run" | tee -a "$logs/summary.txt"
       return 1
     fi
@@ -192,10 +203,20 @@ gpu() {
       --nproc "$(nvidia-smi -L | wc -l)" --rounds 5
     gpu_step pytest-all 240 bash -c "trap '' INT; exec ${pytest[*]} tests/python -x"
   fi
-  # Every step left its log and its summary line: a log that would not come back is found here.
-  local step_lines
+  # Every step left its log and its summary line: a log that would not come back is found here
+  # (a failed step's log holds at least its verdict, so this names only steps that passed).
+  local step_lines log step
   step_lines=$(grep -c '^gpu ' "$logs/summary.txt" || true)
-  for log in "$logs"/*.log; do [ -s "$log" ] || { echo "gpu: empty log $log" >&2; failures=$((failures + 1)); }; done
-  echo "gpu: $step_lines step(s), $failures failed; logs in $logs" | tee -a "$logs/summary.txt"
-  [ "$failures" = 0 ]
+  for log in "$logs"/*.log; do
+    step=$(basename "$log" .log)
+    if [ ! -s "$log" ] && [[ " ${failed_steps[*]} " != *" $step "* ]]; then
+      echo "gpu: $step passed but left an empty log ($log)" | tee -a "$logs/summary.txt" >&2
+      failed_steps+=("$step")
+    fi
+  done
+  local failed_text=""
+  [ ${#failed_steps[@]} = 0 ] || failed_text=" (${failed_steps[*]})"
+  echo "gpu: $step_lines step(s), ${#failed_steps[@]} failed$failed_text; logs in $logs" |
+    tee -a "$logs/summary.txt"
+  [ ${#failed_steps[@]} = 0 ]
 }

@@ -31,7 +31,27 @@ export BRICK_BUILD_DIR="$PWD/$BUILD_DIR"
 # What outlives a clone: the torch lanes' virtual environments, the compiler cache.
 CACHE_ROOT="${BRICK_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/torch_brickdev}"
 
-log() { printf '\n== %s\n' "$*"; }
+# Each `log` line starts a stage; at exit the job prints the seconds each stage took (subshells'
+# stages too: they append to the same file), so where a run's time went is in its own output.
+STAGE_TIMES=$(mktemp "${TMPDIR:-/tmp}/brick-stages.XXXXXX")
+log() {
+  printf '\n== %s\n' "$*"
+  printf '%s\t%s\n' "$(date +%s)" "$*" >>"$STAGE_TIMES"
+}
+print_stage_times() {
+  local rc=$?
+  if [ -s "$STAGE_TIMES" ]; then
+    printf '\n== time per stage (s), exit status %s\n' "$rc"
+    awk -F'\t' -v end="$(date +%s)" '
+      NR > 1 { printf "%6d  %s\n", $1 - start, name }
+      { start = $1; name = $2; if (NR == 1) first = $1 }
+      END { if (NR) { printf "%6d  %s\n%6d  in all\n", end - start, name, end - first } }
+    ' "$STAGE_TIMES"
+  fi
+  rm -f "$STAGE_TIMES"
+  return "$rc"
+}
+trap print_stage_times EXIT
 
 setup_system() {
   local missing=()
@@ -310,7 +330,8 @@ case "$job" in
     setup_system; use_compiler_cache; torch_lane "${@:2}"
     ;;
   bench)
-    setup_system; use_compiler_cache; setup_python; build 0
+    setup_system; use_compiler_cache; setup_python
+    BRICK_CMAKE_ARGS="${BRICK_CMAKE_ARGS:-} -DBRICK_BUILD_BENCHMARKS=ON" build 0
     # valgrind counts instructions beside the times (bench_ops, bench_profiler); optional.
     if ! command -v valgrind >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
       apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null ||
