@@ -28,6 +28,7 @@ gpu_prepare() {
 gpu_step() {
   local name=$1 limit=$(($2 * time_scale)) start rc verdict left
   shift 2
+  ran_steps+=("$name")
   left=$((deadline - $(date +%s)))
   [ "$left" -lt "$limit" ] && limit=$left
   if [ "$limit" -le 5 ]; then
@@ -133,7 +134,7 @@ gpu() {
   logs=${BRICK_LOG_DIR:-$PWD/build/gpu-logs}
   rm -rf "$logs" && mkdir -p "$logs"
   : >"$logs/summary.txt"
-  failed_steps=()
+  ran_steps=() failed_steps=()
   # On the GPU machine the bounds are the lease's. A rehearsal's bounds are hang guards only: a
   # shared or busy machine (others taking several times the job's CPU) must not fail it, so they
   # are $BRICK_REHEARSAL_TIME_SCALE (default 5) times the GPU's.
@@ -203,10 +204,14 @@ gpu() {
       --nproc "$(nvidia-smi -L | wc -l)" --rounds 5
     gpu_step pytest-all 240 bash -c "trap '' INT; exec ${pytest[*]} tests/python -x"
   fi
-  # Every step left its log and its summary line: a log that would not come back is found here
-  # (a failed step's log holds at least its verdict, so this names only steps that passed).
-  local step_lines log step
-  step_lines=$(grep -c '^gpu ' "$logs/summary.txt" || true)
+  gpu_summary
+}
+
+# The job's last line: how many steps ran and which failed, each named once. Every step left its
+# log and its summary line: a log that would not come back is found here (a failed step's log
+# holds at least its verdict, so this names only steps that passed).
+gpu_summary() {
+  local log step
   for log in "$logs"/*.log; do
     step=$(basename "$log" .log)
     if [ ! -s "$log" ] && [[ " ${failed_steps[*]} " != *" $step "* ]]; then
@@ -216,7 +221,7 @@ gpu() {
   done
   local failed_text=""
   [ ${#failed_steps[@]} = 0 ] || failed_text=" (${failed_steps[*]})"
-  echo "gpu: $step_lines step(s), ${#failed_steps[@]} failed$failed_text; logs in $logs" |
+  echo "gpu: ${#ran_steps[@]} step(s), ${#failed_steps[@]} failed$failed_text; logs in $logs" |
     tee -a "$logs/summary.txt"
   [ ${#failed_steps[@]} = 0 ]
 }
