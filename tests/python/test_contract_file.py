@@ -1,6 +1,7 @@
 """Contracts as data: a user's TOML contract is validated before any report is read (errors name
-the file, the line and the field), each kind checks what it says on crafted reports, and a
-user's own contract for a CNN training step runs end to end (docs/examples)."""
+the file, the line and the field), a hostile one is refused within bounds (runaway formulas, deep
+nesting, odd names, huge files) with a short message, each kind checks what it says on crafted
+reports, and a user's own contract for a CNN training step runs end to end (docs/examples)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -110,6 +112,176 @@ def test_formulas_evaluate_arithmetic_only():
             Formula.parse(bad)
 
 
+# ---- a hostile contract is refused within bounds, never a hang or a traceback -------------------
+
+COUNT = HEAD + "[[checks]]\nid = 'a'\nkind = 'count'\nexpect = {{ forward = {} }}\n"
+
+HOSTILE = [
+    # (the formula as TOML writes it, what the error says)
+    ("'2**2**40'", "exponent 1099511627776 is beyond 64"),
+    ("'10**10**10'", "exponent 10000000000 is beyond 64"),
+    ("'9**9**9 * steps'", "exponent 387420489 is beyond 64"),
+    ("'steps ** 65'", "exponent 65 is beyond 64"),
+    ("'1e308 * 10'", "beyond 1e+18"),
+    ("'10**19'", "beyond 1e+18"),
+    ("'steps / 0'", "division by zero"),
+    ("'steps % (2 - 2)'", "division by zero"),
+    ("'-3'", "formula '-3' is -3: expected a whole number of calls >= 0"),
+    ("-3", "formula '-3' is -3: expected a whole number of calls >= 0"),
+    ("'7 / 2'", "formula '7 / 2' is 3.5: expected a whole number of calls >= 0"),
+    ("'(-8) ** 0.5'", "is not a real number"),
+    (repr("steps + " * 60 + "1"), "nested 60 deep; at most 50"),
+    (repr("+".join(["steps"] * 100_000)), "(599999 characters) is longer than 500 characters"),
+    (repr("-" * 100_000 + "steps"), "(100005 characters) is longer than 500 characters"),
+    ("'ｓteps'", "reads the metadata figure 'ｓteps', which [contract.figures] does not declare "
+               "(declared: steps)"),
+]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("formula,words", HOSTILE, ids=[w[:30] for _, w in HOSTILE])
+def test_a_formula_that_computes_too_much_is_refused_at_load(tmp_path, formula, words):
+    path = write(tmp_path, COUNT.format(formula))
+    with pytest.raises(ContractError) as info:
+        load_contract(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}:11: checks[0] (id 'a').expect: "), message
+    assert words in message, message
+    assert len(message) < 400 + len(path), message  # long formulas are cut, not echoed
+
+
+def test_the_command_line_refuses_a_runaway_formula_with_exit_2(tmp_path, capsys):
+    path = write(tmp_path, COUNT.format("'9**9**9 * steps'"))
+    assert contract.main(["--contract", path, str(tmp_path / "report.json")]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:11: checks[0] (id 'a').expect: formula '9**9**9 * steps'" in err, err
+    assert "report.json" not in err  # refused before the report is read
+
+
+def test_a_name_is_the_name_as_written():
+    """Python reads identifiers in NFKC form (``ｓteps`` as ``steps``); a formula reads the
+    figure its text names."""
+    f = Formula.parse("2 * ｓteps + steps")
+    assert f.names == ("ｓteps", "steps")
+    assert f.evaluate({"ｓteps": 10, "steps": 1}) == 21
+
+
+ODD_FILES = [
+    # (contract text, the text of the line the error names (None: no line), what it says)
+    ("a = " + "[" * 2000 + "]" * 2000 + "\n", None, "nested too deeply"),
+    ("a = " + "{ b = " * 2000 + "1" + " }" * 2000 + "\n", None, "nested too deeply"),
+    ("a = " + "[" * 33 + "]" * 33 + "\n", None, "nested too deeply; expected at most 32 levels"),
+    (HEAD.replace('steps = "count"', 'steps = ["count"]'), 'steps = ["count"]',
+     "contract.figures.steps: unknown kind ['count']; expected one of count, number"),
+    (HEAD.replace('steps = "count"', 'steps = { a = 1 }'), 'steps = { a = 1 }',
+     "contract.figures.steps: unknown kind {'a': 1}; expected one of count, number"),
+    (HEAD + "[[checks]]\nid = 'a'\nkind = 'coverage'\nmin = 0.9\nmax = 0.5\n", "min = 0.9",
+     "checks[0] (id 'a').min: 0.9 is above max 0.5"),
+    (HEAD + "[[checks]]\nid = 'a'\nkind = 'ordering'\norder = ['forward']\n", "order =",
+     "checks[0] (id 'a').order: expected at least two bricks to order, got ['forward']"),
+    (HEAD + "[[checks]]\nid = 'a'\nkind = 'ordering'\n", "[[checks]]",
+     "checks[0] (id 'a').order: an ordering check needs an order of two bricks or more, or "
+     "ratios"),
+    (HEAD + "[[checks]]\nid = 'a'\nkind = 'ordering'\nratios = [{ above = 'x', below = 'x', "
+     "factor = 0.5 }]\n", "ratios =", "[0]: above and below are both 'x'"),
+    (HEAD + "[[checks]]\nid = '" + "x" * 10_000 + "'\nkind = 'speed'\n", "kind = 'speed'",
+     "... (10000 characters)"),
+    (HEAD + "[[checks]]\nid = \"\\u001b[2J\"\nkind = 'speed'\n", "kind = 'speed'",
+     "(id '\\x1b[2J').kind"),
+]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("text,needle,words", ODD_FILES,
+                         ids=[w.split(":")[0][:40] for _, _, w in ODD_FILES])
+def test_an_odd_contract_file_is_refused_with_a_bounded_message(tmp_path, text, needle, words):
+    path = write(tmp_path, text)
+    with pytest.raises(ContractError) as info:
+        load_contract(path)
+    message = str(info.value)
+    if needle is not None:
+        line = next(n for n, t in enumerate(text.splitlines(), 1) if needle in t)
+        assert message.startswith(f"{path}:{line}: "), message
+    assert words in message, message
+    assert len(message) < 500 + len(path) and "\x1b" not in message, message
+
+
+def _load_seconds(text: str) -> float:
+    """The least CPU time of three parses (CPU time: another process on the machine does not
+    count; the least: a preemption's cache misses in one parse do not either)."""
+    times = []
+    for _ in range(3):
+        start = time.process_time()
+        parse_contract(text)
+        times.append(time.process_time() - start)
+    return min(times)
+
+
+@pytest.mark.timeout(300)
+def test_parsing_grows_linearly_with_the_number_of_checks():
+    def contract_with(n):
+        return HEAD + "".join(f"[[checks]]\nid = 'c{i}'\nkind = 'completeness'\n"
+                              for i in range(n))
+    assert len(parse_contract(contract_with(8000)).checks) == 8000
+    small, large = _load_seconds(contract_with(2000)), _load_seconds(contract_with(8000))
+    # 4x the checks: linear takes about 4x the time, quadratic 16x.
+    assert large < 8 * small, (small, large)
+
+
+@pytest.mark.parametrize("value", ["abc", "-2", "2.5", "nan", ""])
+def test_a_set_value_the_figure_cannot_be_is_a_usage_error(tmp_path, capsys, value):
+    path = write(tmp_path, HEAD + "[[checks]]\nid = 'a'\nkind = 'completeness'\n")
+    code = contract.main(["--contract", path, str(tmp_path / "report.json"),
+                          "--set", f"steps={value}"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"--set steps={value}: expected a positive integer (steps is a count of the " \
+           f"contract 'mine')" in err, err
+    assert "report.json" not in err
+
+
+def test_run_checks_refuses_a_figure_value_the_figure_cannot_be(tmp_path):
+    c = contract_of(tmp_path, "[[checks]]\nid = 'c'\nkind = 'completeness'\n")
+    with pytest.raises(ValueError, match=r"run_checks: figures\['steps'\] is string 'eight': "
+                                         r"expected a positive integer"):
+        run_checks("no-such-file.json", contract=c, figures={"steps": "eight"})
+
+
+def test_help_lists_the_checks_of_the_contract_given(tmp_path, capsys):
+    path = write(tmp_path, HEAD + "[[checks]]\nid = 'mine-1'\nkind = 'completeness'\n"
+                 "[[checks]]\nid = 'mine-2'\nkind = 'completeness'\n")
+    for argv in (["--contract", path, "--help"], ["--help", "--contract", path],
+                 ["--help", f"--contract={path}"]):
+        assert contract.main(argv) == 0
+        out = " ".join(capsys.readouterr().out.split())  # as argparse wraps it
+        assert "mine-1, mine-2" in out and "lmhead-count" not in out, out
+    assert contract.main(["--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "check ids of the decode contract: coverage, lmhead-count" in out, out
+    assert "mine-1" not in out
+    assert contract.main(["--help", "--contract", str(tmp_path / "none.toml")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "lmhead-count" not in out and "none.toml: cannot be read" in out, out
+
+
+@pytest.mark.timeout(60)
+def test_a_long_line_that_looks_like_a_table_header_reads_in_linear_time(tmp_path):
+    """The lines of tables are found by a pattern: one that could match a run of spaces two ways
+    took minutes on a 5,000-space line of a multi-line string."""
+    text = (HEAD + "[[checks]]\nid = 'a'\nkind = 'completeness'\ntitle = '''\n[" + " " * 100_000
+            + "x\n'''\n")
+    assert load_contract(write(tmp_path, text)).checks[0].id == "a"
+
+
+def test_a_contract_file_too_large_is_refused_unread(tmp_path):
+    path = tmp_path / "huge.toml"
+    with open(path, "wb") as f:
+        f.write(HEAD.encode() + b"#" * (5 << 20) + b"\n")
+    with pytest.raises(ContractError, match=r"huge.toml: larger than 4 MiB; expected a TOML "
+                                            r"contract"):
+        load_contract(str(path))
+
+
 # ---- each kind, on crafted reports -------------------------------------------------------------
 
 
@@ -152,6 +324,27 @@ def test_count_formulas_over_metadata(tmp_path, train_dict):
     result = one(tmp_path, train_dict, check)
     assert result.status == "fail"
     assert "metadata train.steps is string 'eight': expected a positive integer" in result.message
+
+
+def test_a_formula_that_breaks_on_the_reports_figures_names_itself(tmp_path, train_dict):
+    def count(formula):
+        return one(tmp_path, train_dict, "[[checks]]\nid = 'c'\nkind = 'count'\n"
+                   f"expect = {{ LmHead = '{formula}' }}\n")
+    result = count("steps / (steps - 8)")
+    assert result.status == "fail"
+    assert result.message == ("LmHead: formula 'steps / (steps - 8)' with steps=8: division by "
+                              "zero"), result.message
+    result = count("steps * 1e18")
+    assert result.status == "fail"
+    assert result.message == "LmHead: formula 'steps * 1e18' with steps=8: 8e+18 is beyond 1e+18"
+    result = count("steps ** steps ** steps")
+    assert result.status == "fail"
+    assert result.message == ("LmHead: formula 'steps ** steps ** steps' with steps=8: exponent "
+                              "16777216 is beyond 64"), result.message
+    result = count("steps - 10")
+    assert result.status == "fail"
+    assert result.message == ("LmHead: steps - 10 = -2 with steps=8: expected a whole number of "
+                              "calls >= 0"), result.message
 
 
 def test_a_misspelt_brick_lists_the_near_names(tmp_path, train_dict):

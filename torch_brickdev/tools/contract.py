@@ -32,7 +32,8 @@ waited for a CPU while other processes ran) is ``inconclusive``, not failed.
 Command line: ``python -m torch_brickdev check report.json [--contract my.toml] [--layers L]
 [--tokens T] [--set NAME=VALUE] [--only id,id]``; exit status 0 when every check passed (or was
 n/a), 1 when a check failed, 3 when none failed but one was inconclusive, 2 when the contract or
-the report cannot be read (the contract is read first).
+the report cannot be read or an argument is wrong (the contract is read first). ``--help`` lists
+the check ids of the contract given (of the decode contract without ``--contract``).
 """
 
 from __future__ import annotations
@@ -43,12 +44,14 @@ import sys
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from ..profiler import Report, ReportError, load_report
+from ..terminal import printable
 
 from ._args import positive_int
-from .contract_file import Contract, ContractError, builtin_path, read_contract
+from .contract_file import FIGURE_KINDS, Contract, ContractError, builtin_path, read_contract
 from .contract_kinds import run_check
+from .contract_numbers import shown
 from .contract_result import FAIL, INCONCLUSIVE, NA, PASS, CheckResult
-from .contract_subject import Subject, subject
+from .contract_subject import Subject, figure_problem, subject
 
 __all__ = [
     "CHECKS",
@@ -159,6 +162,11 @@ def _overrides(contract: Contract, layers: Optional[int], tokens: Optional[int],
         raise ValueError(f"run_checks: {', '.join(map(repr, unknown))} is not a figure of the "
                          f"contract {contract.name!r} ({contract.source}); its figures: "
                          f"{', '.join(contract.figures) or 'none'}")
+    for key, value in given.items():
+        # refused here, as a wrong argument, rather than failing the checks that read it
+        problem = figure_problem(f"figures[{key!r}]", contract.figures[key], value)
+        if problem:
+            raise ValueError(f"run_checks: {problem}")
     return given
 
 
@@ -180,7 +188,8 @@ def _selected(only, contract: Contract) -> Sequence[str]:
     if not wanted:  # no check at all would make a vacuous PASS verdict
         raise ValueError(f"run_checks: only names no check; expected some of "
                          f"{', '.join(ids)} (or None for all)")
-    unknown = [i for i in wanted if i not in ids]
+    known, wanted = set(ids), set(wanted)
+    unknown = [i for i in wanted if i not in known]
     if unknown:
         raise ValueError(f"run_checks: only: unknown check id(s) {', '.join(map(repr, unknown))};"
                          f" expected some of {', '.join(ids)}")
@@ -274,17 +283,70 @@ def _emit(text: str, stream) -> None:
     stream.write(text.encode(encoding, "backslashreplace").decode(encoding, "replace") + "\n")
 
 
-def _assignment(text: str) -> Tuple[str, object]:
-    """``NAME=VALUE`` of --set: the value as an int, else a float, else the text."""
+def _assignment(text: str) -> Tuple[str, object, str]:
+    """``NAME=VALUE`` of --set: the name, the value as an int, else a float, else the text, and
+    the text as given (for messages)."""
     name, sep, value = text.partition("=")
     if not sep or not name.strip():
         raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
     for parse in (int, float):
         try:
-            return name.strip(), parse(value)
+            return name.strip(), parse(value), text
         except ValueError:
             pass
-    return name.strip(), value
+    return name.strip(), value, text
+
+
+def _set_problem(contract: Contract, name: str, value, text: str) -> Optional[str]:
+    """Why ``--set NAME=VALUE`` cannot stand in for the contract's figure NAME (None when it
+    can; an unknown NAME is run_checks' to refuse)."""
+    kind = contract.figures.get(name)
+    if kind is None or figure_problem(name, kind, value) is None:
+        return None
+    return (f"--set {printable(text, limit=80)}: expected {FIGURE_KINDS[kind]} "
+            f"({printable(name, limit=60)} is a {kind} of the contract {shown(contract.name)})")
+
+
+def _contract_option(argv: Optional[Sequence[str]]) -> Optional[str]:
+    """The --contract of the command line, for --help (which may come before it)."""
+    probe = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    probe.add_argument("--contract")
+    try:
+        return probe.parse_known_args(argv)[0].contract
+    except (argparse.ArgumentError, SystemExit):
+        return None  # the parser proper reports it
+
+
+def _only_help(argv: Optional[Sequence[str]], most: int = 20) -> str:
+    """--only's help: the check ids of the contract the command line names (by default the
+    decode contract's)."""
+    path = _contract_option(argv)
+    try:
+        contract = load_contract(path)
+    except ContractError as error:
+        text = (f"comma-separated check ids of the contract given ({printable(error, limit=200)};"
+                " its [[checks]] tables' ids)")
+    else:
+        ids = contract.check_ids
+        more = f" and {len(ids) - most} more" if len(ids) > most else ""
+        whose = "the decode contract" if path is None else printable(path, limit=80)
+        text = (f"comma-separated check ids of {whose}: "
+                + ", ".join(printable(i, limit=40) for i in ids[:most]) + more)
+    return text.replace("%", "%%")  # argparse formats help with %
+
+
+class _Help(argparse.Action):
+    """-h/--help, which lists the check ids of the --contract given, wherever it stands."""
+
+    def __init__(self, option_strings, dest, argv=None, only=None, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="show this help (with the check ids of --contract) and exit")
+        self.argv, self.only = argv, only
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        self.only.help = _only_help(self.argv)
+        parser.print_help()
+        parser.exit()
 
 
 def main(argv: Optional[Sequence[str]] = None, prog: str = "torch_brickdev check") -> int:
@@ -301,9 +363,11 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "torch_brickdev check
                 raise TypeError(f"main: argv[{i}] must be a str, got {type(item).__name__}")
     if not isinstance(prog, str):
         raise TypeError(f"main: prog must be a str, got {type(prog).__name__}")
-    parser = argparse.ArgumentParser(prog=prog, description="Check a brick report against a "
-                                     "profiling contract (by default the decode-profiling "
-                                     "contract, gpu-decode-profiling-v1).")
+    parser = argparse.ArgumentParser(prog=prog, add_help=False,
+                                     description="Check a brick report against a profiling "
+                                     "contract (by default the decode-profiling contract, "
+                                     "gpu-decode-profiling-v1).")
+    help_action = parser.add_argument("-h", "--help", action=_Help, argv=argv)
     parser.add_argument("report", help="a report written by Report.write_json")
     parser.add_argument("--contract", help="a contract file (TOML; see docs/contracts.md); "
                         "default: the built-in decode contract")
@@ -314,7 +378,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "torch_brickdev check
     parser.add_argument("--set", type=_assignment, action="append", default=[],
                         metavar="NAME=VALUE", help="a metadata figure of the contract "
                         "(overrides the report's)")
-    parser.add_argument("--only", help="comma-separated check ids, e.g. " + ", ".join(CHECK_IDS))
+    help_action.only = parser.add_argument("--only", help="comma-separated check ids")
     try:
         args = parser.parse_args(argv)
     except SystemExit as exit_:  # usage errors (2) and --help (0) return, as the rest does
@@ -325,7 +389,12 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "torch_brickdev check
         only = None if args.only is None else [t.strip() for t in args.only.split(",")
                                                 if t.strip()]
         selected = _selected(only, contract)
-        given = _overrides(contract, args.layers, args.tokens, dict(args.set))
+        for name, value, text in args.set:
+            problem = _set_problem(contract, name, value, text)
+            if problem:
+                raise ValueError(problem)
+        given = _overrides(contract, args.layers, args.tokens,
+                           {name: value for name, value, _ in args.set})
     except (ContractError, ValueError) as error:
         message = str(error).replace("run_checks: only", "--only").replace("run_checks: ", "")
         _emit(f"{prog}: {message}", sys.stderr)

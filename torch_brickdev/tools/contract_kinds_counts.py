@@ -7,8 +7,9 @@ import math
 from typing import List
 
 from ..argcheck import show_json
+from ..terminal import printable
 
-from .contract_numbers import _finite, _fmt_ms
+from .contract_numbers import _finite, _fmt_ms, shown
 from .contract_result import FAIL, NA, PASS, CheckResult, Result
 from .contract_subject import Subject
 
@@ -30,10 +31,14 @@ def count(p: dict, s: Subject, result: Result) -> CheckResult:
     given = {n: value for n, (value, _) in values.items()}
     expected, bad = {}, []
     for brick, formula in expect.items():
-        value = formula.evaluate(given)
+        try:
+            value = formula.evaluate(given)
+        except ValueError as error:  # a step divides by zero or leaves the formulas' bounds
+            return result(FAIL, f"{printable(brick, limit=60)}: {error}")
         if not (_finite(value) and value >= 0 and value == int(value)):
-            return result(FAIL, f"{brick}: {formula.text} = {value!r} with "
-                          + ", ".join(f"{k}={v}" for k, v in given.items())
+            with_figures = ", ".join(f"{k}={shown(v)}" for k, v in given.items())
+            return result(FAIL, f"{printable(brick, limit=60)}: {formula.text} = {shown(value)}"
+                          + (f" with {with_figures}" if with_figures else "")
                           + ": expected a whole number of calls >= 0")
         expected[brick] = int(value)
     found = {n: (s.named[n].count if n in s.named else 0) for n in expected}

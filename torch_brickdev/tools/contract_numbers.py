@@ -1,12 +1,32 @@
 """The arithmetic and formatting the contract checks share: finite-number tests, the coefficient
-of variation, nanoseconds shown as milliseconds."""
+of variation, nanoseconds shown as milliseconds, values from a contract file shown in a message."""
 
 from __future__ import annotations
 
 import math
+import reprlib
 from typing import Sequence
 
-__all__ = ["cv"]
+from ..terminal import printable
+
+__all__ = ["cv", "shown"]
+
+# A value from someone else's file, as a message shows it: nested tables and lists to a few
+# levels and items (a repr of a value nested a thousand deep would recurse), strings escaped.
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, 40, 40
+
+
+def shown(value, limit: int = 60) -> str:
+    """``value`` (a string, a number, a TOML table or list) as a message quotes it: its repr,
+    control characters escaped and cut at about ``limit`` characters with its length said; a
+    huge integer by its order of magnitude."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
+        return f"about 1e+{len(str(abs(value))) - 1}"
+    if isinstance(value, str) and len(value) > limit:
+        return f"{printable(repr(value[:limit]))}... ({len(value)} characters)"
+    text = repr(value) if isinstance(value, (str, int, float)) else _REPR.repr(value)
+    return printable(text, limit=limit)
 
 
 def _finite(x) -> bool:

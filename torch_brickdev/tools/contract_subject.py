@@ -13,7 +13,7 @@ from ..profiler import BrickStats, Report, ReportError, SyncMode, WrittenFigures
 from .contract_file import Contract, FIGURE_KINDS
 from .contract_numbers import _finite, _positive
 
-__all__ = ["Figures", "Subject", "read_figures", "subject"]
+__all__ = ["Figures", "Subject", "figure_problem", "read_figures", "subject"]
 
 # ---- what the checks read, validated once -------------------------------------------------------
 #
@@ -22,8 +22,10 @@ __all__ = ["Figures", "Subject", "read_figures", "subject"]
 # The free-form metadata holds any JSON: the figures a contract declares are read once.
 
 
-def _figure_problem(where: str, key: str, kind: str, value) -> Optional[str]:
-    """Why ``value`` cannot be the figure ``key`` declared as ``kind`` (None when it can)."""
+def figure_problem(label: str, kind: str, value) -> Optional[str]:
+    """Why ``value`` cannot be a figure declared as ``kind`` (None when it can), naming it by
+    ``label`` (``metadata train.steps``): ``metadata train.steps is string 'x': expected a
+    positive integer``."""
     expected = FIGURE_KINDS[kind]
     if kind == "count":
         ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
@@ -34,16 +36,16 @@ def _figure_problem(where: str, key: str, kind: str, value) -> Optional[str]:
     elif kind == "shares" and isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
             if not (_finite(item) and 0 <= item <= 1):
-                return f"metadata {where}{key}[{i}] is {show_json(item)}: expected {expected}"
+                return f"{label}[{i}] is {show_json(item)}: expected {expected}"
         ok = True
     elif not isinstance(value, (list, tuple)):
         ok = False
     else:
         for i, item in enumerate(value):
             if not _positive(item):
-                return f"metadata {where}{key}[{i}] is {show_json(item)}: expected {expected}"
+                return f"{label}[{i}] is {show_json(item)}: expected {expected}"
         ok = True
-    return None if ok else f"metadata {where}{key} is {show_json(value)}: expected {expected}"
+    return None if ok else f"{label} is {show_json(value)}: expected {expected}"
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,7 @@ def read_figures(metadata: dict, contract: Contract, overrides: Dict[str, object
     values, problems = {}, {}
     for key, kind in contract.figures.items():
         if key in table:
-            problem = _figure_problem(where, key, kind, table[key])
+            problem = figure_problem(f"metadata {where}{key}", kind, table[key])
             if problem:
                 problems[key] = problem
             else:
