@@ -2,7 +2,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <array>
+#include <cstdint>
 #include <cstdlib>
 #include <ctime>
 #include <string>
@@ -77,6 +79,9 @@ py::list to_rows(const std::vector<ReportRow>& rows) {
 struct CapturedRows {
   std::vector<ReportRow> by_name;
   std::vector<ReportRow> by_path;
+  // The top-level bricks' earliest start and latest end (Registry::now_ns()'s clock).
+  int64_t first_start_ns = INT64_MAX;
+  int64_t last_end_ns = INT64_MIN;
 };
 
 py::dict to_dict(const BrickStats& s) {
@@ -181,7 +186,47 @@ profiler::OpTiming parse_op_timing(const std::string& where) {
 
 CapturedRows capture_rows() {
   const registry::Snapshot snapshot = take_snapshot();
-  return {report_rows_of(snapshot.by_name()), report_rows_of(snapshot.nodes)};
+  CapturedRows captured{report_rows_of(snapshot.by_name()), report_rows_of(snapshot.nodes)};
+  for (const BrickStats& node : snapshot.nodes) {
+    if (node.depth != 0) continue;
+    captured.first_start_ns = std::min(captured.first_start_ns, node.first_start_ns);
+    captured.last_end_ns = std::max(captured.last_end_ns, node.last_end_ns);
+  }
+  return captured;
+}
+
+// From the first top-level brick's start to the last one's end, at most `wall_ns`; None where
+// a brick started before `since_ns` (figures kept from before the region: profile(reset=False))
+// or there is none.
+py::object bricks_span_ns(const CapturedRows& rows, int64_t since_ns, int64_t wall_ns) {
+  if (rows.first_start_ns < since_ns || rows.last_end_ns < rows.first_start_ns) {
+    return py::none();
+  }
+  return py::int_(std::min(rows.last_end_ns - rows.first_start_ns, wall_ns));
+}
+
+// The records resets had discarded when the registry's figures were last reset while not
+// profiling (a profile's start), per registry (a forked child's is a new one): a report's health
+// counts those discarded since, its own figures' loss (a reset inside the profile among them), as
+// it counts the profiler's other counters since its start. Read and written with the GIL held.
+struct DiscardedAtReset {
+  const registry::Registry* registry = nullptr;
+  uint64_t count = 0;
+};
+DiscardedAtReset g_discarded_at_reset;
+
+void reset_figures() {
+  profiler::reset();
+  if (profiler::is_enabled()) return;  // discards what the running profile recorded: its loss
+  const registry::Registry& figures = profiler::brick_registry();
+  g_discarded_at_reset = {&figures, figures.discarded_by_reset()};
+}
+
+uint64_t discarded_since_reset() {
+  const registry::Registry& figures = profiler::brick_registry();
+  const uint64_t discarded = figures.discarded_by_reset();
+  if (g_discarded_at_reset.registry != &figures) return discarded;  // never reset
+  return discarded - std::min(discarded, g_discarded_at_reset.count);
 }
 
 // Waits for every brick device this process used (no CUDA context made on an unused GPU).
@@ -212,7 +257,7 @@ void bind_profiler(py::module_& parent) {
   m.def("enable", &profiler::enable);
   m.def("disable", &profiler::disable);
   m.def("is_enabled", &profiler::is_enabled);
-  m.def("reset", &profiler::reset);
+  m.def("reset", &reset_figures);
   m.def("set_sync_mode",
         [](const std::string& mode) { profiler::set_sync_mode(registry::parse_sync_mode(mode)); });
   m.def("sync_mode", [] { return std::string(registry::sync_mode_name(profiler::sync_mode())); });
@@ -268,7 +313,8 @@ void bind_profiler(py::module_& parent) {
   // ~600 us fixed cost (the 2-core VM, docs/benchmarks.md).
   // begin_region: resets the registry (if asked), waits for the devices in use, samples the
   // machine, applies the settings and enables; returns (the sample, the start's
-  // perf_counter_ns). If enabling fails, the settings are restored and no profile runs.
+  // perf_counter_ns, the start on the registry's clock). If enabling fails, the settings are
+  // restored and no profile runs.
   m.def(
       "begin_region",
       [](bool reset, bool record_shapes, const std::string& ops) {
@@ -277,10 +323,11 @@ void bind_profiler(py::module_& parent) {
           throw std::runtime_error(
               "brick profiler: a profile is already running (nesting is not supported)");
         }
-        if (reset) profiler::reset();
+        if (reset) reset_figures();
         synchronize_devices_in_use();
         const profiler::MachineSample before = profiler::sample_machine(true);
         const int64_t start_ns = monotonic_ns();
+        const int64_t registry_start_ns = registry::Registry::now_ns();
         profiler::set_record_shapes(record_shapes);  // read by enable()
         profiler::set_op_timing(timing);
         try {
@@ -289,16 +336,17 @@ void bind_profiler(py::module_& parent) {
           restore_region_settings();
           throw;
         }
-        return py::make_tuple(sample_tuple(before), start_ns);
+        return py::make_tuple(sample_tuple(before), start_ns, registry_start_ns);
       },
       py::arg("reset"), py::arg("record_shapes"), py::arg("ops"));
   // end_region: waits for the devices in use, samples the machine (/proc/stat only for a
   // region of at least `ticked_wall_ns`: its ticks tell nothing over a shorter one), disables
   // and restores the settings (also when waiting fails), and captures the report's rows;
-  // returns (wall ns since `start_ns`, the sample, the rows).
+  // returns (wall ns since `start_ns`, the sample, the rows, the bricks' span or None: see
+  // bricks_span_ns(), since `registry_start_ns`).
   m.def(
       "end_region",
-      [](int64_t start_ns, int64_t ticked_wall_ns) {
+      [](int64_t start_ns, int64_t registry_start_ns, int64_t ticked_wall_ns) {
         profiler::MachineSample after;
         int64_t wall_ns = 0;
         try {
@@ -312,9 +360,11 @@ void bind_profiler(py::module_& parent) {
         }
         if (profiler::is_enabled()) profiler::disable();
         restore_region_settings();
-        return py::make_tuple(wall_ns, sample_tuple(after), capture_rows());
+        CapturedRows rows = capture_rows();
+        py::object span = bricks_span_ns(rows, registry_start_ns, wall_ns);
+        return py::make_tuple(wall_ns, sample_tuple(after), std::move(rows), std::move(span));
       },
-      py::arg("start_ns"), py::arg("ticked_wall_ns"));
+      py::arg("start_ns"), py::arg("registry_start_ns"), py::arg("ticked_wall_ns"));
   m.def("percentile_of_buckets", &percentile_of_buckets, py::arg("buckets"), py::arg("q"));
   // The machine's counters now (profiler/machine.py's Sample, in its field order): wall_ns,
   // thread_cpu_ns, process_cpu_ns, involuntary_switches, thread_schedstat (cpu ns, wait ns) or
@@ -356,20 +406,26 @@ void bind_profiler(py::module_& parent) {
     return out;
   });
   m.def("live_events_by_device", &profiler::live_events_by_device);
-  m.def("health", [] {
-    const auto h = profiler::health();
-    py::dict d;
-    d["unbalanced_exits"] = h.unbalanced_exits;
-    d["timing_failures"] = h.timing_failures;
-    d["pending_events"] = h.pending_events;
-    d["live_events"] = h.live_events;
-    d["capture_skipped"] = h.capture_skipped;
-    d["stub_capture_skipped"] = h.stub_capture_skipped;
-    d["stub_failures"] = h.stub_failures;
-    // Records that resets discarded: with stats()' counts, every call made is accounted for.
-    d["discarded_by_reset"] = profiler::brick_registry().discarded_by_reset();
-    return d;
-  });
+  // The profiler's health counters; `since_reset`: discarded_by_reset counts only the records
+  // discarded since the figures were last reset while not profiling (what a report holds), else
+  // since the registry was made (with stats()' counts, every call made is accounted for).
+  m.def(
+      "health",
+      [](bool since_reset) {
+        const auto h = profiler::health();
+        py::dict d;
+        d["unbalanced_exits"] = h.unbalanced_exits;
+        d["timing_failures"] = h.timing_failures;
+        d["pending_events"] = h.pending_events;
+        d["live_events"] = h.live_events;
+        d["capture_skipped"] = h.capture_skipped;
+        d["stub_capture_skipped"] = h.stub_capture_skipped;
+        d["stub_failures"] = h.stub_failures;
+        d["discarded_by_reset"] =
+            since_reset ? discarded_since_reset() : profiler::brick_registry().discarded_by_reset();
+        return d;
+      },
+      py::arg("since_reset") = false);
   m.attr("DEVICE_AT_CPU_TIME") = profiler::kDeviceAtCpuTime;
   m.def("timeline", [] {
     const auto t = profiler::timeline();

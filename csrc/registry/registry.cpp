@@ -126,7 +126,7 @@ struct NodeKeyEqual {
 struct SlotCopy {
   NodeId node;
   uint64_t count;
-  int64_t total_ns, min_ns, max_ns, last_ns, last_end_ns;
+  int64_t total_ns, min_ns, max_ns, last_ns, last_end_ns, first_start_ns;
   int first_bucket, last_bucket;  // the buckets of min_ns and max_ns: the only ones with counts
   Histogram histogram;
 };
@@ -178,12 +178,16 @@ struct Registry::Impl {
     constexpr auto relaxed = std::memory_order_relaxed;
     constexpr auto release = std::memory_order_release;
     const uint64_t count = slot.count.load(relaxed);
+    const int64_t start_ns = end_ns - ns;
     if (count == 0) {
       slot.min_ns.store(ns, release);
       slot.max_ns.store(ns, release);
+      slot.first_start_ns.store(start_ns, release);
     } else {
       if (ns < slot.min_ns.load(relaxed)) slot.min_ns.store(ns, release);
       if (ns > slot.max_ns.load(relaxed)) slot.max_ns.store(ns, release);
+      if (start_ns < slot.first_start_ns.load(relaxed))
+        slot.first_start_ns.store(start_ns, release);
     }
     slot.total_ns.store(slot.total_ns.load(relaxed) + ns, release);
     // The latest completion, not the latest record(): a caller may record out of order.
@@ -322,6 +326,7 @@ Snapshot Registry::snapshot() const {
         copy.max_ns = slot.max_ns.load(acquire);
         copy.last_ns = slot.last_ns.load(acquire);
         copy.last_end_ns = slot.last_end_ns.load(acquire);
+        copy.first_start_ns = slot.first_start_ns.load(acquire);
         // Every counted duration lies between the min and the max read after the count: only
         // their buckets can hold counts (the copy's others stay zero).
         copy.first_bucket = bucket_index(copy.min_ns);
@@ -348,6 +353,7 @@ Snapshot Registry::snapshot() const {
         stats.max_ns = copy.max_ns;
         stats.last_ns = copy.last_ns;
         stats.last_end_ns = copy.last_end_ns;
+        stats.first_start_ns = copy.first_start_ns;
         for (int b = copy.first_bucket; b <= copy.last_bucket; ++b) {
           stats.histogram.counts[b] = copy.histogram.counts[b];
         }
@@ -362,6 +368,7 @@ Snapshot Registry::snapshot() const {
         stats.last_end_ns = copy.last_end_ns;
         stats.last_ns = copy.last_ns;
       }
+      stats.first_start_ns = std::min(stats.first_start_ns, copy.first_start_ns);
       for (int b = copy.first_bucket; b <= copy.last_bucket; ++b) {
         stats.histogram.counts[b] += copy.histogram.counts[b];
       }

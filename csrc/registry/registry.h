@@ -75,6 +75,9 @@ struct BrickStats {
   int64_t max_ns = 0;
   int64_t last_ns = 0;      // the most recently completed call (by completion time)
   int64_t last_end_ns = 0;  // when that call completed (Registry::now_ns()): orders last_ns
+  // The earliest start among its calls: a call's completion on that clock less its duration
+  // (an asynchronous device's event-timed call: when its events were read, less its device time).
+  int64_t first_start_ns = 0;
   Histogram histogram;
   // The canonical per-call figure: total_ns / count / 1000.
   double avg_us() const noexcept;
@@ -91,8 +94,9 @@ struct Snapshot {
 
   // The nodes that share a name and kind merged into one entry, in order of first appearance:
   // counts, totals and histograms add, min and max combine, last_ns is the most recently
-  // completed call across them (by last_end_ns), depth is the smallest, device is -1 when they
-  // were recorded on several devices. path is the name, parent kNoParent, node the first node.
+  // completed call across them (by last_end_ns), first_start_ns the earliest, depth is the
+  // smallest, device is -1 when they were recorded on several devices. path is the name, parent
+  // kNoParent, node the first node.
   std::vector<BrickStats> by_name() const;
 };
 

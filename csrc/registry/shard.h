@@ -25,7 +25,8 @@ struct alignas(64) Slot {
   std::atomic<int64_t> min_ns{0};  // meaningful once count > 0
   std::atomic<int64_t> max_ns{0};
   std::atomic<int64_t> last_ns{0};
-  std::atomic<int64_t> last_end_ns{0};  // clock at the last record's completion: orders last_ns
+  std::atomic<int64_t> last_end_ns{0};     // clock at the last record's completion: orders last_ns
+  std::atomic<int64_t> first_start_ns{0};  // the earliest start among its records (end - ns)
   std::atomic<uint64_t> buckets[Histogram::kBuckets]{};
 
   // Owner only, between its own records. A slot never recorded since it was last zeroed is all
@@ -44,6 +45,7 @@ struct alignas(64) Slot {
     max_ns.store(0, release);
     last_ns.store(0, release);
     last_end_ns.store(0, release);
+    first_start_ns.store(0, release);
     for (int bucket = first; bucket <= last; ++bucket) buckets[bucket].store(0, release);
   }
 };

@@ -33,6 +33,7 @@ std::vector<BrickStats> Snapshot::by_name() const {
       into.last_end_ns = node.last_end_ns;
       into.last_ns = node.last_ns;
     }
+    into.first_start_ns = std::min(into.first_start_ns, node.first_start_ns);
     into.depth = std::min(into.depth, node.depth);
     // (a node's counts lie in the buckets of its min and max)
     const int last = detail::bucket_index(node.max_ns);

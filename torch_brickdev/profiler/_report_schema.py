@@ -308,6 +308,8 @@ class Reader:
         metadata = self.field(data, "metadata", (), _OBJECT, required=False)
         if metadata is not None:
             self.free_form(metadata, ("metadata",))
+            # why the profiled run ended early (Report.incomplete), where it did
+            self.field(metadata, "incomplete", ("metadata",), _NAME, required=False)
         counters = self.field(data, "health", (), _OBJECT, required=False)
         if counters is not None:
             self.object(counters, ("health",))
@@ -323,11 +325,15 @@ class Reader:
         torch_version = self.field(data, "torch", (), _TEXT, required=False)
         wall_s = self.field(data, "wall_s", (), _FIGURE, required=False)
         top_level_ns = self.field(data, "top_level_ns", (), _COUNT, required=False)
+        span = self.field(data, "bricks_span_ns", (), _COUNT, required=False)
+        if span is not None and span > wall_ns:
+            self.fail(("bricks_span_ns",), f"must be at most wall_ns ({wall_ns}): the bricks ran "
+                      f"within the profile, got {span}")
         bricks, bricks_avg = self.bricks(self.field(data, "bricks", (), _LIST), "bricks")
         paths, paths_avg = self.bricks(self.field(data, "paths", (), _LIST), "paths")
         return dict(bricks=bricks, paths=paths, wall_ns=wall_ns, sync_mode=mode, device=device,
                     metadata=metadata, health=counters, machine=machine, created=created,
-                    torch_version=torch_version,
+                    torch_version=torch_version, bricks_span_ns=span,
                     written=WrittenFigures(wall_s, top_level_ns, bricks_avg, paths_avg))
 
 

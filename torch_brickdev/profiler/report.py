@@ -8,12 +8,15 @@ what was expected. The rules:
 * required top-level fields: ``schema``, ``version``, ``sync_mode``, ``wall_ns``, ``device``,
   ``bricks``, ``paths``; optional: ``created``, ``torch`` (strings), ``metadata`` (an object),
   ``health`` (an object of counters: non-negative integers), ``machine`` (an object: what the
-  machine denied the region, see :mod:`.machine`), ``wall_s`` and ``top_level_ns`` (derived
-  figures: a number, an integer);
+  machine denied the region, see :mod:`.machine`), ``bricks_span_ns`` (an integer, at most
+  ``wall_ns``: from the first brick's start to the last one's end), ``wall_s`` and
+  ``top_level_ns`` (derived figures: a number, an integer);
 * every brick entry has the thirteen fields of :class:`BrickStats` (names and paths non-empty
   text, ``kind`` ``"op"`` or ``"range"``, ``device`` >= -1, counts and nanosecond figures
   integers in [0, 2**63 - 1], percentiles finite numbers >= 0) and optionally ``avg_us`` (a
   finite number >= 0, the figure the contract compares with ``total_ns / count``);
+* ``metadata.incomplete``, where present, is a non-empty string: why the profiled run ended early
+  (e.g. ``python -m torch_brickdev profile`` of a script that raised or was interrupted);
 * no NaN or Infinity anywhere (the writer never writes one), no integer of more than 400
   digits, no object repeating a key, nothing nested more than 100 levels deep;
 * unknown keys, at the top level and in brick entries, are ignored (a newer writer may add
@@ -28,17 +31,19 @@ import datetime
 import json
 import os
 import time
-from typing import Iterable, List, Optional, Union
+from typing import TYPE_CHECKING, Iterable, List, Optional, Tuple, Union
 
-import torch
-
-from .. import _C
-from ._registry import health as _health
+from ..terminal import printable
 from ._report_schema import (BRICK_FIELDS, SCHEMA, VERSION, ReportError, WrittenFigures,
                              first_unwritable, read_source, Reader, type_name)
 from ._stats import BrickStats, SyncMode
-from . import roofline as _roofline
-from . import shapes
+from ._table_text import Column, Table, fitting_width
+
+# Reading a report needs neither torch nor the native module (the command line's JSON commands):
+# what does is imported where it is used.
+if TYPE_CHECKING:
+    from . import roofline as _roofline
+    from . import shapes
 
 __all__ = ["Report", "ReportError", "WrittenFigures", "load_report", "SCHEMA", "VERSION"]
 
@@ -70,6 +75,8 @@ def _device_entry() -> dict:
     child gets a runtime of its own): read once per process id."""
     global _device_entry_of
     if _device_entry_of[0] != os.getpid():
+        from .. import _C
+
         _device_entry_of = (os.getpid(), {
             "type": "brick",
             "runtime": _C._runtime_name(),
@@ -91,7 +98,7 @@ class Report:
                  sync_mode: SyncMode, device: dict, metadata: Optional[dict] = None,
                  health: Optional[dict] = None, created: Optional[str] = None,
                  torch_version: Optional[str] = None, written: Optional[WrittenFigures] = None,
-                 machine: Optional[dict] = None):
+                 machine: Optional[dict] = None, bricks_span_ns: Optional[int] = None):
         self.bricks = _brick_list(bricks, "bricks")
         self.paths = _brick_list(paths, "paths")
         if isinstance(wall_ns, bool) or not isinstance(wall_ns, int):
@@ -99,6 +106,14 @@ class Report:
         if wall_ns < 0:
             raise ValueError(f"Report: wall_ns must be >= 0 (nanoseconds), got {wall_ns}")
         self.wall_ns = int(wall_ns)
+        if bricks_span_ns is not None and (isinstance(bricks_span_ns, bool)
+                                           or not isinstance(bricks_span_ns, int)
+                                           or not 0 <= bricks_span_ns <= wall_ns):
+            raise ValueError(f"Report: bricks_span_ns must be None or an int in 0..wall_ns "
+                             f"({wall_ns}), got {bricks_span_ns!r}")
+        # From the first brick's start to the last one's end: the part of the wall the bricks
+        # ran in (None: not measured, e.g. figures accumulated over several profiles).
+        self.bricks_span_ns = bricks_span_ns
         if not isinstance(sync_mode, (SyncMode, str)):  # worded as for the other arguments
             modes = ", ".join(repr(m.value) for m in SyncMode)
             raise TypeError(f"Report: sync_mode must be a SyncMode or a str ({modes}), got "
@@ -125,7 +140,11 @@ class Report:
         # costs tens of microseconds cold, in the profiled region's exit).
         self._created = created or None
         self._created_ns = time.time_ns() if self._created is None else 0
-        self.torch_version = torch_version or torch.__version__
+        if not torch_version:  # this process's
+            import torch
+
+            torch_version = torch.__version__
+        self.torch_version = torch_version
         self.written = written
 
     @property
@@ -141,17 +160,23 @@ class Report:
     def capture(cls, *, wall_ns: int, sync_mode: Union[SyncMode, str],
                 metadata: Optional[dict] = None, machine: Optional[dict] = None,
                 rows=None, health: Optional[dict] = None,
-                created_ns: Optional[int] = None) -> "Report":
+                created_ns: Optional[int] = None,
+                bricks_span_ns: Optional[int] = None) -> "Report":
         """Builds a report from the registry's current figures: one snapshot, from which both
         views derive, so that they agree even while other threads record. A profile passes what
         it took at its exit instead: ``rows`` (``_C._profiler.capture_rows()``), ``health``
         (the registry's health counters) and ``created_ns`` (``time.time_ns()``)."""
+        from .. import _C
+        
         rows = (_C._profiler.report_rows(["name", "path"]) if rows is None
                 else rows.rows())  # tuples in BrickStats' field order
         report = cls(
             bricks=[], paths=[], wall_ns=wall_ns, sync_mode=sync_mode,
             device=_device_entry(),
-            metadata=metadata, health=_health() if health is None else health, machine=machine,
+            metadata=metadata, machine=machine,
+            # the counters of the figures' span: since their reset (bp.health(): the process's)
+            health=dict(_C._profiler.health(since_reset=True)) if health is None else health,
+            bricks_span_ns=bricks_span_ns,
         )
         if created_ns is not None:
             report._created_ns = created_ns
@@ -164,6 +189,12 @@ class Report:
     bricks = _entries("bricks", "Every brick aggregated by name.")
     paths = _entries("paths", "Every brick aggregated by call path.")
 
+    @property
+    def incomplete(self) -> Optional[str]:
+        """Why the profiled run ended early (``metadata["incomplete"]``: the profiled script
+        raised or was interrupted; the figures are those of what ran), or None."""
+        return self.metadata.get("incomplete")
+
     def with_metadata(self, **entries) -> "Report":
         """A copy of this report whose metadata also holds ``entries``, e.g. figures known only
         once the profiled region has ended (``report.with_metadata(decode={...})``)."""
@@ -171,7 +202,8 @@ class Report:
                       sync_mode=self.sync_mode, device=self.device,
                       metadata={**self.metadata, **entries}, health=self.health,
                       created=self.created, torch_version=self.torch_version,
-                      written=self.written, machine=self.machine)
+                      written=self.written, machine=self.machine,
+                      bricks_span_ns=self.bricks_span_ns)
 
     def validate(self) -> "Report":
         """Checks this report, built or changed in memory, by the rules :func:`load_report`
@@ -189,6 +221,7 @@ class Report:
             "device": self.device, "metadata": self.metadata, "health": self.health,
             "machine": self.machine, "created": self.created, "torch": self.torch_version,
             "bricks": entries(self.bricks), "paths": entries(self.paths),
+            **({} if self.bricks_span_ns is None else {"bricks_span_ns": self.bricks_span_ns}),
         })
         return self
 
@@ -210,7 +243,7 @@ class Report:
 
     # ---- JSON -------------------------------------------------------------------------------
     def to_dict(self) -> dict:
-        return {
+        data = {
             "schema": SCHEMA,
             "version": VERSION,
             "created": self.created,
@@ -226,6 +259,9 @@ class Report:
             "bricks": [b.to_dict() for b in self.bricks],
             "paths": [p.to_dict() for p in self.paths],
         }
+        if self.bricks_span_ns is not None:
+            data["bricks_span_ns"] = self.bricks_span_ns
+        return data
 
     def to_json(self, indent: Optional[int] = 2) -> str:
         """The report as JSON text. Raises ValueError (NaN, Infinity) or TypeError (a value JSON
@@ -263,7 +299,7 @@ class Report:
 
     # ---- text -------------------------------------------------------------------------------
     def table(self, sort_by: str = "total", row_limit: Optional[int] = None, by: str = "name",
-              roofline: bool = False) -> str:
+              roofline: bool = False, width: Optional[int] = None) -> str:
         """A text table in the style of ``key_averages().table()``.
 
         ``sort_by``: ``total``, ``avg``, ``count``, ``max``, ``p99`` or ``name``; ``by``: ``name``,
@@ -274,6 +310,16 @@ class Report:
         slowest total first); ``row_limit``: the first rows only (None: every row); ``roofline``:
         with ``by`` ``name`` or ``path``, the columns of ``profile(roofline=True)``: achieved
         GFLOP/s and GB/s, their percentage of the backing device's peaks, and what bounds it.
+
+        ``width``: the columns a row may take. None (the default): the terminal's width where
+        standard output is a terminal, whole rows where it is a file or a pipe; an int: that
+        width; 0: whole rows. A row too wide has its names cut in the middle (``…``) first, then
+        its least useful columns left out (min, p50, max ...), as its last note says.
+
+        The share column is of the bricks' span (``% span``: from the first brick's start to the
+        last one's end, :attr:`bricks_span_ns`) where the report has one, else of the profile's
+        wall time (``% wall``), which also holds what ran before the first brick (a script's
+        start-up) and after the last.
         """
         keys = {
             "total": lambda b: -b.total_ns, "avg": lambda b: -b.avg_us(), "count": lambda b: -b.count,
@@ -289,8 +335,11 @@ class Report:
         _check_row_limit(row_limit, "Report.table")
         if not isinstance(roofline, bool):
             raise TypeError(f"Report.table: roofline must be a bool, got {type_name(roofline)}")
+        width = fitting_width(width, "Report.table")
         roofline_of = {}
         if roofline:
+            from . import roofline as _roofline
+
             if by not in ("name", "path"):
                 raise ValueError(f"brick report: table(roofline=True) shows by='name' or 'path', "
                                  f"got by={by!r}")
@@ -300,40 +349,40 @@ class Report:
                                  "(python -m torch_brickdev profile --roofline) for "
                                  "table(roofline=True)")
         if by == "module":
-            return self._module_table(row_limit)
+            return self._module_table(row_limit, width)
         if by == "shape":
+            from . import shapes
+
             return shapes.shape_table(self.shape_stats(), self.wall_ns, row_limit)
         rows = (sorted(self.bricks, key=keys[sort_by]) if by == "name"
                 else _tree_order(self.paths, keys[sort_by]))
         if row_limit is not None:
             rows = rows[:row_limit]
-        label = "Name" if by == "name" else "Path"
-        width = max([len(label)] + [len(_label(b, by)) for b in rows]) + 2
-        header = (f"{label:<{width}}{'Kind':>6}{'Calls':>9}{'Total ms':>12}{'Avg us':>11}"
-                  f"{'Min us':>11}{'Max us':>11}{'P50 us':>11}{'P99 us':>11}{'% wall':>8}")
-        if roofline:
-            header += _roofline.table_header()
-        rule = "-" * len(header)
-        lines = [rule, header, rule]
-        wall = self.wall_ns or 1
+        share_of, share_header, share_note = self._share_base()
+        # drop: which columns go first when a row must fit a width (0: kept)
+        table = Table("Name" if by == "name" else "Path", [
+            Column("Kind", 6, drop=4), Column("Calls", 9, drop=9), Column("Total ms", 12),
+            Column("Avg us", 11, drop=6), Column("Min us", 11, drop=1),
+            Column("Max us", 11, drop=3), Column("P50 us", 11, drop=2),
+            Column("P99 us", 11, drop=5), Column(share_header, 8),
+            *(_roofline.table_columns() if roofline else ())])
         for b in rows:
-            lines.append(
-                f"{_label(b, by):<{width}}{b.kind:>6}{b.count:>9}{b.total_ns / 1e6:>12.3f}"
-                f"{b.avg_us():>11.3f}{b.min_ns / 1e3:>11.3f}{b.max_ns / 1e3:>11.3f}"
-                f"{b.p50_ns / 1e3:>11.3f}{b.p99_ns / 1e3:>11.3f}{100 * b.total_ns / wall:>7.1f}%"
-                + (_roofline.table_cells(roofline_of.get(b.path if by == "path" else b.name))
-                   if roofline else "")
-            )
-        lines.append(rule)
-        lines.append(
+            table.add(_label(b, by), [
+                b.kind, str(b.count), f"{b.total_ns / 1e6:.3f}", f"{b.avg_us():.3f}",
+                f"{b.min_ns / 1e3:.3f}", f"{b.max_ns / 1e3:.3f}", f"{b.p50_ns / 1e3:.3f}",
+                f"{b.p99_ns / 1e3:.3f}", f"{100 * b.total_ns / share_of:.1f}%",
+                *(_roofline.table_cells(roofline_of.get(b.path if by == "path" else b.name))
+                  if roofline else ())])
+        notes = [
             f"sync mode: {self.sync_mode.value}; wall time: {self.wall_ns / 1e6:.3f} ms; "
-            f"top-level brick time: {self.top_level_ns() / 1e6:.3f} ms; {len(self.bricks)} bricks"
-        )
-        lines.append("calls: every call on every thread, a call nested in a call of the same "
-                     "name included (key_averages() folds it into its parent)")
-        lines.extend(_collective_lines(self.metadata.get("collectives")))
+            f"top-level brick time: {self.top_level_ns() / 1e6:.3f} ms; {len(self.bricks)} bricks",
+            share_note,
+            "calls: every call on every thread, a call nested in a call of the same name "
+            "included (key_averages() folds it into its parent)",
+        ]
+        notes.extend(_collective_lines(self.metadata.get("collectives")))
         if roofline:
-            lines.extend(_roofline.table_notes(self.metadata["roofline"]))
+            notes.extend(_roofline.table_notes(self.metadata["roofline"]))
         # What the profiler could not time is said, never left to be noticed.
         missed = {
             "capture_skipped": "bricks skipped: their stream was being captured into a CUDA graph",
@@ -343,8 +392,22 @@ class Report:
         for key, meaning in missed.items():
             value = self.health.get(key, 0)
             if value:
-                lines.append(f"warning: {value} {meaning} ({key})")
-        return "\n".join(lines)
+                notes.append(f"warning: {value} {meaning} ({key})")
+        if self.incomplete:
+            notes.append(f"warning: incomplete: {printable(self.incomplete, 300)}")
+        return table.lines(width).with_notes(notes)
+
+    def _share_base(self) -> Tuple[int, str, str]:
+        """What the tables' share column is of: (its ns, its header, the note that says so)."""
+        span = self.bricks_span_ns
+        if span:
+            return span, "% span", (
+                f"% span: of the bricks' span, {span / 1e6:.3f} ms from the first brick's start "
+                f"to the last one's end (the wall time also holds "
+                f"{max(self.wall_ns - span, 0) / 1e6:.3f} ms before and after them, e.g. a "
+                f"script's start-up)")
+        return self.wall_ns or 1, "% wall", ("% wall: of the wall time, from the profile's "
+                                             "start to its end")
 
     def module_times(self) -> List[dict]:
         """Per module brick (``profile(modules=True)``): name, calls, total and self time (its
@@ -373,36 +436,39 @@ class Report:
         their fraction of the backing device's peaks, compute- or memory-bound; per call path
         (``by="path"``) or per name (``by="name"``), slowest first; empty without a roofline
         (:mod:`.roofline`)."""
+        from . import roofline as _roofline
+
         return _roofline.roofline_rows(self.metadata, by)
 
     def shape_stats(self, by: str = "name") -> List[shapes.ShapeStats]:
         """Per op and input signature (``profile(record_shapes=True)``): merged over call paths
         (``by="name"``) or per path (``by="path"``), slowest total first; empty when the profile
         did not record shapes (:mod:`.shapes`)."""
+        from . import shapes
+
         return shapes.shape_stats(self.metadata, by)
 
-    def _module_table(self, row_limit: Optional[int]) -> str:
+    def _module_table(self, row_limit: Optional[int], width: Optional[int]) -> str:
         rows = self.module_times()
         if not rows:
             raise ValueError("brick report: no module bricks; profile with modules=True "
                              "(python -m torch_brickdev profile --modules) for table(by='module')")
         shown = rows[:row_limit] if row_limit is not None else rows
-        width = max(len("Module"), *(len(r["name"]) for r in shown)) + 2
-        header = (f"{'Module':<{width}}{'Calls':>9}{'Self ms':>12}{'Total ms':>12}"
-                  f"{'Self us/call':>14}{'% wall':>8}")
-        rule = "-" * len(header)
-        wall = self.wall_ns or 1
-        lines = [rule, header, rule]
+        share_of, share_header, share_note = self._share_base()
+        table = Table("Module", [Column("Calls", 9, drop=2), Column("Self ms", 12),
+                                 Column("Total ms", 12, drop=3),
+                                 Column("Self us/call", 14, drop=1), Column(share_header, 8)])
         for r in shown:
-            lines.append(f"{r['name']:<{width}}{r['calls']:>9}{r['self_ns'] / 1e6:>12.3f}"
-                         f"{r['total_ns'] / 1e6:>12.3f}{r['self_ns'] / r['calls'] / 1e3:>14.3f}"
-                         f"{100 * r['self_ns'] / wall:>7.1f}%")
-        lines.append(rule)
+            table.add(r["name"], [str(r["calls"]), f"{r['self_ns'] / 1e6:.3f}",
+                                  f"{r['total_ns'] / 1e6:.3f}",
+                                  f"{r['self_ns'] / r['calls'] / 1e3:.3f}",
+                                  f"{100 * r['self_ns'] / share_of:.1f}%"])
         roots = sum(r["self_ns"] for r in rows)  # self times add up to the outermost modules'
-        lines.append(f"sync mode: {self.sync_mode.value}; wall time: {self.wall_ns / 1e6:.3f} ms; "
-                     f"module time: {roots / 1e6:.3f} ms ({100 * roots / wall:.1f}% of wall); "
-                     f"{len(rows)} modules, slowest self time first (self: less child modules)")
-        return "\n".join(lines)
+        return table.lines(width).with_notes([
+            f"sync mode: {self.sync_mode.value}; wall time: {self.wall_ns / 1e6:.3f} ms; "
+            f"module time: {roots / 1e6:.3f} ms ({100 * roots / share_of:.1f}"
+            f"{share_header}); {len(rows)} modules, slowest self time first (self: less "
+            f"child modules)", share_note])
 
     def __str__(self) -> str:
         return self.table()
@@ -418,7 +484,7 @@ def _collective_lines(collectives) -> List[str]:
     for name, c in sorted(collectives.items()):
         if not isinstance(c, dict):
             continue
-        line = (f"  {name}: {c.get('calls', 0)} calls, {c.get('bytes', 0) / 2**20:.3f} MiB, "
+        line = (f"  {printable(name)}: {c.get('calls', 0)} calls, {c.get('bytes', 0) / 2**20:.3f} MiB, "
                 f"group size {c.get('group_size', 0)}")
         time_ns, timed = c.get("time_ns"), c.get("timed_calls")
         if isinstance(time_ns, int) and isinstance(timed, int) and timed > 0 and time_ns > 0:

@@ -18,7 +18,9 @@ ops with no op between them and the range: a nested op is part of its parent op'
 the brick's measured time.
 
 Peaks, per backing device and dtype (:mod:`.roofline_peaks`): a matmul's FLOP/s and a copy's
-bytes/s, measured on brick itself, cached per machine (:func:`measure_peaks` re-measures). A brick's fractions are of the peaks of its dominant dtype;
+bytes/s, measured on brick itself, cached per machine, measured again while provisional (taken on
+a busy machine); :func:`measure_peaks`, ``peaks(refresh=True)`` or ``BRICK_ROOFLINE_REFRESH=1``
+measure them again now. A brick's fractions are of the peaks of its dominant dtype;
 it is *compute*-bound when its arithmetic intensity (FLOPs per byte) reaches the device's ridge
 point (peak FLOP/s over peak bytes/s), else *memory*-bound.
 """
@@ -32,7 +34,9 @@ from typing import Dict, List, Optional
 
 import torch
 
-from .roofline_peaks import FLOAT_DTYPES, measure_peaks, peaks
+from ..terminal import printable
+from ._table_text import Column
+from .roofline_peaks import FLOAT_DTYPES, entry_problem, measure_peaks, peaks, provisional
 
 __all__ = ["BrickRoofline", "OpWork", "compute", "measure_peaks", "op_work", "peaks",
            "roofline_rows"]
@@ -276,6 +280,13 @@ def roofline_rows(metadata: dict, by: str = "path") -> List[BrickRoofline]:
                              f"the fields {', '.join(BrickRoofline.__dataclass_fields__)}")
         rows.append(BrickRoofline(**entry))
     peaks_of = data.get("peaks") or {}
+    if not isinstance(peaks_of, dict):
+        raise ValueError("brick report: metadata.roofline.peaks must be an object of entries "
+                         "by dtype")
+    for dtype, entry in peaks_of.items():
+        problem = entry_problem(entry)
+        if problem is not None:
+            raise ValueError(f"brick report: metadata.roofline.peaks[{dtype!r}] {problem}")
     if by == "name":
         rows = _by_name(rows, peaks_of)
     return rows
@@ -301,17 +312,20 @@ def _by_name(rows: List[BrickRoofline], peaks_of: dict) -> List[BrickRoofline]:
 
 # ---- the table's columns -----------------------------------------------------------------------
 
-def table_header() -> str:
-    return f"{'GFLOP/s':>10}{'GB/s':>9}{'%pk F':>7}{'%pk B':>7}{'bound':>9}"
+def table_columns() -> List[Column]:
+    """The roofline's columns of ``Report.table(roofline=True)``; the bytes' go first when a row
+    must fit a width (after the timing columns but the total)."""
+    return [Column("GFLOP/s", 10), Column("GB/s", 9, drop=7), Column("%pk F", 7),
+            Column("%pk B", 7, drop=8), Column("bound", 9)]
 
 
-def table_cells(row: Optional[BrickRoofline]) -> str:
+def table_cells(row: Optional[BrickRoofline]) -> List[str]:
     if row is None:
-        return f"{'-':>10}{'-':>9}{'-':>7}{'-':>7}{'-':>9}"
+        return ["-"] * 5
     unestimated = "*" if row.unestimated_calls else ""
-    return (f"{row.flops_per_s / 1e9:>10.2f}{row.bytes_per_s / 1e9:>9.2f}"
-            f"{100 * row.flops_fraction:>7.1f}{100 * row.bytes_fraction:>7.1f}"
-            f"{row.bound + unestimated:>9}")
+    return [f"{row.flops_per_s / 1e9:.2f}", f"{row.bytes_per_s / 1e9:.2f}",
+            f"{100 * row.flops_fraction:.1f}", f"{100 * row.bytes_fraction:.1f}",
+            row.bound + unestimated]
 
 
 def table_notes(data: dict) -> List[str]:
@@ -319,8 +333,17 @@ def table_notes(data: dict) -> List[str]:
     for dtype, peak in sorted((data.get("peaks") or {}).items()):
         lines.append(f"roofline peaks ({dtype}): {peak['flops_per_s'] / 1e9:.1f} GFLOP/s, "
                      f"{peak['bytes_per_s'] / 1e9:.1f} GB/s (memory "
-                     f"{peak['memory_bytes_per_s'] / 1e9:.1f} GB/s); {peak['how']}, "
-                     f"{peak['measured_at']}")
+                     f"{peak['memory_bytes_per_s'] / 1e9:.1f} GB/s); {printable(peak['how'])}, "
+                     f"{printable(peak['measured_at'])}")
+        if provisional(peak):
+            denied = peak.get("denied_share")
+            waited = f" {denied:.0%} of the time" if isinstance(denied, (int, float)) else ""
+            lines.append(
+                f"warning: the {dtype} peaks are provisional: measured while the thread waited "
+                f"for a CPU{waited} (other processes ran), so they may be low and %pk over 100 "
+                f"may mean that; the next profile with roofline=True in a new process measures "
+                f"them again, or now: torch_brickdev.profiler.roofline.peaks("
+                f"{dtype!r}, refresh=True) or BRICK_ROOFLINE_REFRESH=1")
     lines.append("roofline: FLOPs as torch.utils.flop_counter counts them; bytes: inputs read and "
                  "outputs written once; * some calls' work could not be estimated")
     return lines

@@ -10,7 +10,7 @@ import time
 from typing import NamedTuple, Optional, Tuple, Union
 
 from ..argcheck import check_bool, describe, describe_value
-from ._registry import _native, disable, health, is_enabled, set_sync_mode, sync_mode
+from ._registry import _native, disable, is_enabled, set_sync_mode, sync_mode
 from ._stats import SyncMode
 from . import machine
 from .live import Publisher
@@ -129,7 +129,8 @@ class profile:
             self._modules.__enter__()
         try:
             # resets, waits for the devices, samples the machine, enables (nothing left if it fails)
-            sample, self._start = _native.begin_region(self._reset, self._record_shapes, self._ops)
+            sample, self._start, self._registry_start = _native.begin_region(
+                self._reset, self._record_shapes, self._ops)
         except BaseException:
             if self._modules is not None:
                 self._modules.__exit__(None, None, None)
@@ -156,8 +157,8 @@ class profile:
         try:
             distributed.wait_for_collectives()  # collectives are device work: their ranges end inside
             # waits for the devices, samples the machine, disables, takes the registry's rows
-            self.wall_ns, machine_after, rows = _native.end_region(self._start,
-                                                                   machine.TICKED_WALL_NS)
+            self.wall_ns, machine_after, rows, span = _native.end_region(
+                self._start, self._registry_start, machine.TICKED_WALL_NS)
         finally:
             if is_enabled():  # waiting for the collectives failed
                 disable()
@@ -170,7 +171,9 @@ class profile:
         # What the report is made of, taken now; made into the report when first read.
         info = distributed.group_info()
         self._captured = _Captured(
-            wall_ns=self.wall_ns, sync_mode=mode, rows=rows, health=health(),
+            wall_ns=self.wall_ns, bricks_span_ns=span, sync_mode=mode, rows=rows,
+            # the counters since the figures' reset: a report holds its own losses only
+            health=dict(_native.health(since_reset=True)),
             machine=(self._machine_before, tuple.__new__(machine.Sample, machine_after)),
             group_info=info,
             collectives=(self._collectives_before,
@@ -220,7 +223,8 @@ class profile:
                                 metadata=metadata or None,
                                 machine=machine.machine_figures(*captured.machine),
                                 rows=captured.rows, health=captured.health,
-                                created_ns=captured.created_ns)
+                                created_ns=captured.created_ns,
+                                bricks_span_ns=captured.bricks_span_ns)
         if self._roofline and "roofline" not in report.metadata:
             # after the region: the work estimates and a first measurement of the peaks are not
             # the region's time
@@ -258,6 +262,7 @@ class _Captured(NamedTuple):
     what live publishing cost."""
 
     wall_ns: int
+    bricks_span_ns: Optional[int]  # from the first top-level brick's start to the last one's end
     sync_mode: str
     rows: object  # _C._profiler.CapturedRows
     health: dict
