@@ -138,7 +138,7 @@ def undisturbed_dict(report) -> dict:
     d = json.loads(report.to_json())
     machine = d.setdefault("machine", {})
     machine["denied_share"] = 0.0
-    for key in ("runqueue_wait_ns", "others_share", "others_cpu_ns"):
+    for key in ("runqueue_wait_ns", "others_share", "others_cpu_ns", "steal_ns", "steal_share"):
         if key in machine:
             machine[key] = 0
     decode = d.get("metadata", {}).get("decode", {})
@@ -151,6 +151,8 @@ def undisturbed_dict(report) -> dict:
     d["top_level_ns"] = sum(p["total_ns"] for p in d["paths"] if p["depth"] == 0)
     d["wall_ns"] = round(d["top_level_ns"] / 0.95)
     d["wall_s"] = d["wall_ns"] / 1e9
+    if d.get("bricks_span_ns") is not None:  # the bricks ran within the (shortened) wall
+        d["bricks_span_ns"] = min(d["bricks_span_ns"], d["wall_ns"])
     return d
 
 

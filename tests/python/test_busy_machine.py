@@ -53,7 +53,15 @@ def test_the_base_passes(base_dict):
 def test_a_slow_run_the_machine_descheduled_is_inconclusive(base_dict):
     r = result_of(with_runs(base_dict, [1e6, 1.5e6, 1.01e6], [0.0, 0.33, 0.01]), "stability")
     assert r.status == "inconclusive", r.message
-    assert "run 2 33%" in r.message and "the 2 undisturbed runs agree" in r.message
+    assert "run 2 33%" in r.message and "less those waits the runs agree" in r.message
+
+
+def test_a_slow_run_its_waits_do_not_account_for_fails(base_dict):
+    """Run 2 waited for a CPU 6 % of its time but took 1.5x as long: 33 % of it is more than
+    its waits; the rest is the program's own (a sleep, a lock)."""
+    r = result_of(with_runs(base_dict, [1e6, 1.5e6, 1.01e6], [0.0, 0.06, 0.0]), "stability")
+    assert r.status == "fail", r.message
+    assert "run 2 6%" in r.message and "less those waits the runs still differ" in r.message
 
 
 def test_a_slow_run_with_the_cpu_available_still_fails(base_dict):
@@ -63,12 +71,26 @@ def test_a_slow_run_with_the_cpu_available_still_fails(base_dict):
 
 def test_undisturbed_runs_that_differ_fail_on_a_busy_machine(base_dict):
     r = result_of(with_runs(base_dict, [1e6, 1.6e6, 0.7e6], [0.0, 0.4, 0.0]), "stability")
-    assert r.status == "fail" and "the 2 undisturbed runs differ too" in r.message
+    assert r.status == "fail" and "less those waits the runs still differ" in r.message
 
 
-def test_every_run_descheduled_cannot_be_judged(base_dict):
+def test_runs_the_machine_all_descheduled_are_judged_less_their_waits(base_dict):
+    """Every run waited for a CPU: less its waits (not below the fastest run), each must come
+    to what the others do. Run 2, 2.3x the fastest, waiting 60 % of its time does; waiting 40 %
+    it does not (at most 1.67x)."""
+    r = result_of(with_runs(base_dict, [1e6, 1.6e6, 0.7e6], [0.3, 0.6, 0.35]), "stability")
+    assert r.status == "inconclusive" and "less those waits the runs agree" in r.message
     r = result_of(with_runs(base_dict, [1e6, 1.6e6, 0.7e6], [0.3, 0.4, 0.35]), "stability")
-    assert r.status == "inconclusive" and "fewer than 2 runs ran undisturbed" in r.message
+    assert r.status == "fail" and "more than the machine accounts for" in r.message
+
+
+def test_shares_of_time_off_the_cpu_excuse_nothing(base_dict):
+    """Where no run-queue wait was measured, a run's share is the time its thread was off its
+    CPU: its own sleep, I/O and locks as much as the machine's doing."""
+    d = with_runs(base_dict, [1e6, 1.5e6, 1.01e6], [0.0, 0.33, 0.01])
+    d["machine"]["denied_source"] = "off-cpu"
+    r = result_of(d, "stability")
+    assert r.status == "fail" and "no run-queue wait was measured" in r.message, r.message
 
 
 def test_a_malformed_denied_series_excuses_nothing_and_is_named(base_dict):
@@ -91,6 +113,13 @@ def test_coverage_the_denied_time_accounts_for_is_inconclusive(base_dict):
     d["machine"]["denied_share"] = 0.1
     r = result_of(d, "coverage")
     assert r.status == "fail" and "not a busy machine" in r.message
+    d["machine"]["steal_share"] = 0.16  # the hypervisor's steal is denied time too
+    r = result_of(d, "coverage")
+    assert r.status == "inconclusive" and "+ steal" in r.message, r.message
+    # Off its CPU 35 % of the wall with no run-queue wait measured: its own sleep or I/O.
+    d["machine"] = {"denied_share": 0.35, "denied_source": "off-cpu"}
+    r = result_of(d, "coverage")
+    assert r.status == "fail" and "no run-queue wait was measured" in r.message, r.message
     del d["machine"]
     assert result_of(d, "coverage").status == "fail"  # no figures: nothing excuses it
 
@@ -106,11 +135,20 @@ def test_an_ordering_the_median_keeps_is_inconclusive_on_a_busy_machine(base_dic
     d = copy.deepcopy(base_dict)
     lm = next(b for b in d["bricks"] if b["name"] == "LmHead")
     _set_avg(d, "RmsNorm", lm["total_ns"] / lm["count"] / 5)  # preempted RmsNorm calls
-    d["machine"]["denied_share"] = 0.2
+    rms = next(b for b in d["bricks"] if b["name"] == "RmsNorm")
+    beyond = (rms["total_ns"] - rms["count"] * rms["p50_ns"]) / d["wall_ns"]
+    d["machine"]["denied_share"] = min(1.0, beyond)  # the waits that made those calls long
     r = result_of(d, "per-call-ordering")
     assert r.status == "inconclusive" and "the order holds by the median call" in r.message
     d["machine"]["denied_share"] = 0.01
     assert result_of(d, "per-call-ordering").status == "fail"
+    # Waits under half of the time RmsNorm's calls spent beyond their median: its own (a lock,
+    # a sleep in some calls), however busy the machine was.
+    d["machine"]["denied_share"] = 0.45 * beyond
+    assert d["machine"]["denied_share"] >= 0.05, beyond  # past `busy`: the proportion decides
+    r = result_of(d, "per-call-ordering")
+    assert r.status == "fail" and "spent beyond its median calls is more than the machine " \
+        "denied the thread" in r.message, r.message
 
 
 def test_the_command_line_exits_with_a_distinct_status(base_dict, tmp_path):
@@ -186,6 +224,114 @@ def test_the_fixture_warns_on_an_inconclusive_check_and_does_not_fail(brick_prof
     with pytest.warns(BrickInconclusiveWarning, match="stability inconclusive: CV of per-token"):
         results = brick_profile.check()
     assert [r.id for r in results if r.inconclusive] == ["stability"]
+
+
+def _slowed(base, factor, name="LmHead"):
+    """``base`` with ``name`` ``factor`` times slower (every call), the wall grown by as much."""
+    d = copy.deepcopy(base)
+    b = next(b for b in d["bricks"] if b["name"] == name)
+    added = b["total_ns"] * (factor - 1)
+    for key in ("total_ns", "min_ns", "max_ns", "last_ns", "p50_ns", "p90_ns", "p99_ns"):
+        b[key] = type(b[key])(b[key] * factor)
+    b["avg_us"] = b["total_ns"] / b["count"] / 1000
+    d["wall_ns"] += int(added)
+    d["wall_s"] = d["wall_ns"] / 1e9
+    return d
+
+
+def test_the_fixture_fails_a_baseline_slowed_by_sleeping_beside_busy_processes(
+        brick_profile, base_dict, tmp_path):
+    """LmHead 5x slower while other processes used 34 % more of the machine's CPUs and the
+    thread hardly waited for one: compare_baseline fails; the same slowdown with the thread
+    waiting for a CPU most of the added time warns, inconclusive."""
+    from torch_brickdev.tools.pytest_plugin import BrickInconclusiveWarning
+
+    base = copy.deepcopy(base_dict)
+    base["machine"].update(others_share=0.05, denied_share=0.01)
+    path = tmp_path / "baseline.json"
+    path.write_text(json.dumps(base))
+    slept = _slowed(base, 5.0)
+    slept["machine"].update(others_share=0.39, denied_share=0.02)
+    brick_profile.report = bp.load_report(slept)
+    with pytest.raises(AssertionError, match=r"1 brick\(s\) regressed against the baseline .*"
+                       r"LmHead"):
+        brick_profile.compare_baseline(str(path))
+    waited = _slowed(base, 5.0)
+    added = waited["wall_ns"] - base["wall_ns"]
+    waited["machine"]["denied_share"] = 0.01 + 0.8 * added / waited["wall_ns"]
+    brick_profile.report = bp.load_report(waited)
+    with pytest.warns(BrickInconclusiveWarning, match="inconclusive"):
+        assert brick_profile.compare_baseline(str(path)).inconclusive
+
+
+# A profiled program for the end-to-end test: STEPS steps of a fixed number of matmuls (the same
+# work in every run), each step sleeping argv[3] seconds, its thread and its kernels' pinned to
+# CPU argv[2]; the report written to argv[1].
+_STEPS_SCRIPT = """
+import os, sys, time
+os.sched_setaffinity(0, {int(sys.argv[2])})
+import torch
+from torch.profiler import record_function
+import torch_brickdev
+from torch_brickdev import profiler as bp
+
+torch.set_num_threads(1)
+x = torch.randn(256, 256, device="brick")
+with bp.profile() as prof:
+    for _ in range(10):
+        with record_function("Step"):
+            for _ in range(int(sys.argv[4])):
+                x @ x
+            time.sleep(float(sys.argv[3]))
+prof.report.write_json(sys.argv[1])
+"""
+
+
+def _busy_loops_on(cpu, n):
+    code = (f"import os, time\nos.sched_setaffinity(0, {{{cpu}}})\nend = time.time() + 120\n"
+            "while time.time() < end: pass\n")
+    return [subprocess.Popen([sys.executable, "-c", code]) for _ in range(n)]
+
+
+@pytest.mark.skipif(not os.path.isfile("/proc/self/schedstat"), reason="needs Linux schedstat")
+@pytest.mark.timeout(400)
+def test_a_real_run_that_sleeps_fails_and_one_that_lost_its_cpu_is_inconclusive(tmp_path):
+    """One CPU, the program on it alone, then beside two busy loops on the same CPU: sleeping
+    150 ms in each step, its slowdown is its own and diff fails it (exit 1) though the loops
+    made it wait for the CPU now and then; doing only its work, slowed by waiting for the CPU
+    the loops held, diff calls it inconclusive (exit 3)."""
+    script = tmp_path / "steps.py"
+    script.write_text(_STEPS_SCRIPT)
+    cpu = min(os.sched_getaffinity(0))
+    matmuls = 40
+
+    def run(name, sleep_s, loops):
+        out = tmp_path / f"{name}.json"
+        busy = _busy_loops_on(cpu, loops)
+        try:
+            done = subprocess.run([sys.executable, str(script), str(out), str(cpu),
+                                   str(sleep_s), str(matmuls)],
+                                  capture_output=True, text=True, timeout=180)
+        finally:
+            for p in busy:
+                p.kill()
+                p.wait()
+        assert done.returncode == 0, done.stdout + done.stderr
+        return str(out)
+
+    def diff(base, new):
+        return subprocess.run([sys.executable, "-m", "torch_brickdev", "diff", base, new],
+                              capture_output=True, text=True, timeout=120)
+
+    base = run("base", 0, 0)
+    slept = diff(base, run("slept", 0.15, 2))
+    assert slept.returncode == 1, slept.stdout + slept.stderr
+    step = next(line for line in slept.stdout.splitlines() if line.startswith("Step "))
+    assert " slower " in step and "the program's own time" in step, slept.stdout
+    waited = diff(base, run("waited", 0, 2))
+    assert waited.returncode == 3, waited.stdout + waited.stderr
+    step = next(line for line in waited.stdout.splitlines() if line.startswith("Step "))
+    assert " busy " in step, waited.stdout
 
 
 def _schedstat_descriptors() -> int:

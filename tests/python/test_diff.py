@@ -46,6 +46,17 @@ def _scale(d, name, factor):
     d["wall_ns"] += int(added)
 
 
+def _deny(base, new, share_of_added, steal_share=0.0, added=None):
+    """Machine figures saying the new run's thread waited for a CPU ``share_of_added`` of the
+    time it added over ``base`` (the wall's, unless ``added`` ns; ``steal_share`` of its wall
+    stolen besides), and the base run's not at all: the evidence a run slowed by losing its CPU
+    carries."""
+    added = new["wall_ns"] - base["wall_ns"] if added is None else added
+    base["machine"] = {"denied_share": 0.0, "denied_source": "runqueue"}
+    new["machine"] = {"denied_share": share_of_added * added / new["wall_ns"],
+                      "denied_source": "runqueue", "steal_share": steal_share}
+
+
 def _diff(tmp_path, base, new, *args):
     paths = []
     for label, d in (("base", base), ("new", new)):
@@ -121,7 +132,8 @@ def test_a_slower_brick_on_a_busy_machine_is_inconclusive(base_dict, tmp_path):
     slow["machine"] = {"denied_share": 0.30, "denied_source": "runqueue"}
     d = diff_reports(load_report(base_dict), load_report(slow))
     change = next(c for c in d.changes if c.name == "GateProjection")
-    assert change.verdict == "busy" and "waited 29% more" in change.reason
+    assert change.verdict == "busy" and "the new run's thread was denied" in change.reason
+    assert "ms more CPU time than the base run's (run-queue wait" in change.reason, change
     assert d.passed and d.inconclusive
     assert d.summary().startswith("verdict: INCONCLUSIVE")
     assert _diff(tmp_path, base_dict, slow).returncode == 3
@@ -129,41 +141,89 @@ def test_a_slower_brick_on_a_busy_machine_is_inconclusive(base_dict, tmp_path):
     assert _diff(tmp_path, base_dict, slow).returncode == 1
 
 
-def test_a_slower_brick_beside_other_processes_is_inconclusive(base_dict, tmp_path):
-    """Processes on CPUs of their own slow a run without making it wait (a build on the sibling
-    core): seen by how much of the machine's CPUs they used, not by the run-queue wait."""
-    slow = copy.deepcopy(base_dict)
+def test_the_denied_time_must_cover_half_of_what_the_run_added(base_dict, tmp_path):
+    """A slowdown is the machine's only when the new run's thread waited for a CPU (or had its
+    time stolen) for at least half of the time the run added: just under fails, just over is
+    inconclusive, and the hypervisor's steal counts with the run-queue wait."""
+    base, slow = copy.deepcopy(base_dict), copy.deepcopy(base_dict)
     _scale(slow, "GateProjection", 2.0)
-    base_dict = copy.deepcopy(base_dict)
-    base_dict["machine"] = {"denied_share": 0.0, "others_share": 0.02}
-    slow["machine"] = {"denied_share": 0.0, "others_share": 0.48}
-    d = diff_reports(load_report(base_dict), load_report(slow))
+    _deny(base, slow, 0.45)
+    d = diff_reports(load_report(base), load_report(slow))
     change = next(c for c in d.changes if c.name == "GateProjection")
-    assert change.verdict == "busy" and "used 46% more of the machine's CPUs" in change.reason
-    assert d.passed and d.inconclusive
-    assert _diff(tmp_path, base_dict, slow).returncode == 3
-    slow["machine"]["others_share"] = 0.20  # within the ticks' coarseness: the slowdown fails
-    assert _diff(tmp_path, base_dict, slow).returncode == 1
+    assert change.verdict == "slower" and "denied the new run's thread only" in change.reason
+    assert "under 50%: the program's own time" in change.reason, change
+    assert _diff(tmp_path, base, slow).returncode == 1
+    _deny(base, slow, 0.55)
+    assert _diff(tmp_path, base, slow).returncode == 3
+    added = slow["wall_ns"] - base["wall_ns"]
+    _deny(base, slow, 0.3, steal_share=0.25 * added / slow["wall_ns"])  # 30 % waits, 25 % steal
+    d = diff_reports(load_report(base), load_report(slow))
+    change = next(c for c in d.changes if c.name == "GateProjection")
+    assert change.verdict == "busy" and "+ steal" in change.reason, change
+
+
+def test_a_run_slowed_by_sleeping_beside_busy_processes_fails(base_dict, tmp_path):
+    """A program that sleeps 80 ms per step, 5x slower, while other processes used 34 % more of
+    the machine's CPUs: its thread hardly waited for a CPU (a sleeping thread wants none), so
+    the slowdown is the program's own and fails; so does a run that did not wait at all beside
+    processes busy on CPUs of their own, and one whose figures measured no run-queue wait (the
+    time off its CPU counts its sleep)."""
+    base, slow = copy.deepcopy(base_dict), copy.deepcopy(base_dict)
+    _scale(slow, "LmHead", 5.0)
+    base["machine"] = {"denied_share": 0.01, "denied_source": "runqueue", "others_share": 0.05}
+    slow["machine"] = {"denied_share": 0.02, "denied_source": "runqueue", "others_share": 0.39}
+    d = diff_reports(load_report(base), load_report(slow))
+    assert [c.name for c in d.regressions] == ["LmHead"], d.table()
+    assert not d.inconclusive and "the program's own time" in d.regressions[0].reason
+    done = _diff(tmp_path, base, slow)
+    assert done.returncode == 1, done
+    assert done.stdout.splitlines()[-1].startswith("verdict: FAIL (1 regression(s))")
+    slow["machine"]["denied_share"] = 0.0
+    slow["machine"]["others_share"] = 0.48
+    assert _diff(tmp_path, base, slow).returncode == 1
+    slow["machine"] = {"denied_share": 0.78, "denied_source": "off-cpu", "others_share": 0.48}
+    d = diff_reports(load_report(base), load_report(slow))
+    assert "no run-queue wait was measured" in d.regressions[0].reason, d.table()
+    assert _diff(tmp_path, base, slow).returncode == 1
 
 
 def test_a_run_where_every_brick_slowed_alike_is_inconclusive(base_dict, tmp_path):
-    """A VM whose host slows it shows nothing in the guest but slower calls everywhere (a CI run
-    measured every brick ~1.25x and the thread's CPU time 1.11x with no waits or neighbours):
-    a brick slowed no more than the rest is inconclusive; one slowed beyond them still fails."""
+    """Every brick ~1.25x slower while the thread waited for a CPU most of the time the wall
+    added: a brick slowed no more than the rest is inconclusive; one slowed beyond them, though
+    the waits would cover what it added, still fails."""
     slow = copy.deepcopy(base_dict)
     for b in slow["bricks"]:
         _scale(slow, b["name"], 1.25)
     slow["wall_ns"] = int(base_dict["wall_ns"] * 1.25)  # nested bricks: added once, not per brick
     _scale(slow, "GateProjection", 1.16 / 1.25)  # this one 1.16x, as that run's AttentionScore
+    base_dict = copy.deepcopy(base_dict)
+    _deny(base_dict, slow, 0.9)  # the thread waited for a CPU for most of the added wall
     d = diff_reports(load_report(base_dict), load_report(slow))
     change = next(c for c in d.changes if c.name == "GateProjection")
-    assert change.verdict == "busy" and "every brick slowed: their median p50 1.25x" in \
-        change.reason, change
+    assert change.verdict == "busy" and "the new run's thread was denied" in change.reason
     assert d.passed and d.inconclusive and not d.regressions
     assert _diff(tmp_path, base_dict, slow).returncode == 3
     _scale(slow, "GateProjection", 2.0 / 1.16)  # 2x while the rest went 1.25x: a regression
+    _deny(base_dict, slow, 0.9)
     d = diff_reports(load_report(base_dict), load_report(slow))
     assert [c.name for c in d.regressions] == ["GateProjection"], d.table()
+    assert "every brick slowed (their median p50 1.25x" in d.regressions[0].reason
+    assert _diff(tmp_path, base_dict, slow).returncode == 1
+
+
+def test_a_program_that_waits_in_every_step_fails_though_every_brick_slowed_alike(
+        base_dict, tmp_path):
+    """Sleep, I/O or a lock in every step slows every brick alike too, as a slower machine
+    would: without the thread having waited for a CPU, the slowdown is the program's."""
+    slow = copy.deepcopy(base_dict)
+    for b in slow["bricks"]:
+        _scale(slow, b["name"], 1.25)
+    slow["wall_ns"] = int(base_dict["wall_ns"] * 1.25)
+    base_dict = copy.deepcopy(base_dict)
+    _deny(base_dict, slow, 0.1)  # a few waits for a CPU, far from the added wall
+    d = diff_reports(load_report(base_dict), load_report(slow))
+    assert d.regressions and not d.inconclusive, d.table()
+    assert {c.verdict for c in d.changes} <= {"slower", "small", "noise"}, d.table()
     assert _diff(tmp_path, base_dict, slow).returncode == 1
 
 
@@ -179,14 +239,20 @@ def test_a_machine_that_slowed_ops_unevenly_is_inconclusive_but_a_brick_beyond_t
     slow["wall_ns"] = int(base_dict["wall_ns"] * 1.2)  # that pair's wall, 1.2x
     gate = _brick(base_dict, "GateProjection")["p50_ns"]
     _scale(slow, "GateProjection", 1.9 * gate / _brick(slow, "GateProjection")["p50_ns"])
+    # Every figure of a brick scaled, its total grows more than the wall: the waits cover the
+    # most any brick added.
+    most = max(_brick(slow, b["name"])["total_ns"] - b["total_ns"] for b in base_dict["bricks"])
+    base_dict = copy.deepcopy(base_dict)
+    _deny(base_dict, slow, 0.9, added=most)
     d = diff_reports(load_report(base_dict), load_report(slow))
     change = next(c for c in d.changes if c.name == "GateProjection")
-    assert change.verdict == "busy" and "every brick slowed" in change.reason, change
+    assert change.verdict == "busy", change
     assert d.passed and d.inconclusive and not d.regressions, d.table()
     assert _diff(tmp_path, base_dict, slow).returncode == 3
     _scale(slow, "GateProjection", 3.0 / 1.9)  # 3x: beyond 90 % of the others by the threshold
     d = diff_reports(load_report(base_dict), load_report(slow))
     assert [c.name for c in d.regressions] == ["GateProjection"], d.table()
+    assert "every brick slowed" in d.regressions[0].reason, d.regressions[0]
 
 
 def _slow_outside(d, name, factor):
@@ -205,32 +271,46 @@ def test_a_machine_that_slowed_the_time_outside_a_brick_as_much_is_inconclusive(
     slow = copy.deepcopy(base_dict)
     _scale(slow, "LmHead", 1.19)
     _slow_outside(slow, "LmHead", 1.24)
+    quiet = copy.deepcopy(slow)  # the same figures, no wait for a CPU measured
+    base_dict = copy.deepcopy(base_dict)
+    _deny(base_dict, slow, 0.9)
     d = diff_reports(load_report(base_dict), load_report(slow))
     change = next(c for c in d.changes if c.name == "LmHead")
     assert change.verdict == "busy", change
-    assert "the run's wall outside this brick slowed 1.24x" in change.reason, change
     assert d.passed and d.inconclusive and not d.regressions, d.table()
     assert _diff(tmp_path, base_dict, slow).returncode == 3
 
-    alone = copy.deepcopy(base_dict)  # the same brick slowed, the rest of the run as it was
-    _scale(alone, "LmHead", 1.19)
-    d = diff_reports(load_report(base_dict), load_report(alone))
-    assert [c.name for c in d.regressions] == ["LmHead"], d.table()
+    _deny(base_dict, quiet, 0.0)  # the machine denied nothing: the program slowed
+    d = diff_reports(load_report(base_dict), load_report(quiet))
+    assert "LmHead" in [c.name for c in d.regressions], d.table()
 
     _scale(slow, "LmHead", 1.5 / 1.19)  # 1.5x: beyond the time outside it by the threshold
+    _deny(base_dict, slow, 0.9)
     d = diff_reports(load_report(base_dict), load_report(slow))
     assert [c.name for c in d.regressions] == ["LmHead"], d.table()
+    assert "the run's wall outside this brick slowed 1.24x" in d.regressions[0].reason
     assert _diff(tmp_path, base_dict, slow).returncode == 1
 
 
 def test_a_brick_spanning_most_of_the_wall_is_not_judged_by_the_few_gaps_outside_it(base_dict):
-    base = copy.deepcopy(base_dict)
-    base["wall_ns"] = int(_brick(base, "LmHead")["total_ns"] / 0.8)  # LmHead 80 % of the wall
-    slow = copy.deepcopy(base)
-    _scale(slow, "LmHead", 1.19)
-    _slow_outside(slow, "LmHead", 1.5)
-    d = diff_reports(load_report(base), load_report(slow))
-    assert [c.name for c in d.regressions] == ["LmHead"], d.table()
+    """With the machine's waits covering the slowdown, LmHead 1.4x while the time outside it
+    went 1.1x: when that time is a few gaps (LmHead 80 % of the wall) it says nothing and the
+    slowdown is the machine's; when it is half the wall, LmHead slowed beyond the rest of the
+    run."""
+    def judged(share):
+        base = copy.deepcopy(base_dict)
+        base["wall_ns"] = int(_brick(base, "LmHead")["total_ns"] / share)
+        if "bricks_span_ns" in base:  # the bricks ran within the (shortened) wall
+            base["bricks_span_ns"] = min(base["bricks_span_ns"], base["wall_ns"])
+        slow = copy.deepcopy(base)
+        _scale(slow, "LmHead", 1.4)
+        _slow_outside(slow, "LmHead", 1.1)
+        _deny(base, slow, 0.9)
+        return next(c for c in diff_reports(load_report(base), load_report(slow)).changes
+                    if c.name == "LmHead")
+    assert judged(0.8).verdict == "busy"
+    spread = judged(0.5)
+    assert spread.verdict == "slower" and "outside this brick slowed 1.10x" in spread.reason
 
 
 def test_a_slower_microsecond_op_that_moves_no_wall_time_is_small(base_dict):
@@ -241,6 +321,80 @@ def test_a_slower_microsecond_op_that_moves_no_wall_time_is_small(base_dict):
     change = next(c for c in d.changes if c.name == op["name"])
     assert change.verdict == "small" and d.passed, change
     assert not diff_reports(load_report(base_dict), load_report(slow), min_share=0).passed
+
+
+def _mixed(base_dict):
+    """GateProjection 2x slower, three bricks 2x faster, one shifted inside its spread (noise),
+    the rest the same: one row bears on the verdict."""
+    slow = copy.deepcopy(base_dict)
+    _scale(slow, "GateProjection", 2.0)
+    others = sorted(b["name"] for b in slow["bricks"] if b["name"] != "GateProjection")
+    for name in others[:3]:
+        _scale(slow, name, 0.5)
+    base = copy.deepcopy(base_dict)
+    b, n = _brick(base, others[3]), _brick(slow, others[3])
+    wide = int(b["p50_ns"] * 3)
+    n["p50_ns"] = b["p50_ns"] * 1.3
+    for d in (b, n):
+        d["p90_ns"] = d["p99_ns"] = float(wide)
+        d["max_ns"] = max(d["max_ns"], wide)
+        d["total_ns"] = max(d["total_ns"], d["min_ns"] * d["count"])
+    return base, slow
+
+
+def _rows_of(text):
+    """The brick rows of a text table (between its header and the lines after them)."""
+    lines = text.splitlines()
+    return [line for line in lines[1:] if not line.startswith(("(", "verdict:"))]
+
+
+def test_the_table_shows_the_rows_that_bear_on_the_verdict(base_dict, tmp_path):
+    base, slow = _mixed(base_dict)
+    d = diff_reports(load_report(base), load_report(slow))
+    counts = {v: sum(c.verdict == v for c in d.changes) for v in ("faster", "noise", "same")}
+    assert counts["faster"] == 3 and counts["noise"] == 1 and counts["same"] > 30, d.summary()
+    text = d.table()
+    assert [row.split()[:2] for row in _rows_of(text)] == [["GateProjection", "slower"]], text
+    hidden = sum(counts.values())
+    assert f"({hidden} row(s) hidden (1 noise, 3 faster, {counts['same']} same); " \
+        "all_rows=True shows them)" in text.splitlines(), text
+    assert text.splitlines()[-1] == d.summary()
+    every = d.table(all_rows=True)
+    assert len(_rows_of(every)) == len(d.changes) and "hidden" not in every
+    assert "past the row limit" not in every
+    assert f"({len(d.changes) - 3} more row(s) past the row limit (3))" in \
+        d.table(row_limit=3, all_rows=True).splitlines()
+    markdown = d.markdown(all_rows_option="`--all`")
+    assert [line.split(" | ")[0] for line in markdown.splitlines() if line.startswith("| ")] \
+        == ["| brick", "| GateProjection"], markdown
+    assert markdown.splitlines()[-1] == f"({hidden} row(s) hidden (1 noise, 3 faster, " \
+        f"{counts['same']} same); `--all` shows them)"
+    assert sum(line.startswith("| ") for line in d.markdown(all_rows=True).splitlines()) == \
+        len(d.changes) + 1
+    with pytest.raises(TypeError, match=r"ReportDiff.table\(\): all_rows must be a bool"):
+        d.table(all_rows="yes")
+    # The command line: the same rows by default, every row with --all.
+    done = _diff(tmp_path, base, slow)
+    assert done.returncode == 1 and len(_rows_of(done.stdout)) == 1, done.stdout
+    assert f"({hidden} row(s) hidden" in done.stdout
+    assert len(_rows_of(_diff(tmp_path, base, slow, "--all").stdout)) == len(d.changes)
+
+
+def test_brick_names_are_shown_with_their_control_characters_escaped(base_dict, tmp_path):
+    """A brick named with a terminal escape (clear the screen), a right-to-left override and a
+    pipe: the table shows the escapes as text, Markdown keeps the pipe inside its cell."""
+    hostile = "Gate\x1b[2J\u202eProjection|x"
+    base, slow = copy.deepcopy(base_dict), copy.deepcopy(base_dict)
+    for d in (base, slow):
+        _brick(d, "GateProjection")["name"] = hostile
+    _scale(slow, hostile, 2.0)
+    done = _diff(tmp_path, base, slow)
+    assert done.returncode == 1, done
+    assert "\x1b" not in done.stdout and "\u202e" not in done.stdout, repr(done.stdout)
+    assert done.stdout.splitlines()[1].startswith("Gate\\x1b[2J\\u202eProjection|x  slower")
+    markdown = diff_reports(load_report(base), load_report(slow)).markdown()
+    assert "\x1b" not in markdown and "\u202e" not in markdown
+    assert "| Gate\\\\x1b[2J\\\\u202eProjection\\|x | slower |" in markdown, markdown
 
 
 def test_bad_arguments_are_named(base_dict, tmp_path):
@@ -326,9 +480,10 @@ def test_the_fixture_records_and_compares_baselines(tmp_path):
     for key in TIMES:
         block[key] = type(block[key])(1000 * (block["count"] if key == "total_ns" else 1))
     block["avg_us"] = block["total_ns"] / block["count"] / 1000
-    # Recorded, it says, on a machine as busy as one gets: the new run cannot be busier (other
-    # processes on this machine would otherwise rightly make the verdict inconclusive).
-    d["machine"].update(denied_share=1.0, others_share=1.0)
+    # Recorded, it says, while the machine denied its thread the whole wall: the new run cannot
+    # have been denied more (waits for a CPU on this machine would otherwise rightly make the
+    # verdict inconclusive).
+    d["machine"].update(denied_share=1.0, denied_source="runqueue")
     baseline.write_text(json.dumps(d))
     regressed = _pytest(tmp_path)
     assert regressed.returncode == 1, (regressed.stdout + regressed.stderr

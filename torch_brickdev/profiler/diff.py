@@ -9,22 +9,22 @@ slower kernel moves all three. ``faster`` is the mirror image. A change past the
 the runs' spread explains is ``noise``; a brick whose number of calls changed is ``count``
 (reported even when its times are equal: the program did different work); ``new`` and ``gone``
 are bricks only one report has. A slower brick that adds less than ``min_share`` of the base
-run's wall time is ``small`` (reported, not failed). Where the new report shows its thread waited
-for a CPU 5 % more of its wall than the base run's, or other processes used 25 % more of the
-machine's CPUs meanwhile (``report.machine``: they slow a run on CPUs of their own, through shared
-caches, memory and cores, without making it wait), a slower brick is ``busy``: inconclusive, not
-failed. So is a slower brick when every brick slowed (the median brick's p50 by more than half the
-threshold) and this one no more than the rest by the threshold (the rest: the slowdown 90 % of
-the other bricks stayed within, as a slower machine slows ops unevenly): a VM whose host runs
-slower shows nothing inside the guest but that (its thread's own CPU time grows), and a change
-that slows every op alike cannot be told from it; a brick that slowed beyond the rest is still
-``slower``. Likewise when the run's wall outside the brick (the wall less the brick's total)
-slowed by more than half the threshold and the brick no more than that by the threshold: a slower
-machine can slow the heavy kernels and the time between them while most microsecond ops keep
-their speed, and a brick's own regression leaves the time outside it as it was.
+run's wall time is ``small`` (reported, not failed).
+
+A slower brick is ``busy`` (inconclusive, not failed) only on evidence that the machine denied
+the new run CPU time in proportion to the slowdown: the time its thread waited for a CPU plus
+its share of the hypervisor's steal (:func:`.machine.denied`), beyond the base run's, must cover
+``machine.DENIED_COVER`` (half) of the time the run's wall added and of the time the brick
+added. Idle time, sleep, I/O and locks are the program's own, and other processes busy on CPUs
+of their own did not make it wait: neither counts. With that evidence, a brick that slowed
+beyond the rest of the run is still ``slower``: when every brick slowed (the median brick's p50
+by more than half the threshold), one slowed more than the slowdown 90 % of the other bricks
+stayed within, by the threshold (a busy machine slows ops unevenly); when the run's wall outside
+the brick slowed by more than half the threshold, one slowed beyond that by the threshold.
 
 >>> d = diff_reports(load_report("base.json"), load_report("new.json"), threshold=0.10)
 >>> print(d.table())            # or d.markdown() for a CI comment, d.to_dict() for JSON
+>>> print(d.table(all_rows=True))  # the faster, noise, small and same bricks too
 >>> d.regressions               # the slower bricks (and, unless ignore_counts, count changes)
 """
 
@@ -33,9 +33,11 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import asdict, dataclass
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
-from ..argcheck import check_bool, describe, describe_value
+from ..argcheck import check_bool, check_int, describe, describe_value
+from ..terminal import printable
+from . import machine
 from ._stats import BrickStats
 from .report import Report
 
@@ -43,14 +45,12 @@ __all__ = ["BrickChange", "ReportDiff", "VERDICTS", "diff_reports"]
 
 #: Verdicts, most severe first (the order of the table).
 VERDICTS = ("slower", "count", "new", "gone", "busy", "small", "noise", "faster", "same")
+#: The verdicts a table shows unless asked for every row: those that fail or make the diff
+#: inconclusive, and the changes in what the program did.
+SHOWN_VERDICTS = ("slower", "count", "new", "gone", "busy")
 
-# The share of its wall the new run's thread waited for a CPU, beyond the base run's, past which
-# a slower brick is "busy" (inconclusive), not "slower": as the contract's timing checks judge.
-BUSY_SHARE = 0.05
-# The share of the machine's CPUs other processes used during the new run, beyond the base
-# run's, past which a slower brick is "busy" too (``others_share``: clock ticks, coarse, so a
-# wider margin).
-OTHERS_SHARE = 0.25
+# Brick names are cut to this many characters in a table (their length said).
+_NAME_LIMIT = 120
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,10 @@ def _us(ns: Optional[float]) -> str:
 
 
 def _change(name: str, base: Optional[BrickStats], new: Optional[BrickStats],
-            threshold: float, floor_ns: float, busy: Optional[str]) -> BrickChange:
+            threshold: float, floor_ns: float, busy: Optional[str],
+            not_busy: str) -> BrickChange:
+    """The brick's change. ``busy``: why the machine accounts for a slowdown (None: it does not,
+    and ``not_busy``, if not empty, says why, after a slower brick's reason)."""
     def fig(b, attr):
         return getattr(b, attr) if b is not None and b.count else None
     figures = dict(base_count=base.count if base else 0, new_count=new.count if new else 0,
@@ -116,7 +119,7 @@ def _change(name: str, base: Optional[BrickStats], new: Optional[BrickStats],
                                    reason=f"{shown}: slower, but {busy}: inconclusive")
             return BrickChange(name, "slower", **figures, reason=(
                 f"{shown}: even the fastest call slowed, the median above the base run's p90 "
-                f"({_us(base.p90_ns)} us)"))
+                f"({_us(base.p90_ns)} us)" + (f"; {not_busy}" if not_busy else "")))
         return BrickChange(name, "noise", **figures, reason=(
             f"{shown}: inside the runs' spread (base min {_us(base.min_ns)} us, p90 "
             f"{_us(base.p90_ns)} us)"))
@@ -163,42 +166,73 @@ class ReportDiff:
         shown = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
         wall = (f"wall {self.base_wall_ns / 1e6:.3f} -> {self.new_wall_ns / 1e6:.3f} ms"
                 if self.base_wall_ns else "")
-        verdict = ("INCONCLUSIVE (the machine was busier during the new run; rerun on a quiet one)"
+        verdict = ("INCONCLUSIVE (the machine denied the new run CPU time; rerun on a quiet one)"
                    if self.inconclusive else "PASS" if self.passed
                    else f"FAIL ({len(self.regressions)} regression(s))")
         return f"verdict: {verdict}; {len(self.changes)} bricks: {shown}; threshold " \
                f"{self.threshold:.0%}" + (f"; {wall}" if wall else "")
 
-    def _rows(self, changes: Optional[List[BrickChange]] = None):
-        return [(c.name, c.verdict, f"{c.base_count}->{c.new_count}"
+    def _rows(self, changes: List[BrickChange]):
+        return [(printable(c.name, _NAME_LIMIT), c.verdict, f"{c.base_count}->{c.new_count}"
                  if c.base_count != c.new_count else str(c.new_count),
                  f"{_us(c.base_p50_ns)}->{_us(c.new_p50_ns)}", _ratio_text(c.p50_ratio),
                  f"{_us(c.base_p99_ns)}->{_us(c.new_p99_ns)}",
                  f"{c.base_total_ns / 1e6:.3f}->{c.new_total_ns / 1e6:.3f}", c.reason)
-                for c in (self.changes if changes is None else changes)]
+                for c in changes]
 
     _HEADER = ("brick", "verdict", "calls", "p50 us", "p50", "p99 us", "total ms", "why")
 
-    def table(self, row_limit: Optional[int] = None, changed_only: bool = False) -> str:
-        """A text table, most severe first; ``changed_only`` drops the ``same`` rows."""
-        changes = [c for c in self.changes if not (changed_only and c.verdict == "same")]
-        rows = [self._HEADER] + self._rows(changes[:row_limit] if row_limit else changes)
+    def _shown(self, row_limit: Optional[int], all_rows: bool,
+               all_rows_option: str) -> Tuple[List[BrickChange], str]:
+        """The changes a table lists, and a line saying what it leaves out ("" for nothing)."""
+        where = "ReportDiff.table()"
+        all_rows = check_bool(all_rows, "all_rows", where)
+        row_limit = check_int(row_limit, "row_limit", where, low=1, optional=True)
+        listed = [c for c in self.changes if all_rows or c.verdict in SHOWN_VERDICTS]
+        hidden = {v: 0 if all_rows or v in SHOWN_VERDICTS else
+                  sum(c.verdict == v for c in self.changes) for v in VERDICTS}
+        notes = []
+        if row_limit is not None and len(listed) > row_limit:
+            notes.append(f"{len(listed) - row_limit} more row(s) past the row limit "
+                         f"({row_limit})")
+            listed = listed[:row_limit]
+        if any(hidden.values()):
+            notes.append(f"{sum(hidden.values())} row(s) hidden ("
+                         + ", ".join(f"{n} {v}" for v, n in hidden.items() if n)
+                         + f"); {all_rows_option} shows them")
+        return listed, "; ".join(notes)
+
+    def table(self, row_limit: Optional[int] = None, all_rows: bool = False,
+              all_rows_option: str = "all_rows=True",
+              changed_only: Optional[bool] = None) -> str:
+        """A text table, most severe first, of the bricks that bear on the verdict (slower,
+        count, new, gone, busy); ``all_rows`` lists every brick. A line says how many rows it
+        left out and what shows them (``all_rows_option``: a command's option, say).
+        ``changed_only=False`` is the same as ``all_rows=True``."""
+        if changed_only is not None:
+            all_rows = not check_bool(changed_only, "changed_only", "ReportDiff.table()")
+        listed, left_out = self._shown(row_limit, all_rows, all_rows_option)
+        rows = [self._HEADER] + self._rows(listed)
         widths = [max(len(r[i]) for r in rows) for i in range(len(self._HEADER) - 1)]
         lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)) + "  " + r[-1]
                  for r in rows]
-        return "\n".join(lines + [self.summary()])
+        return "\n".join(lines + ([f"({left_out})"] if left_out else []) + [self.summary()])
 
-    def markdown(self, row_limit: Optional[int] = None) -> str:
-        """A Markdown table of the changed bricks, for a CI comment."""
-        changes = [c for c in self.changes if c.verdict != "same"][:row_limit]
+    def markdown(self, row_limit: Optional[int] = None, all_rows: bool = False,
+                 all_rows_option: str = "all_rows=True") -> str:
+        """A Markdown table of the bricks that bear on the verdict (``all_rows``: of every
+        brick), for a CI comment."""
+        listed, left_out = self._shown(row_limit, all_rows, all_rows_option)
         lines = [f"**brick profile diff** — {self.summary()}", ""]
-        if changes:
+        if listed:
             lines.append("| " + " | ".join(self._HEADER) + " |")
             lines.append("|" + "---|" * len(self._HEADER))
-            for row in self._rows(changes):
-                lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
+            for row in self._rows(listed):
+                lines.append("| " + " | ".join(_markdown_cell(cell) for cell in row) + " |")
         else:
-            lines.append("No brick changed beyond the threshold.")
+            lines.append("No brick bears on the verdict.")
+        if left_out:
+            lines += ["", _markdown_cell(f"({left_out})")]
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
@@ -209,24 +243,49 @@ class ReportDiff:
                 "changes": [dict(asdict(c), p50_ratio=c.p50_ratio) for c in self.changes]}
 
 
-def _share(report: Report, key: str) -> float:
-    share = report.machine.get(key)
-    ok = isinstance(share, (int, float)) and not isinstance(share, bool) and 0 <= share <= 1
-    return float(share) if ok else 0.0
+def _markdown_cell(text: str) -> str:
+    """``text`` (printable already) as Markdown shows it literally in a table cell."""
+    return text.replace("\\", "\\\\").replace("|", "\\|")
 
 
-def _busier(base: Report, new: Report) -> Optional[str]:
-    """Why the machine was busier during the new run than during the base run (None: it was not,
-    by BUSY_SHARE and OTHERS_SHARE)."""
-    waited = _share(new, "denied_share") - _share(base, "denied_share")
-    if waited >= BUSY_SHARE:
-        return (f"the new run's thread waited {waited:.0%} more of its wall for a CPU than the "
-                "base run's (other processes ran)")
-    others = _share(new, "others_share") - _share(base, "others_share")
-    if others >= OTHERS_SHARE:
-        return (f"other processes used {others:.0%} more of the machine's CPUs during the new "
-                "run than during the base run (beside it: shared caches, memory and cores)")
-    return None
+class _Denial:
+    """How much more CPU time the machine denied the new run's thread than the base run's."""
+
+    def __init__(self, base: Report, new: Report):
+        got = machine.denied(new.machine, new.wall_ns)
+        before = machine.denied(base.machine, base.wall_ns)
+        # A base run without the figures counts as denied nothing: the new run's own wait must
+        # cover the slowdown.
+        self.extra_ns = 0.0 if got is None else got.ns - (before.ns if before else 0.0)
+        self.added_wall_ns = max(0, new.wall_ns - base.wall_ns)
+        self.measured = got is not None
+        self._text = "" if got is None else got.text() + (
+            f" against {before.text()}" if before else "")
+
+    def covers(self, added_ns: float) -> bool:
+        """Whether the extra denied time covers machine.DENIED_COVER of the wall's added time and
+        ``added_ns`` (a brick's)."""
+        return self.extra_ns > 0 and \
+            self.extra_ns >= machine.DENIED_COVER * max(self.added_wall_ns, added_ns)
+
+    def why(self, added_ns: float) -> str:
+        needed = max(self.added_wall_ns, added_ns)
+        what = (f"the {needed / 1e6:.1f} ms the wall added" if needed == self.added_wall_ns
+                else f"the {needed / 1e6:.1f} ms this brick added")
+        return (f"the new run's thread was denied {self.extra_ns / 1e6:.1f} ms more CPU time "
+                f"than the base run's ({self._text}), {self.extra_ns / max(needed, 1):.0%} of "
+                f"{what}")
+
+    def short_of(self, added_ns: float) -> str:
+        """Why the machine does not account for a slowdown of ``added_ns``."""
+        needed = max(self.added_wall_ns, added_ns)
+        if not self.measured:
+            return ("no run-queue wait was measured for the new run, so nothing shows the "
+                    "machine denied it CPU time")
+        extra = max(self.extra_ns, 0.0)
+        return (f"the machine denied the new run's thread only {extra / 1e6:.1f} ms more CPU "
+                f"time ({self._text}) of the {needed / 1e6:.1f} ms added, under "
+                f"{machine.DENIED_COVER:.0%}: the program's own time (work, sleep, I/O, locks)")
 
 
 # A brick slowed "no more than the rest" when its p50 ratio is within the threshold of the ratio
@@ -308,35 +367,39 @@ def diff_reports(base: Report, new: Report, *, threshold: float = 0.10, by: str 
             into.setdefault(key(b), b)
     names = list(base_by) + [n for n in new_by if n not in base_by]
     floor_ns = min_share * base.wall_ns
-    busy = _busier(base, new)
+    denial = _Denial(base, new)
     ratios = _p50_ratios(base_by, new_by)
     common = _median(ratios)
     everything_slowed = common > 1 + threshold / 2
 
-    def busy_for(name: str) -> Optional[str]:
-        if busy is not None:
-            return busy
+    def machine_verdict(name: str) -> Tuple[Optional[str], str]:
+        """(why the machine accounts for the brick's slowdown, or None; if not, why not)."""
         b, n = base_by.get(name), new_by.get(name)
         if b is None or n is None or not b.p50_ns or b.count != n.count:
-            return None
+            return None, ""  # not a slowdown the machine could explain
+        added = n.total_ns - b.total_ns
+        if not denial.covers(added):
+            return None, denial.short_of(added)
+        # What the rest of the run shows of the machine: a brick slowed beyond all of it by the
+        # threshold slowed more than the machine did.
         ratio = n.p50_ns / b.p50_ns
+        shows = []
         if everything_slowed:
             rest = _rest_of(ratios, ratio)
-            if ratio <= rest * (1 + threshold):
-                return (f"every brick slowed: their median p50 {common:.2f}x, this one no more "
-                        f"than the rest ({rest:.2f}x, {_REST_QUANTILE:.0%} of the others within "
-                        "it: a slower machine, or a change that slows every op alike)")
+            shows.append((rest, f"every brick slowed (their median p50 {common:.2f}x, "
+                                f"{_REST_QUANTILE:.0%} of the others within {rest:.2f}x)"))
         outside = _outside_ratio(base.wall_ns, new.wall_ns, b, n)
-        if outside is not None and outside > 1 + threshold / 2 and \
-                ratio <= outside * (1 + threshold):
-            return (f"the run's wall outside this brick slowed {outside:.2f}x "
-                    f"({(base.wall_ns - b.total_ns) / 1e6:.3f} -> "
-                    f"{(new.wall_ns - n.total_ns) / 1e6:.3f} ms), this one no more: a slower "
-                    "machine")
-        return None  # judged on its own
+        if outside is not None and outside > 1 + threshold / 2:
+            shows.append((outside, f"the run's wall outside this brick slowed {outside:.2f}x "
+                                   f"({(base.wall_ns - b.total_ns) / 1e6:.3f} -> "
+                                   f"{(new.wall_ns - n.total_ns) / 1e6:.3f} ms)"))
+        if shows and ratio > max(r for r, _ in shows) * (1 + threshold):
+            return None, ("; ".join(text for _, text in shows) + ", this one beyond that by "
+                          "the threshold: more than the machine")
+        return denial.why(added), ""
 
-    changes = [_change(n, base_by.get(n), new_by.get(n), threshold, floor_ns, busy_for(n))
-               for n in names]
+    changes = [_change(n, base_by.get(n), new_by.get(n), threshold, floor_ns,
+                       *machine_verdict(n)) for n in names]
     severity = {v: i for i, v in enumerate(VERDICTS)}
     changes.sort(key=lambda c: (severity[c.verdict], -abs(c.new_total_ns - c.base_total_ns)))
     return ReportDiff(changes, threshold, ignore_counts, base.wall_ns, new.wall_ns)

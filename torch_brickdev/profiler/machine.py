@@ -8,7 +8,8 @@ processes ran, so that a verdict can tell a busy machine from a slow program.
   (Linux schedstat, ``/proc/self/task/TID/schedstat``), ``process_runqueue_wait_ns`` summed over
   the process's threads (the backing kernels' own threads among them);
 * ``involuntary_switches``: times the process was preempted (``getrusage``);
-* ``steal_ns``: CPU time the hypervisor gave other guests, all CPUs together (``/proc/stat``);
+* ``steal_ns``: CPU time the hypervisor gave other guests, all CPUs together (``/proc/stat``),
+  and ``steal_share``, that over ``wall_ns * cpus``: the share of each CPU's time stolen;
 * ``others_cpu_ns``: CPU time the rest of the machine used meanwhile (every CPU's busy time in
   ``/proc/stat`` less this process's), and ``others_share``, that over ``wall_ns * cpus``: other
   processes that ran beside the region on CPUs of their own (a build on the sibling core, say)
@@ -22,6 +23,10 @@ processes ran, so that a verdict can tell a busy machine from a slow program.
   ``"off-cpu"`` (``1 - thread_cpu_ns / wall_ns``) where schedstat is not available: an upper
   bound, since it also counts the thread's own waits (I/O, a device).
 
+``denied(figures, wall_ns)`` reads them back as evidence for a verdict: the run-queue wait plus
+the stolen share of the wall. Only a measured wait counts: idle time, sleep, I/O and locks are
+the program's own, and other processes busy on CPUs of their own did not make it wait.
+
 Nothing here runs on the op path: two samples per profiled region.
 """
 
@@ -31,9 +36,8 @@ import math
 import os
 from typing import Dict, NamedTuple, Optional, Tuple
 
-from .. import _C
-
-__all__ = ["Sample", "TICKED_WALL_NS", "machine_figures", "sample", "spans_enough_ticks"]
+__all__ = ["DENIED_COVER", "Denied", "Sample", "TICKED_WALL_NS", "denied", "machine_figures", "sample",
+           "spans_enough_ticks"]
 
 _TICK_NS = 1e9 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 1e7
 # The figures /proc/stat counts in ticks (others_*, steal_ns) need the region to span this many
@@ -77,6 +81,8 @@ def sample(ticks: bool = True) -> Sample:
     machine's tick counts (/proc/stat, the costliest read), for the end of a region too short
     for them (``spans_enough_ticks``). One native call (profiler/machine_sample.h): the /proc
     files stay open, the threads are listed again only when they changed."""
+    from .. import _C  # here: reading a report's figures needs no native module
+
     return tuple.__new__(Sample, _C._profiler.machine_sample(ticks))
 
 
@@ -112,6 +118,7 @@ def machine_figures(before: Sample, after: Sample) -> dict:
     ticked = spans_enough_ticks(wall)
     if ticked and before.steal_ns is not None and after.steal_ns is not None:
         figures["steal_ns"] = int(after.steal_ns - before.steal_ns)
+        figures["steal_share"] = min(1.0, max(0.0, figures["steal_ns"] / (wall * _MACHINE_CPUS)))
     if ticked and before.machine_busy_ns is not None and after.machine_busy_ns is not None:
         # /proc/stat covers every CPU of the machine, the affinity mask perhaps fewer
         others = max(0, int(after.machine_busy_ns - before.machine_busy_ns)
@@ -123,3 +130,48 @@ def machine_figures(before: Sample, after: Sample) -> dict:
     except OSError:
         pass
     return figures
+
+
+# The share of a slowdown the time the machine denied the thread must cover for a verdict to put
+# the slowdown down to the machine: a thread that lost its CPU also runs slower for a while after
+# (its caches refilled), so its waits need not cover all of it.
+DENIED_COVER = 0.5
+
+
+class Denied(NamedTuple):
+    """What the machine denied a region's thread (``denied``), in ns of its wall."""
+
+    runqueue_ns: float  # runnable, waiting for a CPU while other processes ran
+    steal_ns: float  # its share of the time the hypervisor gave other guests
+
+    @property
+    def ns(self) -> float:
+        return self.runqueue_ns + self.steal_ns
+
+    def text(self) -> str:
+        stolen = f" + steal {self.steal_ns / 1e6:.1f} ms" if self.steal_ns else ""
+        return f"run-queue wait {self.runqueue_ns / 1e6:.1f} ms{stolen}"
+
+
+def _fraction(value) -> Optional[float]:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1
+    return float(value) if ok else None
+
+
+def denied(figures: dict, wall_ns: float) -> Optional[Denied]:
+    """The CPU time the machine denied a region's thread, from its figures (``machine_figures``,
+    a report's ``machine``): the run-queue wait (``denied_share``) plus the stolen share
+    (``steal_share``) of the wall they were measured over (their ``wall_ns``, else the region's
+    ``wall_ns``). None where no run-queue wait was measured: ``denied_source`` "off-cpu" counts
+    the thread's own sleep, I/O and locks too, so it is no evidence that the machine denied
+    anything."""
+    if not isinstance(figures, dict) or figures.get("denied_source") != "runqueue":
+        return None
+    waited = _fraction(figures.get("denied_share"))
+    measured = figures.get("wall_ns")
+    if isinstance(measured, int) and not isinstance(measured, bool) and measured > 0:
+        wall_ns = measured
+    if waited is None or not wall_ns > 0:
+        return None
+    stolen = _fraction(figures.get("steal_share")) or 0.0
+    return Denied(waited * wall_ns, stolen * wall_ns)

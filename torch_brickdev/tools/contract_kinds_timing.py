@@ -1,18 +1,35 @@
 """The contract check kinds that judge time: ``coverage`` of the wall, per-call ``ordering`` and
 ratios, what the ``sync-mode`` measures, run-to-run ``stability`` and per-brick ``budget``s; a
-failure the time the machine denied the process explains is inconclusive."""
+failure the time the machine denied the profiling thread accounts for is inconclusive. Only a
+measured denial counts (``profiler.machine.denied``: run-queue wait and steal), in proportion
+to what it must explain: the program's own idle time, sleep, I/O and locks fail."""
 
 from __future__ import annotations
 
 import math
 
-from ..profiler import SyncMode
+from typing import Optional, Tuple
+
+from ..profiler import SyncMode, machine
 
 from .contract_numbers import _fmt_ms, cv
 from .contract_result import FAIL, INCONCLUSIVE, NA, PASS, CheckResult, Result
-from .contract_subject import Subject, _denied
+from .contract_subject import Subject
 
 __all__ = ["budget", "coverage", "ordering", "stability", "sync_mode"]
+
+
+def _denied(s: Subject) -> Tuple[Optional[float], str]:
+    """(the share of the wall the machine denied the profiling thread, or None where no
+    run-queue wait was measured; how it reads, or why it is no evidence)."""
+    figures = s.report.machine
+    got = machine.denied(figures, s.report.wall_ns)
+    if got is not None:
+        return got.ns / s.report.wall_ns, got.text()
+    if figures.get("denied_source") == "off-cpu":
+        return None, ("no run-queue wait was measured: the time the thread was off its CPU "
+                      "counts its own sleep, I/O and locks too, so it excuses nothing")
+    return None, "the report says nothing of what the machine denied the thread"
 
 
 def coverage(p: dict, s: Subject, result: Result) -> CheckResult:
@@ -27,20 +44,19 @@ def coverage(p: dict, s: Subject, result: Result) -> CheckResult:
     status = PASS if low <= ratio <= high else FAIL
     message = (f"top-level {ratio:.2f} of wall (expected {low}-{high}): {_fmt_ms(top)} of "
                f"{_fmt_ms(wall)}")
-    denied = _denied(s)
+    denied, how = _denied(s)
     explained = False
     if ratio < low:
-        if denied is not None and ratio + denied[0] >= low:
+        if denied is not None and ratio + denied >= low:
             # Waiting for a CPU stretched the region: at worst all of it fell between bricks.
             explained = True
-            message += (f"; but the thread waited for a CPU {denied[0]:.0%} of the wall (other "
-                        f"processes ran; {denied[1]}), which accounts for the gap: "
-                        f"{ratio:.2f} + {denied[0]:.2f} >= {low}")
+            message += (f"; but the thread waited for a CPU {denied:.0%} of the wall (other "
+                        f"processes ran; {how}), which accounts for the gap: "
+                        f"{ratio:.2f} + {denied:.2f} >= {low}")
         else:
             message += "; bricks are hidden (e.g. by graph replay) or work runs outside them"
-            if denied is not None:
-                message += (f" (the machine denied the thread only {denied[0]:.0%} of the "
-                            "wall: not a busy machine)")
+            message += (f" (the machine denied the thread only {denied:.0%} of the wall: not a "
+                        "busy machine)" if denied is not None else f" ({how})")
     elif ratio > high:
         message += "; time is counted twice"
     if explained:
@@ -58,7 +74,7 @@ def coverage(p: dict, s: Subject, result: Result) -> CheckResult:
         message += (f"; the file's wall_s {written_wall_s!r} disagrees with wall_ns / 1e9 "
                     f"({wall / 1e9!r})")
     return result(status, message, coverage=ratio, top_level_ns=top, wall_ns=wall,
-                  denied_share=denied[0] if denied else None)
+                  denied_share=denied)
 
 
 _METRIC_US = {"avg": lambda b: b.avg_us(), "p50": lambda b: b.p50_ns / 1e3,
@@ -98,19 +114,33 @@ def ordering(p: dict, s: Subject, result: Result) -> CheckResult:
         found += f" ({', '.join(shown)})"
     what = "" if by == "avg" else f" ({by} per call)"
     message = f"{found}; expected {' and '.join(expected)}{what}"
-    denied = _denied(s)
-    if not ok and by != "p50" and denied is not None and denied[0] >= p["busy"]:
+    denied, how = _denied(s)
+    if not ok and by != "p50" and denied is not None and denied >= p["busy"]:
         # A preempted call of a short brick moves its mean; the median needs most calls slowed.
         median = {n: s.named[n].p50_ns for n in names}
-        holds = all(median[a] > median[b] for a, b in zip(order, order[1:])) and all(
-            median[r["above"]] > r["factor"] * median[r["below"]] for r in ratios
-            if r["modes"] is None or s.mode.value in r["modes"])
-        if holds:
+        pairs = [(a, b, 1.0) for a, b in zip(order, order[1:])] + [
+            (r["above"], r["below"], r["factor"]) for r in ratios
+            if r["modes"] is None or s.mode.value in r["modes"]]
+        holds = all(median[a] > factor * median[b] for a, b, factor in pairs)
+        # The bricks below whose means broke the order: their calls' time beyond their medians
+        # must be the machine's, the time it denied the thread covering most of it.
+        broke = {b for a, b, factor in pairs if not value[a] > factor * value[b]}
+        beyond_ns = sum(max(0.0, s.named[n].total_ns - s.named[n].count * median[n])
+                        for n in broke)
+        denied_ns = denied * s.report.wall_ns
+        if holds and denied_ns >= machine.DENIED_COVER * beyond_ns:
             return result(INCONCLUSIVE, f"{message}; but the thread waited for a CPU "
-                          f"{denied[0]:.0%} of the wall (other processes ran; {denied[1]}) and "
-                          f"the order holds by the median call ("
+                          f"{denied:.0%} of the wall (other processes ran; {how}), "
+                          f"{denied_ns / 1e6:.1f} ms against the {beyond_ns / 1e6:.1f} ms "
+                          f"{', '.join(sorted(broke))} spent beyond its median calls, and the "
+                          "order holds by the median call ("
                           + ", ".join(f"{n} {median[n] / 1e3:.2f} us" for n in names) + ")",
-                          **figures, denied_share=denied[0])
+                          **figures, denied_share=denied)
+        if holds:
+            message += (f"; the order holds by the median call, but the {beyond_ns / 1e6:.1f} "
+                        f"ms {', '.join(sorted(broke))} spent beyond its median calls is more "
+                        f"than the machine denied the thread ({denied_ns / 1e6:.1f} ms) can "
+                        "account for: the program's own")
     return result(PASS if ok else FAIL, message, **figures)
 
 
@@ -169,24 +199,27 @@ def stability(p: dict, s: Subject, result: Result) -> CheckResult:
         busy = p["busy"]
         figures[p["denied"]] = list(shares)
         descheduled = [f"run {i + 1} {d:.0%}" for i, d in enumerate(shares) if d >= busy]
-        quiet = [r for r, d in zip(runs, shares) if d < busy]
-        if descheduled:
+        evidence, how = _denied(s)
+        if not descheduled:
+            message += f"; no run was descheduled (each waited < {busy:.0%} for a CPU)"
+        elif evidence is None:
+            message += f"; the runs' shares are no evidence of a busy machine ({how})"
+        else:
+            # Each run less the time its thread waited for a CPU (the waits spread over its
+            # tokens like the rest of its time), but not below the fastest run: what the runs
+            # would have taken had the machine not denied them the CPU, at most.
+            fastest = min(runs)
+            net = [max(r * (1 - d), fastest) for r, d in zip(runs, shares)]
+            net_cv = cv(net)
+            figures["net_of_waits_cv"] = net_cv
             denied = (f"; the machine was busy: the thread waited for a CPU "
                       f"{', '.join(descheduled)} of the run")
-            if len(quiet) < 2:
-                return result(INCONCLUSIVE, message + denied + f"; fewer than 2 runs ran "
-                              f"undisturbed (< {busy:.0%}), so stability cannot be judged",
-                              **figures)
-            quiet_cv = cv(quiet)
-            figures["undisturbed_cv"] = quiet_cv
-            if quiet_cv < max_cv:
-                return result(INCONCLUSIVE, message + denied + f"; the {len(quiet)} undisturbed "
-                              f"runs agree (CV {quiet_cv:.3f}): the runs that differ are the "
-                              "ones the machine descheduled", **figures)
-            message += denied + f"; the {len(quiet)} undisturbed runs differ too (CV " \
-                                f"{quiet_cv:.3f})"
-        else:
-            message += f"; no run was descheduled (each waited < {busy:.0%} for a CPU)"
+            if net_cv < max_cv:
+                return result(INCONCLUSIVE, message + denied + f"; less those waits the runs "
+                              f"agree (CV {net_cv:.3f}): the machine accounts for the "
+                              "difference", **figures)
+            message += denied + (f"; less those waits the runs still differ (CV {net_cv:.3f}): "
+                                 "more than the machine accounts for")
     return result(status, message, **figures)
 
 

@@ -116,11 +116,14 @@ class BrickProfile:
                                           ignore_counts=ignore_counts)
         if self.diff.inconclusive:
             warnings.warn(f"{where}: inconclusive: {self.diff.summary()}\n"
-                          + self.diff.table(changed_only=True), BrickInconclusiveWarning,
+                          + self._diff_table(), BrickInconclusiveWarning,
                           stacklevel=2)
         if not self.diff.passed:
             raise AssertionError(
                 f"{len(self.diff.regressions)} brick(s) regressed against the baseline {path}: "
                 + ", ".join(c.name for c in self.diff.regressions) + "\n\n"
-                + self.diff.table(changed_only=True))
+                + self._diff_table())
         return self.diff
+
+    def _diff_table(self) -> str:
+        return self.diff.table(all_rows_option="brick_profile.diff.table(all_rows=True)")
