@@ -17,6 +17,7 @@
 #include "backend/backing_graph.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/edge.h>
@@ -27,6 +28,7 @@
 #include <torch/library.h>
 
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -37,6 +39,7 @@
 #include "backend/backing.h"
 #include "backend/backing_alias.h"
 #include "backend/device_index.h"
+#include "backend/generator.h"
 
 namespace brick::backend {
 
@@ -132,6 +135,55 @@ struct BackingGraphBackward final : torch::autograd::Node {
   std::vector<torch::autograd::SavedVariable> saved_arguments_;
 };
 
+// For its duration, the CPU's default generator draws brick device `device`'s stream: the CPU's
+// recurrent composites drop out between layers with at::dropout, which takes no generator. The
+// states are exchanged under each generator's lock, as torch.random.fork_rng does in Python; a
+// thread drawing from the CPU's default generator meanwhile would draw from brick's stream.
+class BrickRandomStream {
+ public:
+  explicit BrickRandomStream(c10::DeviceIndex device)
+      : brick_(static_cast<const BrickGenerator*>(
+                   brick_default_generator(device).unsafeGetGeneratorImpl())
+                   ->backing()),
+        cpu_(at::detail::getDefaultCPUGenerator()) {
+    saved_ = state_of(cpu_);
+    set_state(cpu_, *state_of(brick_));
+  }
+  ~BrickRandomStream() {
+    set_state(brick_, *state_of(cpu_));
+    set_state(cpu_, *saved_);
+  }
+  BrickRandomStream(const BrickRandomStream&) = delete;
+  BrickRandomStream& operator=(const BrickRandomStream&) = delete;
+
+ private:
+  static c10::intrusive_ptr<c10::TensorImpl> state_of(at::Generator& generator) {
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    return generator.unsafeGetGeneratorImpl()->get_state();
+  }
+  static void set_state(at::Generator& generator, const c10::TensorImpl& state) {
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.unsafeGetGeneratorImpl()->set_state(state);
+  }
+
+  at::Generator brick_;
+  at::Generator cpu_;
+  c10::intrusive_ptr<c10::TensorImpl> saved_;
+};
+
+// Whether the recurrent op on `stack` drops out (its `dropout` > 0 while `train`).
+bool drops_out(const c10::FunctionSchema& schema, const torch::jit::Stack& stack) {
+  const auto& arguments = schema.arguments();
+  const size_t first = stack.size() - arguments.size();
+  std::optional<double> dropout;
+  std::optional<bool> train;
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    if (arguments[i].name() == "dropout") dropout = stack[first + i].toDouble();
+    if (arguments[i].name() == "train") train = stack[first + i].toBool();
+  }
+  return dropout.value_or(0) > 0 && train.value_or(false);
+}
+
 // An autograd node held as PyTorch holds them: by c10::intrusive_ptr since PyTorch 2.13, by
 // std::shared_ptr before.
 template <typename T, typename... Args>
@@ -189,6 +241,8 @@ void run_as_the_cpu_does(const c10::OperatorHandle& op, c10::DispatchKeySet /*ke
   {
     BackingScope scope(*device);
     UnrecordedBackingOps unrecorded;
+    std::optional<BrickRandomStream> random_stream;
+    if (drops_out(schema, *stack)) random_stream.emplace(*device);
     op.callBoxed(stack);
   }
   const size_t return_count = schema.returns().size();

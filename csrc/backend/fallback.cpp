@@ -70,6 +70,11 @@ class FallbackCall {
     }
     if (device_ < 0) device_ = static_cast<c10::DeviceIndex>(rt().current_device());
     if (mismatch_argument_ != nullptr) device_mismatch(*mismatch_argument_, mismatch_tensor_);
+    TORCH_CHECK(generator_device_ < 0 || generator_device_ == device_, "Generator device index ",
+                static_cast<int>(generator_device_), " does not match the device of ",
+                schema_.name(), ", ", c10::Device(kBrick, device_),
+                ": use a generator of that device (torch.Generator(\"",
+                c10::Device(kBrick, device_), "\"))");
     for (size_t i : pending_generators_) {
       stack[first + i] = c10::IValue(generator_backing(brick_default_generator(device_)));
     }
@@ -162,8 +167,14 @@ class FallbackCall {
       }
       value = std::move(converted);
     } else if (value.isGenerator()) {
+      // As CUDA: a kernel on brick tensors takes a generator of their device, never another
+      // device's (a CPU generator would silently draw a different stream).
       const at::Generator& generator = value.toGenerator();
-      if (generator.device().type() == kBrick) value = generator_backing(generator);
+      TORCH_CHECK(generator.device().type() == kBrick, "Expected a 'brick' device type for ",
+                  "generator but found '", generator.device().type(), "' (argument '",
+                  argument.name(), "' of ", schema_.name(), ")");
+      generator_device_ = generator.device().index();
+      value = generator_backing(generator);
     } else if (value.isDevice()) {
       const c10::Device device = value.toDevice();
       if (device.type() == kBrick) {
@@ -275,6 +286,7 @@ class FallbackCall {
   c10::SmallVector<StoragePair, 4> storages_;
   c10::SmallVector<c10::StorageImpl*, 2> foreign_storages_;
   c10::SmallVector<size_t, 1> pending_generators_;
+  c10::DeviceIndex generator_device_ = -1;  // an explicit brick generator's device
   const c10::Argument* mismatch_argument_ = nullptr;
   at::Tensor mismatch_tensor_;
 };
