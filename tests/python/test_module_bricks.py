@@ -73,7 +73,7 @@ def test_every_module_call_is_a_brick_named_by_its_path(net, one_thread):
     assert rows == sorted(rows, key=lambda r: -r["self_ns"])
     table = p.report.table(by="module").splitlines()
     assert table[1].split() == ["Module", "Calls", "Self", "ms", "Total", "ms", "Self",
-                                "us/call", "%", "wall"]
+                                "us/call", "%", "span"]  # of the bricks' span
     assert table[3].split()[0] == rows[0]["name"]  # the slowest module first
     assert p.report.health.get("unbalanced_exits", 0) == 0
 

@@ -326,9 +326,6 @@ class Reader:
         wall_s = self.field(data, "wall_s", (), _FIGURE, required=False)
         top_level_ns = self.field(data, "top_level_ns", (), _COUNT, required=False)
         span = self.field(data, "bricks_span_ns", (), _COUNT, required=False)
-        if span is not None and span > wall_ns:
-            self.fail(("bricks_span_ns",), f"must be at most wall_ns ({wall_ns}): the bricks ran "
-                      f"within the profile, got {span}")
         bricks, bricks_avg = self.bricks(self.field(data, "bricks", (), _LIST), "bricks")
         paths, paths_avg = self.bricks(self.field(data, "paths", (), _LIST), "paths")
         return dict(bricks=bricks, paths=paths, wall_ns=wall_ns, sync_mode=mode, device=device,
