@@ -1,11 +1,15 @@
 """python -m torch_brickdev: the profile command (and the training demo's arguments)."""
 
 import json
+import os
 import re
 import subprocess
 import sys
 
+import pytest
+
 from contract_fixtures import MACHINE_TIMED
+from torch_brickdev.tools.cli import EXIT_CLOSED_PIPE
 from torch_brickdev.tools.contract import EXIT_INCONCLUSIVE
 
 SCRIPT = """
@@ -119,3 +123,66 @@ def test_the_demo_writes_no_progress_frames_or_kineto_notices_into_a_log(tmp_pat
     assert "USDT:" not in out.stderr
     profiled = run("profile", "-o", str(tmp_path / "profiled"), str(tmp_path / "work.py"))
     assert profiled.returncode == 0 and "USDT:" not in profiled.stderr, profiled.stderr[-2000:]
+
+
+def _small_report() -> dict:
+    bricks = [{"name": f"aten::op{i}", "path": f"aten::op{i}", "kind": "op", "device": 0,
+               "depth": 0, "count": 10, "total_ns": 10_000 * (i + 1), "min_ns": 1000 * (i + 1),
+               "max_ns": 1000 * (i + 1), "last_ns": 1000 * (i + 1), "p50_ns": 1000.0 * (i + 1),
+               "p90_ns": 1000.0 * (i + 1), "p99_ns": 1000.0 * (i + 1)} for i in range(30)]
+    return {"schema": "torch_brickdev.report", "version": 1, "sync_mode": "event",
+            "wall_ns": 10**9, "device": {"type": "brick"}, "torch": "2.13", "bricks": bricks,
+            "paths": bricks}
+
+
+def _imported(importtime_stderr: str) -> list:
+    """The modules a `python -X importtime` run imported."""
+    return [line.rsplit("|", 1)[-1].strip() for line in importtime_stderr.splitlines()
+            if line.startswith("import time:")]
+
+
+@pytest.mark.parametrize("command", [
+    ["--help"], *([name, "--help"] for name in ("demo", "train", "profile", "check", "diff",
+                                                 "merge", "top")),
+    # the commands that read JSON, each on a report
+    ["check", "{report}"], ["diff", "{report}", "{report}"],
+    ["merge", "{report}", "{report}", "-o", "{out}"],
+], ids=" ".join)
+def test_json_commands_and_help_do_not_import_torch(tmp_path, command):
+    (tmp_path / "report.json").write_text(json.dumps(_small_report()))
+    command = [arg.format(report=tmp_path / "report.json", out=tmp_path / "merged.json")
+               for arg in command]
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "torch_brickdev", *command],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode in (0, 1), out.stderr[-3000:]  # check: the decode contract fails it
+    imported = _imported(out.stderr)
+    assert "torch_brickdev.tools.cli" in imported  # the measurement saw the command's imports
+    assert "torch" not in imported and "torch_brickdev._C" not in imported, command
+
+
+def test_every_command_is_quiet_on_a_closed_pipe(tmp_path):
+    # `... | head -1`: the reader has gone when the command writes; no traceback, status 141.
+    (tmp_path / "report.json").write_text(json.dumps(_small_report()))
+    report = str(tmp_path / "report.json")
+    for command in (["diff", report, report, "--all"], ["check", report],
+                    ["merge", report, report, "-o", str(tmp_path / "m.json")]):
+        read_end, write_end = os.pipe()
+        os.close(read_end)
+        try:
+            out = subprocess.run([sys.executable, "-m", "torch_brickdev", *command],
+                                 stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120)
+        finally:
+            os.close(write_end)
+        assert out.returncode == EXIT_CLOSED_PIPE and out.stderr == "", (command, out.stderr)
+
+
+def test_only_the_command_line_defers_loading_brick():
+    # `import torch_brickdev` registers brick as it always did, and so does running one of the
+    # package's modules with -m (only `python -m torch_brickdev` itself defers it).
+    code = "import torch_brickdev, torch; print(torch.ones(1, device='brick').device)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["brick:0"], out.stderr[-2000:]
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "torch_brickdev.tools._args"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "torch_brickdev._C" in _imported(out.stderr)

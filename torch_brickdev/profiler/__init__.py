@@ -28,68 +28,43 @@ collective of brick's c10d backend is one on the device's ``collectives`` track,
 :func:`trace_analysis` runs HolisticTraceAnalysis over the ranks' traces.
 """
 
-from ._stats import BrickStats, SyncMode
-from ._registry import (
-    all_brick_stats,
-    clear_timeline,
-    disable,
-    enable,
-    health,
-    is_enabled,
-    mark,
-    range_pop,
-    range_push,
-    reset,
-    set_sync_mode,
-    stats,
-    sync_mode,
-)
-from ._kineto import kineto_available, kineto_stats
-from ._kineto import warn_where_unavailable as _warn_where_unavailable
-from .report import Report, ReportError, WrittenFigures, load_report
-from .report_key_averages import compare_with_key_averages, folded_by_pytorch
-from .shapes import ShapeStats
-from .session import profile
-from .trace import export_chrome_trace
-from .merge import MergedReport, merge_reports
-from .diff import BrickChange, ReportDiff, diff_reports
-from .trace_analysis import late_collective_stragglers, trace_analysis
+import importlib
 
-__all__ = [
-    "BrickChange",
-    "BrickStats",
-    "MergedReport",
-    "Report",
-    "ReportDiff",
-    "ReportError",
-    "ShapeStats",
-    "SyncMode",
-    "WrittenFigures",
-    "all_brick_stats",
-    "clear_timeline",
-    "compare_with_key_averages",
-    "diff_reports",
-    "folded_by_pytorch",
-    "disable",
-    "enable",
-    "export_chrome_trace",
-    "health",
-    "is_enabled",
-    "kineto_available",
-    "kineto_stats",
-    "late_collective_stragglers",
-    "load_report",
-    "mark",
-    "merge_reports",
-    "profile",
-    "range_pop",
-    "range_push",
-    "reset",
-    "set_sync_mode",
-    "stats",
-    "sync_mode",
-    "trace_analysis",
-]
+# Where each name of the API lives; a submodule loads when one of its names is first used (PEP
+# 562). Reading a report (report, diff, merge) then needs neither torch nor the native module: the
+# command line's JSON commands start at once. ``import torch_brickdev`` loads torch and brick first.
+_EXPORTS = {
+    "BrickStats": "_stats", "SyncMode": "_stats",
+    **dict.fromkeys(("all_brick_stats", "clear_timeline", "disable", "enable", "health",
+                     "is_enabled", "mark", "range_pop", "range_push", "reset", "set_sync_mode",
+                     "stats", "sync_mode"), "_registry"),
+    "kineto_available": "_kineto", "kineto_stats": "_kineto",
+    "Report": "report", "ReportError": "report", "WrittenFigures": "report",
+    "load_report": "report",
+    "compare_with_key_averages": "report_key_averages", "folded_by_pytorch": "report_key_averages",
+    "ShapeStats": "shapes",
+    "profile": "session",
+    "export_chrome_trace": "trace",
+    "MergedReport": "merge", "merge_reports": "merge",
+    "BrickChange": "diff", "ReportDiff": "diff", "diff_reports": "diff",
+    "late_collective_stragglers": "trace_analysis", "trace_analysis": "trace_analysis",
+}
 
-# torch.profiler on a PyTorch without Kineto's PrivateUse1 registry: a warning, not silence.
-_warn_where_unavailable()
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        globals()[name] = value  # later reads find it without this function
+        return value
+    try:  # a submodule not yet imported (``profiler.roofline.peaks()``)
+        return importlib.import_module(f".{name}", __name__)
+    except ModuleNotFoundError as error:
+        if error.name != f"{__name__}.{name}":
+            raise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

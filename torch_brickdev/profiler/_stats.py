@@ -1,4 +1,5 @@
-"""The profiler's shared types: what a sync mode is and what one brick's figures are.
+"""The profiler's shared types: what a sync mode is, where ops can be timed and what one
+brick's figures are.
 
 A leaf: the registry's surface (_registry.py), the report (report.py) and the session above both
 (session.py) import it; it imports nothing of theirs.
@@ -39,6 +40,11 @@ class SyncMode(str, enum.Enum):
             raise ValueError(
                 f"{where}: {arg}={mode!r} is not a sync mode; expected one of {valid}"
             ) from None
+
+
+#: Where a profile times ops (``profile(ops=...)``): every op the dispatcher runs, or brick's
+#: kernels only.
+OP_TIMINGS = ("dispatcher", "kernels")
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from typing import NamedTuple, Optional, Tuple, Union
 
 from ..argcheck import check_bool, describe, describe_value
 from ._registry import _native, disable, is_enabled, set_sync_mode, sync_mode
-from ._stats import SyncMode
+from ._stats import OP_TIMINGS, SyncMode
 from . import machine
 from .live import Publisher
 from .modules import ModuleBricks
@@ -36,9 +36,6 @@ def _check_metadata(metadata, where: str) -> dict:
             f"report), got {error}"
         ) from None
     return dict(metadata)
-
-
-OP_TIMINGS = ("dispatcher", "kernels")
 
 
 def check_ops(ops, where: str) -> str:

@@ -4,7 +4,8 @@ Commands:
   demo     decode tokens with a Qwen-style model on brick, profile every block, check the
            decode-profiling contract, write report.json and trace.json
   check    check a report against a profiling contract (default: the decode contract)
-  profile  run a Python script with the brick profiler on; write its report and trace
+  profile  run a Python script (or -m module) with the brick profiler on, as python would run
+           it; write its report and trace
   train    train a small model on a brick device and on the CPU side by side (--nproc N:
            DistributedDataParallel on N ranks, with the merged profile)
   merge    merge the ranks' report.json files of a distributed run into one cross-rank table
@@ -15,17 +16,35 @@ Commands:
 import argparse
 import copy
 import json
+import os
 import sys
+from typing import TYPE_CHECKING
 
-import torch
-
-import torch_brickdev  # noqa: F401  (registers brick)
-from torch_brickdev.profiler.session import OP_TIMINGS
+# Only what every command needs: the commands that read JSON (check, diff, merge, top, and every
+# --help) never load torch; the others call _load_torch() first.
+from torch_brickdev.profiler._stats import OP_TIMINGS, SyncMode
 from torch_brickdev.tools._args import fraction, positive_int
-from torch_brickdev.tools.quiet_kineto import QuietProfile
+
+# Exit status when standard output is a pipe whose reader left (`... | head -1`): 128 + SIGPIPE,
+# what a shell shows for a program that signal ended; 1 would read as a regression here.
+EXIT_CLOSED_PIPE = 141
+
+if TYPE_CHECKING:
+    import torch
 
 
-def _brick_device(text: str) -> torch.device:
+def _load_torch() -> None:
+    """torch and brick, registered as ``import torch_brickdev`` registers it: ``python -m
+    torch_brickdev`` defers that to the commands that run torch (see torch_brickdev._start)."""
+    import torch_brickdev
+
+    torch_brickdev._start()
+
+
+def _brick_device(text: str) -> "torch.device":
+    _load_torch()
+    import torch
+
     try:
         device = torch.device(text)
     except RuntimeError as error:
@@ -41,10 +60,14 @@ def _brick_device(text: str) -> torch.device:
 
 
 def train(args) -> int:
-    from torch_brickdev.tools.training import residual_mlp, steady_ratio, train_steps
-
     if args.nproc is not None:
         return train_distributed(args)
+    _load_torch()
+    import torch
+
+    import torch_brickdev
+    from torch_brickdev.tools.training import residual_mlp, steady_ratio, train_steps
+
     torch.manual_seed(args.seed)
     cpu_model = residual_mlp(args.width, args.depth, 10)
     brick_model = copy.deepcopy(cpu_model).to(args.device)
@@ -80,7 +103,6 @@ def train(args) -> int:
 def train_distributed(args) -> int:
     """``train --nproc N``: torchrun runs N ranks of the DDP training demo (tools/ddp_train.py),
     each on its own brick device beside the CPU; then the ranks' reports are merged."""
-    import os
     import signal
     import subprocess
 
@@ -113,7 +135,6 @@ def train_distributed(args) -> int:
 
 
 def decode_demo(args) -> int:
-    from torch_brickdev.tools import demo as decode
     from torch_brickdev.tools.demo_config import DecodeConfig
 
     config = DecodeConfig(
@@ -129,6 +150,11 @@ def decode_demo(args) -> int:
         print("error: --legacy compares the registry's ops with key_averages(), which names "
               "them at the dispatcher: drop --ops kernels", file=sys.stderr)
         return 2
+    _load_torch()
+    import torch
+
+    from torch_brickdev.tools import demo as decode
+
     torch.set_num_threads(args.threads if args.threads is not None else decode.default_threads())
     result = decode.run_demo(config, device=args.device, sync_mode=args.sync_mode, runs=args.runs,
                              out_dir=args.output, legacy=args.legacy, progress=not args.no_progress,
@@ -143,30 +169,35 @@ def decode_demo(args) -> int:
 
 
 def profile_script(args) -> int:
-    """Runs a script under the brick registry (and, for the trace, PyTorch's legacy profiler
-    with brick's stubs), like ``nsys profile``: the script sees its own argv."""
-    import os
-    import runpy
+    """Runs a script (or ``-m module``) under the brick registry (and, for the trace, PyTorch's
+    legacy profiler with brick's stubs), like ``nsys profile``, as ``python`` would run it
+    (tools.script_target). When it raises or is interrupted, the report of what ran is written,
+    marked incomplete, and the process ends as python's would have."""
+    from torch_brickdev.tools.script_target import TargetError, end_as_python_would, ended_early
 
-    import torch_brickdev.profiler as bp
-
-    if not os.path.isfile(args.script):
-        print(f"error: no such script: {args.script}", file=sys.stderr)
+    target = args.target
+    try:
+        target.check()
+    except TargetError as error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
     if args.ops == "kernels" and (args.record_shapes or args.roofline):
         option = "--roofline" if args.roofline else "--record-shapes"
         print(f"error: --ops kernels records no input shapes: drop {option}", file=sys.stderr)
         return 2
+    _load_torch()
+    import torch
+
+    import torch_brickdev.profiler as bp
     from torch_brickdev.distributed import group_info
+    from torch_brickdev.tools.quiet_kineto import QuietProfile
 
     # Under torchrun every rank profiles itself: each writes to its own folder.
     rank = group_info()
     if rank is not None and rank["world_size"] > 1:
         args.output = os.path.join(args.output, f"rank{rank['rank']}")
     os.makedirs(args.output, exist_ok=True)
-    saved_argv = sys.argv
-    sys.argv = [args.script, *args.script_args]
-    exit_code = 0
+    ended = None  # the target's exception, SystemExit included: passed on at the end
     legacy = torch.autograd.profiler.profile(use_device="brick") if args.trace else None
     quiet_legacy = QuietProfile(legacy) if legacy is not None else None
     try:
@@ -174,37 +205,40 @@ def profile_script(args) -> int:
             quiet_legacy.__enter__()
         with bp.profile(sync_mode=args.sync_mode, modules=args.modules, live=args.live or None,
                         record_shapes=args.record_shapes, roofline=args.roofline, ops=args.ops,
-                        metadata={"script": args.script, "argv": list(args.script_args)}) as p:
+                        metadata=target.metadata()) as p:
             try:
-                runpy.run_path(args.script, run_name="__main__")
-            except SystemExit as exit_:
-                exit_code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+                target.run()
+            except BaseException as error:  # Ctrl-C too: what ran is reported
+                ended = error
     finally:
         if quiet_legacy is not None:
             quiet_legacy.__exit__(None, None, None)
-        sys.argv = saved_argv
-    report_path = p.report.write_json(os.path.join(args.output, "report.json"))
-    print(p.report.table(row_limit=args.rows))
-    if args.modules and p.report.module_times():
+    report = p.report
+    why = ended_early(target, ended) if ended is not None else None
+    if why is not None:
+        report = report.with_metadata(incomplete=why)
+    report_path = report.write_json(os.path.join(args.output, "report.json"))
+    print(report.table(row_limit=args.rows))
+    if args.modules and report.module_times():
         print()
-        print(p.report.table(by="module", row_limit=args.rows))
-    if args.record_shapes and p.report.shape_stats():
+        print(report.table(by="module", row_limit=args.rows))
+    if args.record_shapes and report.shape_stats():
         print()
-        print(p.report.table(by="shape", row_limit=args.rows))
-    if args.roofline and p.report.roofline():
+        print(report.table(by="shape", row_limit=args.rows))
+    if args.roofline and report.roofline():
         print()
-        print(p.report.table(roofline=True, row_limit=args.rows))
-    print(f"\nreport: {report_path}")
+        print(report.table(roofline=True, row_limit=args.rows))
+    print(f"\nreport: {report_path}" + (" (incomplete: what ran)" if why is not None else ""))
     if legacy is not None:
         trace_path = bp.export_chrome_trace(legacy, os.path.join(args.output, "trace.json"),
-                                            report=p.report if args.roofline else None)
+                                            report=report if args.roofline else None)
         print(f"trace:  {trace_path} (open in ui.perfetto.dev)")
-    return exit_code
+    if ended is not None:
+        end_as_python_would(ended)
+    return 0
 
 
 def merge_ranks(args) -> int:
-    import os
-
     import torch_brickdev.profiler as bp
 
     try:
@@ -239,7 +273,12 @@ def diff(args) -> int:
     return 1 if not result.passed else 3 if result.inconclusive else 0
 
 
-def main(argv=None) -> int:
+_SYNC_MODES = [SyncMode.EVENT.value] + [m.value for m in SyncMode if m is not SyncMode.EVENT]
+
+
+def _parser():
+    """The command line's parser, and the profile command's options that take a value (they
+    tell its options from the script's arguments: see script_target.split_command)."""
     parser = argparse.ArgumentParser(prog="python -m torch_brickdev", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -247,8 +286,8 @@ def main(argv=None) -> int:
 
     defaults = DecodeConfig()
     p = commands.add_parser("demo", help="profile a Qwen-style decode on brick and check the contract")
-    p.add_argument("--device", type=_brick_device, default=torch.device("brick", 0))
-    p.add_argument("--sync-mode", choices=["event", "immediate", "deferred"], default="event")
+    p.add_argument("--device", type=_brick_device, default="brick:0")
+    p.add_argument("--sync-mode", choices=_SYNC_MODES, default="event")
     p.add_argument("--layers", type=positive_int, default=defaults.layers)
     p.add_argument("--hidden", type=positive_int, default=defaults.hidden)
     p.add_argument("--heads", type=positive_int, default=defaults.heads)
@@ -314,7 +353,7 @@ def main(argv=None) -> int:
     p.set_defaults(run=diff)
 
     p = commands.add_parser("train", help="train a small model on brick and on the CPU side by side")
-    p.add_argument("--device", type=_brick_device, default=torch.device("brick", 0))
+    p.add_argument("--device", type=_brick_device, default="brick:0")
     p.add_argument("--width", type=positive_int, default=256)
     p.add_argument("--depth", type=positive_int, default=4)
     p.add_argument("--batch", type=positive_int, default=64)
@@ -330,12 +369,29 @@ def main(argv=None) -> int:
                    help="with --nproc: seconds the ranks may run before they are stopped")
     p.set_defaults(run=train)
 
-    p = commands.add_parser("profile", help="run a script with the brick profiler; write report.json and trace.json")
-    p.add_argument("--sync-mode", choices=["event", "immediate", "deferred"], default="event")
-    p.add_argument("--output", "-o", default=".", help="folder for report.json and trace.json")
+    # The script's arguments are its own, as for python: profile's options come first, and no
+    # abbreviation of them, which could be read either way.
+    p = commands.add_parser(
+        "profile", allow_abbrev=False,
+        usage="python -m torch_brickdev profile [options] (script | -m module) [args ...]",
+        help="run a script (or -m module) with the brick profiler, as python would run it; "
+        "write report.json and trace.json",
+        description="Runs a script, or -m and a module, as python would run it (__main__, "
+        "sys.argv, its folder first on sys.path), with the brick profiler on; writes report.json "
+        "and trace.json. Every argument after the script (or the module) is the script's. When "
+        "the script raises or is interrupted (Ctrl-C), the report of what ran is written, marked "
+        "incomplete, and the command ends as python would have.")
+    value_options = [
+        p.add_argument("--sync-mode", choices=_SYNC_MODES, default="event"),
+        p.add_argument("--output", "-o", default=".", help="folder for report.json and trace.json"),
+        p.add_argument("--rows", type=positive_int, default=30, help="rows of the printed table"),
+        p.add_argument("--ops", choices=OP_TIMINGS, default="dispatcher",
+                       help="where ops are timed: every op the dispatcher runs (default), or "
+                       "brick's kernels only (cheaper: no RecordFunction per op; no composites "
+                       "or views)"),
+    ]
     p.add_argument("--no-trace", dest="trace", action="store_false",
                    help="skip the legacy profiler and the chrome trace (less overhead)")
-    p.add_argument("--rows", type=positive_int, default=30, help="rows of the printed table")
     p.add_argument("--modules", action="store_true",
                    help="every nn.Module call a brick named by its qualified path, and the "
                    "module table (self and total time per module)")
@@ -349,13 +405,25 @@ def main(argv=None) -> int:
                    help="each brick's FLOPs and bytes, achieved GFLOP/s and GB/s and their share "
                    "of the backing device's measured peaks (records shapes; the peaks are "
                    "measured once per machine and cached)")
-    p.add_argument("--ops", choices=OP_TIMINGS, default="dispatcher",
-                   help="where ops are timed: every op the dispatcher runs (default), or brick's "
-                   "kernels only (cheaper: no RecordFunction per op; no composites or views)")
-    p.add_argument("script")
-    p.add_argument("script_args", nargs=argparse.REMAINDER)
     p.set_defaults(run=profile_script)
+    return parser, {flag for action in value_options for flag in action.option_strings}
+
+
+def main(argv=None) -> int:
     given = sys.argv[1:] if argv is None else list(argv)
+    try:
+        try:
+            return _run(given)
+        finally:
+            sys.stdout.flush()  # a closed pipe shows here, in this handler, not at the exit
+    except BrokenPipeError:
+        # `... | head -1`: the reader left; nothing more to say. stdout goes to devnull so that
+        # the interpreter's flush at the exit does not report the pipe again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_CLOSED_PIPE
+
+
+def _run(given) -> int:
     if given[:1] == ["check"]:
         # check's options come before its report too (argparse's REMAINDER would refuse them)
         from torch_brickdev.tools import contract
@@ -363,7 +431,19 @@ def main(argv=None) -> int:
     if given[:1] == ["top"]:
         from torch_brickdev.tools import top
         return top.main(given[1:])
-    args = parser.parse_args(given)
+    parser, profile_value_options = _parser()
+    if given[:1] != ["profile"]:
+        args = parser.parse_args(given)
+        return args.run(args)
+    from torch_brickdev.tools.script_target import Target, TargetError, split_command
+
+    options, command = split_command(given[1:], profile_value_options)
+    args = parser.parse_args(["profile", *options])
+    try:
+        args.target = Target.parse(command)
+    except TargetError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     return args.run(args)
 
 

@@ -7,8 +7,6 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-import torch
-
 from torch_brickdev.argcheck import describe, describe_value
 
 
@@ -91,6 +89,8 @@ def _check_config(config, where: str) -> "DecodeConfig":
 
 def _check_device(device, where: str) -> torch.device:
     """``device`` (a str or a torch.device) as a torch.device; a brick device must exist."""
+    import torch  # here: the command line reads the demo's defaults without torch
+
     if not isinstance(device, (str, torch.device)):
         raise TypeError(
             f"decode demo: {where}: device must be a str or a torch.device such as 'brick:0', "
