@@ -62,7 +62,8 @@ def layout(tmp_path):
     (scripts / "probe.py").write_text(PROBE)
     (scripts / "sibling.py").write_text("VALUE = 'beside the script'\n")
     (work / "mypkg" / "__init__.py").write_text("")
-    (work / "mypkg" / "tool.py").write_text(PROBE.replace("import sibling", "from . import sibling"))
+    (work / "mypkg" / "tool.py").write_text(PROBE.replace("import sibling",
+                                                          "from . import sibling"))
     (work / "mypkg" / "sibling.py").write_text("VALUE = 'in the package'\n")
     (work / "data.txt").write_text("read from the working folder")
     return tmp_path

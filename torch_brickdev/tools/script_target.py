@@ -23,7 +23,7 @@ from typing import Collection, Iterator, List, NoReturn, Optional, Sequence, Tup
 
 from ..terminal import printable
 
-__all__ = ["Target", "TargetError", "end_as_python_would", "split_command"]
+__all__ = ["Target", "TargetError", "end_as_python_would", "ended_early", "split_command"]
 
 
 class TargetError(ValueError):
