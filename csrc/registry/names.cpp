@@ -14,6 +14,8 @@ const char* kind_name(Kind kind) noexcept {
       return "op";
     case Kind::Range:
       return "range";
+    case Kind::Host:
+      return "host";
   }
   return "unknown";
 }

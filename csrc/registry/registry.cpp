@@ -93,32 +93,37 @@ struct NodeInfo {
   int device;
 };
 
-// A node is a name under a parent on a device: the same op on two devices is two bricks.
+// A node is a name of a kind under a parent on a device: the same op on two devices is two
+// bricks, and so are an op's calls on brick and on the host (Kind::Host).
 struct NodeKeyView {
   NodeId parent;
   int device;
+  Kind kind;
   std::string_view name;
 };
 
 struct NodeKey {
   NodeId parent;
   int device;
+  Kind kind;
   std::string name;
-  operator NodeKeyView() const noexcept { return {parent, device, name}; }
+  operator NodeKeyView() const noexcept { return {parent, device, kind, name}; }
 };
 
 struct NodeKeyHash {
   using is_transparent = void;
   size_t operator()(const NodeKeyView& key) const noexcept {
-    return (std::hash<std::string_view>{}(key.name) * 31 + key.parent) * 31 +
-           static_cast<size_t>(key.device);
+    return ((std::hash<std::string_view>{}(key.name) * 31 + key.parent) * 31 +
+            static_cast<size_t>(key.device)) *
+               31 +
+           static_cast<size_t>(key.kind);
   }
 };
 
 struct NodeKeyEqual {
   using is_transparent = void;
   bool operator()(const NodeKeyView& a, const NodeKeyView& b) const noexcept {
-    return a.parent == b.parent && a.device == b.device && a.name == b.name;
+    return a.parent == b.parent && a.device == b.device && a.kind == b.kind && a.name == b.name;
   }
 };
 
@@ -215,14 +220,30 @@ NodeId Registry::intern(NodeId parent, std::string_view name, Kind kind, int dev
     throw Error("brick registry: intern(): a brick name must not be empty (parent " +
                 (parent == kNoParent ? std::string("none") : std::to_string(parent)) + ")");
   }
+  std::lock_guard<std::mutex> lock(impl_->nodes_mutex);
+  return intern_locked(parent, name, kind, device);
+}
+
+NodeId Registry::twin(NodeId node, Kind kind) {
+  std::lock_guard<std::mutex> lock(impl_->nodes_mutex);
+  if (node >= impl_->nodes.size()) {
+    throw Error("brick registry: twin(): node " + std::to_string(node) + " does not exist (" +
+                std::to_string(impl_->nodes.size()) + " nodes interned)");
+  }
+  const NodeInfo& info = impl_->nodes[node];
+  if (info.kind == kind) return node;
+  const std::string name = info.name;  // (interning may move the node table)
+  return intern_locked(info.parent, name, kind, info.device);
+}
+
+NodeId Registry::intern_locked(NodeId parent, std::string_view name, Kind kind, int device) {
   Impl& impl = *impl_;
-  std::lock_guard<std::mutex> lock(impl.nodes_mutex);
   if (parent != kNoParent && parent >= impl.nodes.size()) {
     throw Error("brick registry: intern(): parent node " + std::to_string(parent) +
                 " does not exist (" + std::to_string(impl.nodes.size()) +
                 " nodes interned) while interning '" + std::string(name) + "'");
   }
-  if (auto it = impl.index.find(NodeKeyView{parent, device, name}); it != impl.index.end()) {
+  if (auto it = impl.index.find(NodeKeyView{parent, device, kind, name}); it != impl.index.end()) {
     return it->second;
   }
   if (impl.nodes.size() >= kMaxNodes) {
@@ -239,7 +260,7 @@ NodeId Registry::intern(NodeId parent, std::string_view name, Kind kind, int dev
     info.path.append(up.path).append("/").append(name);
     info.depth = up.depth + 1;
   }
-  impl.index.emplace(NodeKey{parent, device, info.name}, node);
+  impl.index.emplace(NodeKey{parent, device, kind, info.name}, node);
   impl.nodes.push_back(std::move(info));
   impl.node_count.store(node + 1, std::memory_order_release);
   return node;

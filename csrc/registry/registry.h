@@ -19,7 +19,8 @@
 
 namespace brick::registry {
 
-enum class Kind : uint8_t { Op, Range };
+// Host: calls of an op that ran no brick work (a CPU op): their host time, never device time.
+enum class Kind : uint8_t { Op, Range, Host };
 const char* kind_name(Kind kind) noexcept;
 
 // How a brick's start and stop are timed (the profiler layer implements them).
@@ -107,10 +108,13 @@ class Registry {
   Registry(const Registry&) = delete;
   Registry& operator=(const Registry&) = delete;
 
-  // The node for `name` under `parent` (kNoParent for top level) on `device`; created on first
-  // use (the kind of the first intern wins).
+  // The node for `name` of `kind` under `parent` (kNoParent for top level) on `device`; created
+  // on first use.
   // Thread safe; takes a lock, so callers cache the result per call site.
   NodeId intern(NodeId parent, std::string_view name, Kind kind, int device);
+  // The node of `node`'s name, parent and device of kind `kind` (interned as intern() does):
+  // where the calls of one call site that ran on the host are kept apart from its op's.
+  NodeId twin(NodeId node, Kind kind);
   size_t node_count() const;
 
   // Adds one completed call of `ns` nanoseconds to `node` (lock-free; the calling thread's
@@ -151,6 +155,7 @@ class Registry {
   static int64_t now_ns() noexcept;
 
  private:
+  NodeId intern_locked(NodeId parent, std::string_view name, Kind kind, int device);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

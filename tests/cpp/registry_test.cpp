@@ -88,6 +88,7 @@ class Phases {
 TEST(RegistryNames, KindAndSyncModeNames) {
   EXPECT_STREQ(kind_name(Kind::Op), "op");
   EXPECT_STREQ(kind_name(Kind::Range), "range");
+  EXPECT_STREQ(kind_name(Kind::Host), "host");
   EXPECT_STREQ(sync_mode_name(SyncMode::Immediate), "immediate");
   EXPECT_STREQ(sync_mode_name(SyncMode::Deferred), "deferred");
   EXPECT_STREQ(sync_mode_name(SyncMode::Event), "event");
@@ -138,15 +139,15 @@ TEST(RegistryIntern, SameParentAndNameGiveTheSameNode) {
   EXPECT_EQ(registry.node_count(), 5u);
 }
 
-TEST(RegistryIntern, PathsDepthsAndFirstInternWins) {
+TEST(RegistryIntern, PathsDepthsAndKinds) {
   Registry registry;
   const NodeId a = registry.intern(kNoParent, "train", Kind::Range, -1);
   const NodeId b = registry.intern(a, "forward", Kind::Range, -1);
   const NodeId c = registry.intern(b, "aten::addmm", Kind::Op, 1);
-  // A later intern with another kind returns the node as first interned; another device is
-  // another node.
-  EXPECT_EQ(registry.intern(b, "aten::addmm", Kind::Range, 1), c);
+  // Another device is another node, and so is another kind.
   EXPECT_NE(registry.intern(b, "aten::addmm", Kind::Op, 3), c);
+  EXPECT_NE(registry.intern(b, "aten::addmm", Kind::Host, 1), c);
+  EXPECT_EQ(registry.intern(b, "aten::addmm", Kind::Op, 1), c);
   for (NodeId node : {a, b, c}) registry.record(node, 10);
   const auto stats = registry.snapshot().nodes;
   ASSERT_EQ(stats.size(), 3u);
@@ -165,6 +166,31 @@ TEST(RegistryIntern, PathsDepthsAndFirstInternWins) {
   EXPECT_EQ(stats[2].parent, b);
   EXPECT_EQ(stats[2].kind, Kind::Op);
   EXPECT_EQ(stats[2].device, 1);
+}
+
+TEST(RegistryIntern, TwinHasTheNodesNameParentAndDeviceInAnotherKind) {
+  Registry registry;
+  const NodeId range = registry.intern(kNoParent, "step", Kind::Range, -1);
+  const NodeId op = registry.intern(range, "aten::mm", Kind::Op, 2);
+  const NodeId host = registry.twin(op, Kind::Host);
+  EXPECT_NE(host, op);
+  EXPECT_EQ(registry.twin(op, Kind::Host), host);  // interned once
+  EXPECT_EQ(registry.intern(range, "aten::mm", Kind::Host, 2), host);
+  EXPECT_EQ(registry.twin(op, Kind::Op), op);
+  EXPECT_EQ(registry.twin(host, Kind::Op), op);
+  registry.record(op, 5);
+  registry.record(host, 7);
+  const auto nodes = registry.snapshot().nodes;
+  ASSERT_EQ(nodes.size(), 2u);
+  EXPECT_EQ(nodes[1].kind, Kind::Host);
+  EXPECT_EQ(nodes[1].path, "step/aten::mm");
+  EXPECT_EQ(nodes[1].parent, range);
+  EXPECT_EQ(nodes[1].device, 2);
+  EXPECT_EQ(nodes[1].total_ns, 7);
+  EXPECT_EQ(nodes[0].total_ns, 5);
+  const auto names = registry.snapshot().by_name();
+  ASSERT_EQ(names.size(), 2u);  // the op and its host calls stay apart by name too
+  EXPECT_THROW(registry.twin(99, Kind::Host), Error);
 }
 
 TEST(RegistryIntern, InvalidArgumentsThrow) {
