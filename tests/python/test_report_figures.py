@@ -144,7 +144,6 @@ def test_the_cli_profiles_share_leaves_the_scripts_start_up_out(tmp_path):
     row = next(line for line in done.stdout.splitlines() if line.startswith("Work "))
     share = 100 * report.brick("Work").total_ns / report.bricks_span_ns
     assert row.split()[-1] == f"{share:.1f}%"
-    assert share > 50  # of the span: the half-second start-up is not in it
 
 
 # ---- tables that fit a terminal ---------------------------------------------------------------

@@ -12,7 +12,7 @@ what was expected. The rules:
   first brick's start to the last one's end, within ``wall_ns`` as the profiler writes it),
   ``wall_s`` and ``top_level_ns`` (derived figures: a number, an integer);
 * every brick entry has the thirteen fields of :class:`BrickStats` (names and paths non-empty
-  text, ``kind`` ``"op"`` or ``"range"``, ``device`` >= -1, counts and nanosecond figures
+  text, ``kind`` ``"op"``, ``"range"`` or ``"host"``, ``device`` >= -1, counts and nanosecond figures
   integers in [0, 2**63 - 1], percentiles finite numbers >= 0) and optionally ``avg_us`` (a
   finite number >= 0, the figure the contract compares with ``total_ns / count``);
 * ``metadata.incomplete``, where present, is a non-empty string: why the profiled run ended early
@@ -229,10 +229,11 @@ class Report:
 
     # ---- queries ----------------------------------------------------------------------------
     def brick(self, name: str) -> BrickStats:
+        """The op or range named ``name``; else its host row (an op that ran only on the CPU)."""
         _check_str(name, "Report.brick", "name")
-        for b in self.bricks:
-            if b.name == name:
-                return b
+        named = [b for b in self.bricks if b.name == name]
+        for b in sorted(named, key=lambda b: b.kind == "host"):
+            return b
         raise KeyError(f"brick report: no brick named {name!r}")
 
     def __contains__(self, name: str) -> bool:
@@ -240,8 +241,19 @@ class Report:
         return any(b.name == name for b in self.bricks)
 
     def top_level_ns(self) -> int:
-        """Total time of the bricks that have no parent brick (nothing counted twice)."""
-        return sum(p.total_ns for p in self.paths if p.depth == 0)
+        """Total time of the bricks that have no parent brick (nothing counted twice); host
+        rows (ops that ran on the CPU) are not brick time."""
+        return sum(p.total_ns for p in self.paths if p.depth == 0 and p.kind != "host")
+
+    @property
+    def host_ops(self) -> List[dict]:
+        """The ops that ran no brick work (kind ``host``: CPU ops, e.g. data preparation), slowest
+        first: name, calls and host time. Their time is the host's, never counted as device
+        time (top_level_ns, the share column, the roofline)."""
+        rows = [{"name": b.name, "calls": b.count, "host_ns": b.total_ns}
+                for b in self.bricks if b.kind == "host"]
+        rows.sort(key=lambda r: -r["host_ns"])
+        return rows
 
     # ---- JSON -------------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -356,8 +368,11 @@ class Report:
             from . import shapes
 
             return shapes.shape_table(self.shape_stats(), self.wall_ns, row_limit)
-        rows = (sorted(self.bricks, key=keys[sort_by]) if by == "name"
-                else _tree_order(self.paths, keys[sort_by]))
+        # Host rows are listed in a note of their own, outside the bricks' columns and shares.
+        device_rows = [b for b in (self.bricks if by == "name" else self.paths)
+                       if b.kind != "host"]
+        rows = (sorted(device_rows, key=keys[sort_by]) if by == "name"
+                else _tree_order(device_rows, keys[sort_by]))
         if row_limit is not None:
             rows = rows[:row_limit]
         share_of, share_header, share_note = self._share_base()
@@ -377,8 +392,10 @@ class Report:
                   if roofline else ())])
         notes = [
             f"sync mode: {self.sync_mode.value}; wall time: {self.wall_ns / 1e6:.3f} ms; "
-            f"top-level brick time: {self.top_level_ns() / 1e6:.3f} ms; {len(self.bricks)} bricks",
+            f"top-level brick time: {self.top_level_ns() / 1e6:.3f} ms; "
+            f"{len(self.bricks) - len(self.host_ops)} bricks",
             share_note,
+            *_host_lines(self.host_ops),
             "calls: every call on every thread, a call nested in a call of the same name "
             "included (key_averages() folds it into its parent)",
         ]
@@ -476,6 +493,17 @@ class Report:
         return self.table()
 
 
+def _host_lines(host_ops: List[dict]) -> List[str]:
+    """The table's note on the ops that ran on the CPU, slowest first (none: no line)."""
+    if not host_ops:
+        return []
+    listed = ", ".join(f"{printable(r['name'])} x{r['calls']} ({r['host_ns'] / 1e6:.3f} ms host "
+                       f"time)" for r in host_ops[:10])
+    more = f", and {len(host_ops) - 10} more" if len(host_ops) > 10 else ""
+    ops = "op" if len(host_ops) == 1 else "ops"
+    return [f"{len(host_ops)} {ops} ran on the CPU, not on brick (no device time): {listed}{more}"]
+
+
 def _collective_lines(collectives) -> List[str]:
     """The collectives of brick's c10d backend in the region: per kind, calls, bytes this rank
     contributed, group size, time in the collective (enqueue to completion) and bytes over that
@@ -486,7 +514,8 @@ def _collective_lines(collectives) -> List[str]:
     for name, c in sorted(collectives.items()):
         if not isinstance(c, dict):
             continue
-        line = (f"  {printable(name)}: {c.get('calls', 0)} calls, {c.get('bytes', 0) / 2**20:.3f} MiB, "
+        line = (f"  {printable(name)}: {c.get('calls', 0)} calls, "
+                f"{c.get('bytes', 0) / 2**20:.3f} MiB, "
                 f"group size {c.get('group_size', 0)}")
         time_ns, timed = c.get("time_ns"), c.get("timed_calls")
         if isinstance(time_ns, int) and isinstance(timed, int) and timed > 0 and time_ns > 0:
