@@ -8,6 +8,11 @@
   CPU, silently).
 * A Trainer whose arguments resolved to the CPU warns when it moves a brick model there, naming
   the fix.
+* Where transformers knows no accelerator, ``pipeline(..., device=0)``, ``from_pretrained(...,
+  device_map="auto")`` and ``pipeline(..., device_map="auto")`` put the model on brick (they chose
+  the CPU, silently); their outputs equal the CPU's.
+* accelerate's ``PartialState()`` that falls back to the CPU with brick registered says so, naming
+  ``ACCELERATE_TORCH_DEVICE=brick``; asking for the CPU (``cpu=True``) or for brick stays quiet.
 """
 
 import json
@@ -15,6 +20,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import warnings
 
 import pytest
 import torch
@@ -93,3 +99,90 @@ def test_trainer_warns_when_it_moves_a_brick_model_elsewhere(monkeypatch):
         with pytest.warns(UserWarning, match="ACCELERATE_TORCH_DEVICE=brick"):
             trainer = transformers.Trainer(model=_tiny_gpt2().to("brick"), args=args)
     assert next(trainer.model.parameters()).device.type == "cpu"  # moved, but said so
+
+
+def _transformers_knows_no_accelerator():
+    if transformers.utils.get_available_devices() != {"cpu"}:
+        pytest.skip("transformers knows an accelerator here and picks it for ordinals and maps")
+
+
+def _greedy(generate):
+    return generate("a b c", max_new_tokens=5, do_sample=False)
+
+
+def test_pipeline_device_ordinal_runs_on_brick():
+    _transformers_knows_no_accelerator()
+    tokenizer = _tokenizer()
+    on_cpu = transformers.pipeline("text-generation", model=_tiny_gpt2(), tokenizer=tokenizer,
+                                   device=-1)
+    assert on_cpu.device == torch.device("cpu")  # the CPU when asked for
+    for ordinal in (0, 1):
+        model = _tiny_gpt2()
+        generate = transformers.pipeline("text-generation", model=model, tokenizer=tokenizer,
+                                         device=ordinal)
+        assert generate.device == torch.device("brick", ordinal)
+        assert next(model.parameters()).device == torch.device("brick", ordinal)
+        assert _greedy(generate) == _greedy(on_cpu)
+
+
+@pytest.fixture
+def saved_gpt2():
+    """A tiny GPT-2 and its tokenizer saved to a directory, as from_pretrained reads them."""
+    with tempfile.TemporaryDirectory() as directory:
+        _tiny_gpt2().save_pretrained(directory)
+        _tokenizer().save_pretrained(directory)
+        yield directory
+
+
+def test_from_pretrained_device_map_auto_places_on_brick(saved_gpt2):
+    pytest.importorskip("accelerate", reason="device_map needs accelerate")
+    _transformers_knows_no_accelerator()
+    model = transformers.GPT2LMHeadModel.from_pretrained(saved_gpt2, device_map="auto")
+    assert {p.device.type for p in model.parameters()} == {"brick"}
+    budgeted = transformers.GPT2LMHeadModel.from_pretrained(
+        saved_gpt2, device_map="auto", max_memory={1: "1GB", "cpu": "1GB"})  # brick's ordinals
+    assert {p.device for p in budgeted.parameters()} == {torch.device("brick", 1)}
+    reference = transformers.GPT2LMHeadModel.from_pretrained(saved_gpt2)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        logits = model(ids.to(next(model.parameters()).device)).logits
+        torch.testing.assert_close(logits.cpu(), reference(ids).logits, rtol=0, atol=0)
+
+
+def test_pipeline_device_map_auto_runs_on_brick(saved_gpt2):
+    pytest.importorskip("accelerate", reason="device_map needs accelerate")
+    _transformers_knows_no_accelerator()
+    generate = transformers.pipeline("text-generation", model=saved_gpt2, device_map="auto")
+    assert generate.device.type == "brick"
+    assert {p.device.type for p in generate.model.parameters()} == {"brick"}
+    on_cpu = transformers.pipeline("text-generation", model=saved_gpt2, device="cpu")
+    assert _greedy(generate) == _greedy(on_cpu)
+
+
+@pytest.fixture
+def fresh_accelerate_state(monkeypatch):
+    pytest.importorskip("accelerate")
+    from accelerate.state import AcceleratorState
+
+    monkeypatch.delenv("ACCELERATE_TORCH_DEVICE", raising=False)
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def test_partial_state_warns_when_accelerate_picks_the_cpu(fresh_accelerate_state, monkeypatch):
+    pytest.importorskip("accelerate")
+    from accelerate.state import PartialState
+
+    if torch.cuda.is_available():
+        pytest.skip("accelerate picks cuda here")
+    with pytest.warns(UserWarning, match="ACCELERATE_TORCH_DEVICE=brick") as caught:
+        assert PartialState().device == torch.device("cpu")  # accelerate's choice, now said
+    assert "accelerate chose cpu" in str(caught[0].message)
+    PartialState._reset_state()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # asked for: no warning
+        assert PartialState(cpu=True).device == torch.device("cpu")
+        PartialState._reset_state()
+        monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", "brick")
+        assert PartialState().device.type == "brick"
