@@ -33,8 +33,10 @@ class Sequences(torch.utils.data.Dataset):
 def main():
     device = sys.argv[1]
     torch.manual_seed(0)
+    # No dropout: brick's draws from brick's generator (as CUDA's from CUDA's) and the sampler's
+    # from the CPU's, where the CPU-only run draws both from one stream.
     config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=2,
-                                     n_head=2)
+                                     n_head=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     model = transformers.GPT2LMHeadModel(config)
     seen = set()
     model.register_forward_pre_hook(lambda module, args, kwargs: seen.add(

@@ -475,6 +475,13 @@ def test_trainer_three_steps_on_brick_match_cpu(name, monkeypatch):
             "ACCELERATE_TORCH_DEVICE (and so could target brick) only without CUDA"
         )
     model, _ = _build(name)
+    # Without dropout: brick's dropout draws from brick's generator, as CUDA's from CUDA's,
+    # while the Trainer's sampler draws from the CPU's; the CPU-only run draws both from one
+    # stream. (Dropout itself is compared with the CPU in test_two_training_steps_match_reference
+    # and test_random_streams.py.)
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
     cpu_losses, cpu_model = _trainer_run(copy.deepcopy(model), "cpu", monkeypatch)
     brick_losses, brick_model = _trainer_run(copy.deepcopy(model), "brick", monkeypatch)
     # Older transformers log losses rounded to 4 decimals.
