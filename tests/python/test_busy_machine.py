@@ -297,7 +297,7 @@ def _busy_loops_on(cpu, n):
 @pytest.mark.timeout(400)
 def test_a_real_run_that_sleeps_fails_and_one_that_lost_its_cpu_is_inconclusive(tmp_path):
     """One CPU, the program on it alone, then beside two busy loops on the same CPU: sleeping
-    150 ms in each step, its slowdown is its own and diff fails it (exit 1) though the loops
+    300 ms in each step, its slowdown is its own and diff fails it (exit 1) though the loops
     made it wait for the CPU now and then; doing only its work, slowed by waiting for the CPU
     the loops held, diff calls it inconclusive (exit 3)."""
     script = tmp_path / "steps.py"
@@ -324,7 +324,7 @@ def test_a_real_run_that_sleeps_fails_and_one_that_lost_its_cpu_is_inconclusive(
                               capture_output=True, text=True, timeout=120)
 
     base = run("base", 0, 0)
-    slept = diff(base, run("slept", 0.15, 2))
+    slept = diff(base, run("slept", 0.3, 2))
     assert slept.returncode == 1, slept.stdout + slept.stderr
     step = next(line for line in slept.stdout.splitlines() if line.startswith("Step "))
     assert " slower " in step and "the program's own time" in step, slept.stdout

@@ -70,6 +70,10 @@ def _diff(tmp_path, base, new, *args):
 def test_an_identical_rerun_passes(base_dict, tmp_path):
     d = diff_reports(load_report(base_dict), load_report(copy.deepcopy(base_dict)))
     assert d.passed and {c.verdict for c in d.changes} == {"same"}
+    n = len(d.changes)
+    assert d.table().splitlines()[:2] == [
+        "No brick bears on the verdict.",
+        f"({n} row(s) hidden ({n} same); all_rows=True shows them)"]
     done = _diff(tmp_path, base_dict, base_dict)
     assert done.returncode == 0, done
     assert done.stdout.splitlines()[-1].startswith("verdict: PASS;")
@@ -223,7 +227,8 @@ def test_a_program_that_waits_in_every_step_fails_though_every_brick_slowed_alik
     _deny(base_dict, slow, 0.1)  # a few waits for a CPU, far from the added wall
     d = diff_reports(load_report(base_dict), load_report(slow))
     assert d.regressions and not d.inconclusive, d.table()
-    assert {c.verdict for c in d.changes} <= {"slower", "small", "noise"}, d.table()
+    timed = [c for c in d.changes if c.base_p50_ns]  # a brick timed at 0 ns stays the same
+    assert {c.verdict for c in timed} <= {"slower", "small", "noise"}, d.table()
     assert _diff(tmp_path, base_dict, slow).returncode == 1
 
 
@@ -315,7 +320,7 @@ def test_a_brick_spanning_most_of_the_wall_is_not_judged_by_the_few_gaps_outside
 
 def test_a_slower_microsecond_op_that_moves_no_wall_time_is_small(base_dict):
     slow = copy.deepcopy(base_dict)
-    op = min(slow["bricks"], key=lambda b: b["total_ns"])
+    op = min((b for b in slow["bricks"] if b["p50_ns"] > 0), key=lambda b: b["total_ns"])
     _scale(slow, op["name"], 2.0)
     d = diff_reports(load_report(base_dict), load_report(slow))
     change = next(c for c in d.changes if c.name == op["name"])
@@ -424,19 +429,22 @@ def _demo_report(out):
 @pytest.mark.timeout(400)
 def test_two_real_demo_runs_do_not_regress(tmp_path):
     """Two runs of one program have no regression between them. The verdict reads two moments
-    of a shared machine, and its rules for a slower machine (busy, above) are tested on crafted
-    reports: a pair that fails is run again once, and the test fails when that pair fails too
-    (a defect in the diff, a double count or a mode not applied, fails every pair)."""
+    of a shared machine, and its rules for a busy machine are tested on crafted reports: a
+    neighbour on the other core slows every op 1.25x without the thread waiting for a CPU (a CI
+    pair: 255.5 -> 319.4 ms, 6.4 ms more waits), which diff rightly fails at 10 %; so the pair
+    is judged at 50 %, and a pair that fails is run again once. A defect in the diff (a double
+    count, a mode not applied) doubles a brick in every pair."""
     failed = []
     for attempt in range(2):
         reports = [_demo_report(tmp_path / f"{attempt}{run}") for run in ("a", "b")]
-        done = subprocess.run([sys.executable, "-m", "torch_brickdev", "diff", *reports],
+        done = subprocess.run([sys.executable, "-m", "torch_brickdev", "diff", *reports,
+                               "--threshold", "0.5"],
                               capture_output=True, text=True, timeout=120)
         if done.returncode in (0, 3):  # 3: the second run was slowed by the machine
             break
         failed.append(done.stdout + done.stderr)
     assert len(failed) < 2, "\n".join(failed)
-    d = diff_reports(load_report(reports[0]), load_report(reports[1]))
+    d = diff_reports(load_report(reports[0]), load_report(reports[1]), threshold=0.5)
     assert {c.verdict for c in d.changes} <= {"same", "noise", "small", "faster", "busy"}
     assert len(d.changes) > 30  # every op and range of the decode was compared
 

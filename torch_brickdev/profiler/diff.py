@@ -215,7 +215,7 @@ class ReportDiff:
         rows = [self._HEADER] + self._rows(listed)
         widths = [max(len(r[i]) for r in rows) for i in range(len(self._HEADER) - 1)]
         lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)) + "  " + r[-1]
-                 for r in rows]
+                 for r in rows] if listed else ["No brick bears on the verdict."]
         return "\n".join(lines + ([f"({left_out})"] if left_out else []) + [self.summary()])
 
     def markdown(self, row_limit: Optional[int] = None, all_rows: bool = False,

@@ -36,8 +36,8 @@ import math
 import os
 from typing import Dict, NamedTuple, Optional, Tuple
 
-__all__ = ["DENIED_COVER", "Denied", "Sample", "TICKED_WALL_NS", "denied", "machine_figures", "sample",
-           "spans_enough_ticks"]
+__all__ = ["DENIED_COVER", "Denied", "Sample", "TICKED_WALL_NS", "denied", "machine_figures",
+           "sample", "spans_enough_ticks"]
 
 _TICK_NS = 1e9 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 1e7
 # The figures /proc/stat counts in ticks (others_*, steal_ns) need the region to span this many
