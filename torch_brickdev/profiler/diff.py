@@ -182,10 +182,9 @@ class ReportDiff:
 
     _HEADER = ("brick", "verdict", "calls", "p50 us", "p50", "p99 us", "total ms", "why")
 
-    def _shown(self, row_limit: Optional[int], all_rows: bool,
-               all_rows_option: str) -> Tuple[List[BrickChange], str]:
+    def _shown(self, row_limit: Optional[int], all_rows: bool, all_rows_option: str,
+               where: str) -> Tuple[List[BrickChange], str]:
         """The changes a table lists, and a line saying what it leaves out ("" for nothing)."""
-        where = "ReportDiff.table()"
         all_rows = check_bool(all_rows, "all_rows", where)
         row_limit = check_int(row_limit, "row_limit", where, low=1, optional=True)
         listed = [c for c in self.changes if all_rows or c.verdict in SHOWN_VERDICTS]
@@ -211,7 +210,7 @@ class ReportDiff:
         ``changed_only=False`` is the same as ``all_rows=True``."""
         if changed_only is not None:
             all_rows = not check_bool(changed_only, "changed_only", "ReportDiff.table()")
-        listed, left_out = self._shown(row_limit, all_rows, all_rows_option)
+        listed, left_out = self._shown(row_limit, all_rows, all_rows_option, "ReportDiff.table()")
         rows = [self._HEADER] + self._rows(listed)
         widths = [max(len(r[i]) for r in rows) for i in range(len(self._HEADER) - 1)]
         lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)) + "  " + r[-1]
@@ -222,7 +221,8 @@ class ReportDiff:
                  all_rows_option: str = "all_rows=True") -> str:
         """A Markdown table of the bricks that bear on the verdict (``all_rows``: of every
         brick), for a CI comment."""
-        listed, left_out = self._shown(row_limit, all_rows, all_rows_option)
+        listed, left_out = self._shown(row_limit, all_rows, all_rows_option,
+                                       "ReportDiff.markdown()")
         lines = [f"**brick profile diff** — {self.summary()}", ""]
         if listed:
             lines.append("| " + " | ".join(self._HEADER) + " |")
