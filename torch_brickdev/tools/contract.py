@@ -277,8 +277,10 @@ def exit_status(results: Iterable[CheckResult]) -> int:
 
 
 def _emit(text: str, stream) -> None:
-    """Prints ``text``; what the stream's encoding cannot hold is written as escapes (a brick or
-    metadata name must not turn a verdict into a UnicodeEncodeError traceback)."""
+    """Prints ``text`` line by line, control and bidi characters escaped (ids, names and texts
+    come from others' contracts and reports); what the stream's encoding cannot hold is written
+    as escapes (a name must not turn a verdict into a UnicodeEncodeError traceback)."""
+    text = "\n".join(printable(line) for line in text.split("\n"))
     encoding = getattr(stream, "encoding", None) or "utf-8"
     stream.write(text.encode(encoding, "backslashreplace").decode(encoding, "replace") + "\n")
 

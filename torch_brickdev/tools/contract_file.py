@@ -163,6 +163,15 @@ def _names(value, what="brick names"):
     return tuple(value)
 
 
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _key(key: str) -> str:
+    """A key from the file as a message names it: bare when TOML allows, else quoted (escaped
+    and cut), as TOML would write it (``contract.figures.'ｓteps'``)."""
+    return key if len(key) <= 60 and _BARE_KEY.fullmatch(key) else shown(key)
+
+
 def _listed(texts: Sequence[str], most: int = 5, quoted: bool = True) -> str:
     """Names from the file for a message: the first few, each escaped and cut."""
     more = f" and {len(texts) - most} more" if len(texts) > most else ""
@@ -407,7 +416,7 @@ def parse_contract(text: str, source: str = "<string>") -> Contract:
     unknown = sorted(set(data) - {"contract", "checks"})
     if unknown:
         fail(lines.table(unknown[0]) if lines.table(unknown[0]) > 1 else lines.key(1, unknown[0]),
-             printable(unknown[0], limit=60), "unknown section; expected [contract] and "
+             _key(unknown[0]), "unknown section; expected [contract] and "
              "[[checks]]")
     head = data.get("contract")
     if not isinstance(head, dict):
@@ -416,7 +425,7 @@ def parse_contract(text: str, source: str = "<string>") -> Contract:
     known = {"name", "description", "metadata", "missing", "bricks", "figures"}
     for key in head:
         if key not in known:
-            fail(lines.key(head_line, key), f"contract.{printable(key, limit=60)}",
+            fail(lines.key(head_line, key), f"contract.{_key(key)}",
                  f"unknown field; expected some of {', '.join(sorted(known))}")
 
     def field_of(table: dict, key: str, line: int, where: str, validate, default=_REQUIRED):
@@ -443,7 +452,7 @@ def parse_contract(text: str, source: str = "<string>") -> Contract:
     figures = {}
     for key, kind in figures_table.items():
         if not isinstance(kind, str) or kind not in FIGURE_KINDS:
-            fail(lines.key(figures_line, key), f"contract.figures.{printable(key, limit=60)}",
+            fail(lines.key(figures_line, key), f"contract.figures.{_key(key)}",
                  f"unknown kind {shown(kind)}; expected one of {', '.join(FIGURE_KINDS)}")
         figures[key] = kind
 
@@ -469,7 +478,7 @@ def parse_contract(text: str, source: str = "<string>") -> Contract:
         spec = KINDS[kind]
         for key in raw:
             if key not in spec and key not in _COMMON:
-                fail(lines.key(line, key), f"{where}.{printable(key, limit=60)}",
+                fail(lines.key(line, key), f"{where}.{_key(key)}",
                      f"unknown field for kind {kind!r}; expected some of "
                      f"{', '.join(sorted(_COMMON | set(spec)))}")
         params = {key: field_of(raw, key, line, f"{where}.{key}", validate, default)
@@ -491,8 +500,9 @@ def _validate_figures(check: Check, figures: Dict[str, str], fail) -> None:
     """Every metadata figure a check reads is declared, with a kind that fits its use."""
     def need(key: str, name: str, kinds: Sequence[str]):
         if name not in figures:
+            declared = _listed(list(figures), 10, quoted=False) or "none"
             fail(key, f"reads the metadata figure {shown(name)}, which [contract.figures] does "
-                      f"not declare (declared: {_listed(list(figures), 10, quoted=False) or 'none'})")
+                      f"not declare (declared: {declared})")
         if figures[name] not in kinds:
             fail(key, f"reads {shown(name)} as {' or '.join(FIGURE_KINDS[k] for k in kinds)}, "
                       f"but [contract.figures] declares it {figures[name]!r}")
