@@ -26,6 +26,7 @@
 #include "backend/backing.h"
 #include "backend/device_index.h"
 #include "backend/errors.h"
+#include "runtime/launch_observer.h"
 #include "runtime/per_thread.h"
 
 namespace brick::backend {
@@ -51,6 +52,7 @@ void delete_brick_memory(void* ptr) {
 c10::DataPtr allocate_cuda_memory(size_t nbytes, c10::DeviceIndex device, c10::Device label);
 
 c10::DataPtr allocate_brick_memory(size_t nbytes, c10::Device label) {
+  runtime::count_device_work();  // an op that allocates brick memory ran brick work
   const auto device = static_cast<c10::DeviceIndex>(rt().current_device());
   if (cuda_backing()) return allocate_cuda_memory(nbytes, device, label);
   void* ptr = nullptr;

@@ -23,6 +23,7 @@
 #include <deque>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -154,6 +155,7 @@ NodeId op_node_by_address(ThreadState& state, const char* name, NodeId parent, i
   const uint64_t epoch = g_schema_epoch.load(std::memory_order_relaxed);
   if (state.schema_epoch != epoch) [[unlikely]] {
     state.by_schema_name.clear();
+    state.no_work.clear();  // a name may now be another schema's
     state.schema_epoch = epoch;
   }
   NodeId node = state.by_schema_name.find(name, parent, device);
@@ -229,6 +231,14 @@ void open_brick(bool is_op, IsEngineWork&& engine_work, NameFrame&& name_frame) 
   runtime::Runtime& rt = *g_runtime.load(std::memory_order_relaxed);
   Frame frame{kIgnored, 0, 0, nullptr};
   frame.is_op = is_op;
+  if (is_op) {
+    frame.work_at_open = runtime::device_work_count();
+    if (!state->stack.empty()) {
+      const Frame& up = state->stack.back();
+      frame.inside_device_work =
+          up.inside_device_work || (up.is_op && up.work_at_open != frame.work_at_open);
+    }
+  }
   try {
     frame.device = rt.current_device();
     const uint64_t session = g_session.load(std::memory_order_acquire);
@@ -267,8 +277,64 @@ void open_brick(bool is_op, IsEngineWork&& engine_work, NameFrame&& name_frame) 
   publish_top(*state);
 }
 
-// Closes the calling thread's innermost brick: pops its frame and records its time.
-void close_brick() noexcept {
+// Whether calls of `fn`'s op that ran no brick work only read or aliased their inputs (metadata:
+// a view, aten::t, aten::detach, aten::size, aten::contiguous of a contiguous tensor) rather than
+// computed on the host. From its schema: it writes no argument (no `Tensor(a!)`), and every
+// tensor it returns aliases an input (`Tensor(a)`) or it returns none. Only ops known to compute
+// are listed as host work: one without a schema is judged metadata, and so is one that computes
+// a non-tensor result on the CPU (aten::equal).
+bool only_reads_metadata(const at::RecordFunction& fn) {
+  const std::optional<c10::FunctionSchema> schema = fn.operator_schema();
+  if (!schema) return true;  // a named step (the autograd engine's evaluate_function): unknown
+  for (const c10::Argument& argument : schema->arguments()) {
+    if (argument.alias_info() != nullptr && argument.alias_info()->isWrite()) return false;
+  }
+  const auto holds_tensor = [](const c10::TypePtr& type) {
+    if (type->kind() == c10::TypeKind::TensorType) return true;
+    for (const c10::TypePtr& contained : type->containedTypes()) {
+      if (contained->kind() == c10::TypeKind::TensorType) return true;
+    }
+    return false;
+  };
+  for (const c10::Argument& result : schema->returns()) {
+    if (result.alias_info() != nullptr) {
+      if (result.alias_info()->isWrite()) return false;
+    } else if (holds_tensor(result.type())) {
+      return false;  // a new tensor, computed here
+    }
+  }
+  return true;
+}
+
+// Records a call of an op that ran no brick work: no kernel, copy, collective or brick
+// allocation between its open and close (runtime::device_work_count() did not move). Its device
+// time is none. One that only read or aliased tensors stays an op, with 0; one that computed
+// (a CPU op) goes to its node's Kind::Host twin, with its host time, so that reports list it as
+// host work and keep it out of device sums. Judged once per node (the first call's overload):
+// `fn` is nullptr where no schema is at hand (a kernel timer's op), then judged metadata.
+void record_without_device_work(ThreadState& state, const Frame& frame,
+                                const at::RecordFunction* fn) {
+  registry::Registry& registry = *g_registry.load(std::memory_order_relaxed);
+  if (state.no_work.size() <= frame.node) [[unlikely]]
+    state.no_work.resize(size_t{frame.node} + 1);
+  NoWorkInfo& info = state.no_work[frame.node];
+  if (info.kind == NoWorkClass::Unknown) [[unlikely]] {
+    info.kind =
+        fn == nullptr || only_reads_metadata(*fn) ? NoWorkClass::Metadata : NoWorkClass::HostWork;
+  }
+  const int64_t end = registry::Registry::now_ns();
+  if (info.kind == NoWorkClass::Metadata) {
+    record_brick(registry, frame.node, frame.shape, 0, end);
+    return;
+  }
+  if (info.host_twin == registry::kNoParent) [[unlikely]]
+    info.host_twin = registry.twin(frame.node, registry::Kind::Host);
+  record_brick(registry, info.host_twin, frame.shape, end - frame.start_ns, end);
+}
+
+// Closes the calling thread's innermost brick: pops its frame and records its time. `fn`: the
+// RecordFunction closing it, nullptr for the kernel timer's.
+void close_brick(const at::RecordFunction* fn) noexcept {
   try {
     ThreadState& state = thread_state();
     if (state.unpushed > 0) [[unlikely]] {  // its enter could not push a frame
@@ -285,6 +351,11 @@ void close_brick() noexcept {
     if (frame.awaiting_work) --state.awaiting;
     publish_top(state);
     if (frame.node == kIgnored || frame.node == kSkippedInCapture) return;
+    if (frame.is_op && !frame.inside_device_work &&
+        runtime::device_work_count() == frame.work_at_open) {
+      record_without_device_work(state, frame, fn);
+      return;
+    }
     if (g_async.load(std::memory_order_relaxed)) [[unlikely]] {
       finish_async_timing(state, *g_runtime.load(std::memory_order_relaxed), frame);
       return;
@@ -318,7 +389,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   return nullptr;
 }
 
-void on_exit(const at::RecordFunction& /*fn*/, at::ObserverContext* /*ctx*/) { close_brick(); }
+void on_exit(const at::RecordFunction& fn, at::ObserverContext* /*ctx*/) { close_brick(&fn); }
 
 // A brick kernel or copy starts (OpTiming::Kernels): its op's brick opens. `name`, the kernel's
 // op, keeps its text at that address (a literal, or its registered schema's name).
@@ -331,6 +402,6 @@ void on_kernel_begin(const char* name) noexcept {
       });
 }
 
-void on_kernel_end() noexcept { close_brick(); }
+void on_kernel_end() noexcept { close_brick(nullptr); }
 
 }  // namespace brick::profiler::detail

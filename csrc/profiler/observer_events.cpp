@@ -81,6 +81,7 @@ void start_async_timing(ThreadState& state, runtime::Runtime& rt, Frame& frame, 
   const SyncMode mode = g_mode.load(std::memory_order_relaxed);
   if (mode == SyncMode::Event && is_op) {
     frame.awaiting_work = true;
+    frame.start_ns = registry::Registry::now_ns();  // its host time, if it queues no work
     return;
   }
   const runtime::StreamId stream = rt.current_stream(frame.device);
@@ -112,7 +113,7 @@ void start_async_timing(ThreadState& state, runtime::Runtime& rt, Frame& frame, 
 // Ends an asynchronous runtime's timing of `frame`; an event pair is queued, to be resolved
 // once the device has reached its end.
 void finish_async_timing(ThreadState& state, runtime::Runtime& rt, const Frame& frame) {
-  if (frame.awaiting_work) {  // an op that queued no device work: its device time is none
+  if (frame.awaiting_work) {  // an op that queued no device work (it allocated): none timed
     record_brick(*g_registry.load(std::memory_order_relaxed), frame.node, frame.shape, 0,
                  registry::Registry::now_ns());
     return;

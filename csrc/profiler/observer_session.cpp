@@ -61,6 +61,7 @@ void observer_after_fork_in_child() {
     state->session = g_session.load(std::memory_order_relaxed);
     state->by_schema_name.clear();
     state->by_name.clear();
+    state->no_work.clear();
     // The parent resolves these pairs; in the child they are dropped, their events reused.
     for (const PendingPair& pair : state->pending.pairs) {
       state->events.release(pair.device, pair.start);

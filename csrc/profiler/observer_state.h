@@ -79,6 +79,23 @@ struct Frame {
   bool awaiting_work = false;
   bool is_op = false;         // an op (scope FUNCTION), not a range or an autograd node
   uint32_t shape = kNoShape;  // its signature, while the profile records shapes
+  // An op: the thread's brick work count (runtime::device_work_count()) when it opened. Its
+  // start_ns is then read on every runtime and mode: the host time of an op that ran none.
+  uint64_t work_at_open = 0;
+  // An op that opened inside an op that had already run brick work: part of that work (brick's
+  // kernels run the backing device's ops, e.g. a CPU aten::copy_ inside brick's aten::addmm),
+  // timed as an op whatever it queued.
+  bool inside_device_work = false;
+};
+
+// What an op that ran no brick work did, judged once per node from its schema (see
+// classify_op in observer.cpp).
+enum class NoWorkClass : uint8_t { Unknown, Metadata, HostWork };
+
+// Per node, the observer's memo for calls that ran no brick work.
+struct NoWorkInfo {
+  NoWorkClass kind = NoWorkClass::Unknown;
+  NodeId host_twin = registry::kNoParent;  // the node's Kind::Host twin, once interned
 };
 
 // Finished event pairs whose device work may still be running (asynchronous runtimes).
@@ -194,6 +211,8 @@ struct ThreadState {
   SchemaNodeCache by_schema_name;
   // Everything else (record_function ranges, autograd nodes, per-call op names) by text.
   std::unordered_map<NameKey, NodeId, NameKeyHash, NameKeyEqual> by_name;
+  // Indexed by node: grown on the first call of a node that ran no brick work.
+  std::vector<NoWorkInfo> no_work;
   // The innermost open brick, readable by other threads (see on_enter: autograd workers).
   std::atomic<NodeId> published_top{registry::kNoParent};
   EventPool events;

@@ -7,6 +7,8 @@
 // on the current brick stream; on a synchronous one an op's device work is done when the call
 // that issued it returns, so the record's CPU time is its device time and the event handed to
 // PyTorch is that time itself, carried in the pointer of a std::shared_ptr that owns nothing.
+// Every event also carries the thread's brick work count: an op or range during which the thread
+// queued no brick work and allocated no brick memory (a CPU op) gets no device time.
 // On its common path record() takes no lock and allocates nothing (events, and the shared_ptr
 // control blocks that hand them to PyTorch, come from a per-thread pool; the log is the
 // thread's own). No exception may escape record(): PyTorch does not catch one there, and it
@@ -29,19 +31,23 @@
 #include "profiler/profiler.h"
 #include "profiler/stub_event_pool.h"
 #include "profiler/timeline.h"
+#include "runtime/launch_observer.h"
 #include "runtime/runtime.h"
 
 namespace brick::profiler {
 
 namespace {
 
-// What PyTorch holds for one record() on an asynchronous runtime: the pooled event and, while
-// its device time was not known at record(), where the timeline awaits it.
+// What PyTorch holds for one record() on an asynchronous runtime: the pooled event, the thread's
+// brick work count then and, while its device time was not known at record(), where the
+// timeline awaits it.
 struct StubEvent {
   StubSlot* slot;
   TimelineLog::Handle pending;
+  uint64_t work;
 
-  StubEvent(StubSlot* s, TimelineLog::Handle p) noexcept : slot(s), pending(p) {}
+  StubEvent(StubSlot* s, TimelineLog::Handle p, uint64_t w) noexcept
+      : slot(s), pending(p), work(w) {}
   StubEvent(const StubEvent&) = delete;
   StubEvent& operator=(const StubEvent&) = delete;
   // Runs before the slot (its event included) goes back to the pool for reuse.
@@ -75,20 +81,41 @@ struct SlotAllocator {
 
 std::atomic<uint64_t> g_stub_failures{0};  // records and elapsed times that failed
 
-// A synchronous runtime's stub event: the record's time (c10::getTime(), positive) as the pointer
-// of a shared_ptr made by the aliasing constructor over an empty owner. It has no control block
-// (use_count() 0), so making, copying and dropping it touch no memory; PyTorch only tests it for
-// null and hands it back to elapsed().
-torch::profiler::impl::ProfilerVoidEventStub time_as_event(int64_t cpu_ns) noexcept {
-  return {std::shared_ptr<void>(), reinterpret_cast<void*>(static_cast<uintptr_t>(cpu_ns))};
+// A synchronous runtime's stub event: the record's time and the thread's brick work count
+// (runtime::device_work_count()) packed into the pointer of a shared_ptr made by the aliasing
+// constructor over an empty owner. It has no control block (use_count() 0), so making, copying
+// and dropping it touch no memory; PyTorch only tests it for null and hands it back to
+// elapsed(). Both are kept modulo a power of two, which elapsed() only subtracts: exact for an
+// op or range shorter than 2^44 ns (4.8 hours) in which the count moved by other than a multiple
+// of 2^19. The top bit keeps the pointer non-null.
+constexpr int kWorkBits = 19;
+constexpr int kTimeBits = 44;
+constexpr uint64_t kWorkMask = (uint64_t{1} << kWorkBits) - 1;
+constexpr uint64_t kTimeMask = (uint64_t{1} << kTimeBits) - 1;
+constexpr uint64_t kTimeEventMarker = uint64_t{1} << 63;
+static_assert(kWorkBits + kTimeBits < 64);
+
+torch::profiler::impl::ProfilerVoidEventStub time_as_event(int64_t cpu_ns, uint64_t work) noexcept {
+  const uint64_t packed = kTimeEventMarker |
+                          ((static_cast<uint64_t>(cpu_ns) & kTimeMask) << kWorkBits) |
+                          (work & kWorkMask);
+  return {std::shared_ptr<void>(), reinterpret_cast<void*>(static_cast<uintptr_t>(packed))};
 }
 
 bool is_time_event(const torch::profiler::impl::ProfilerVoidEventStub& event) noexcept {
   return event.use_count() == 0;  // a pooled StubEvent always has an owner
 }
 
-int64_t time_of(const torch::profiler::impl::ProfilerVoidEventStub& event) noexcept {
-  return static_cast<int64_t>(reinterpret_cast<uintptr_t>(event.get()));
+uint64_t packed_of(const torch::profiler::impl::ProfilerVoidEventStub& event) noexcept {
+  return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(event.get()));
+}
+
+// The microseconds between two time events; 0 when the thread ran no brick work between them
+// (a CPU op: no device time, as CUDA's stubs give a CPU op).
+float time_events_elapsed_us(uint64_t start, uint64_t end) noexcept {
+  if ((start & kWorkMask) == (end & kWorkMask)) return 0.0f;
+  const uint64_t ns = ((end >> kWorkBits) - (start >> kWorkBits)) & kTimeMask;
+  return static_cast<float>(static_cast<double>(ns) / 1000.0);
 }
 
 class BrickProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
@@ -108,7 +135,7 @@ class BrickProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
         process_timeline().append(
             StubRecord{at::RecordFunction::currentThreadId(), now, kDeviceAtCpuTime, index, stream},
             nullptr);
-        if (event != nullptr) *event = time_as_event(now);
+        if (event != nullptr) *event = time_as_event(now, runtime::device_work_count());
         return;
       }
       if (skip_in_capture(rt, index, stream, TimingClient::LegacyStubs)) [[unlikely]] {
@@ -134,7 +161,8 @@ class BrickProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
           StubRecord{at::RecordFunction::currentThreadId(), now, device_ns, index, stream},
           device_ns < 0 ? slot->event : nullptr);
       auto stub = std::allocate_shared<StubEvent>(SlotAllocator<StubEvent>(slot), slot,
-                                                  device_ns < 0 ? logged : TimelineLog::Handle{});
+                                                  device_ns < 0 ? logged : TimelineLog::Handle{},
+                                                  runtime::device_work_count());
       if (event != nullptr) *event = std::move(stub);
     } catch (...) {
       g_stub_failures.fetch_add(1, std::memory_order_relaxed);
@@ -148,15 +176,13 @@ class BrickProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
     if (start == nullptr || end == nullptr || !*start || !*end) return 0.0f;
     const bool synchronous = is_time_event(*start);
     if (synchronous != is_time_event(*end)) return 0.0f;  // cannot happen: one runtime per process
-    if (synchronous) {
-      return static_cast<float>(static_cast<double>(time_of(*end) - time_of(*start)) /
-                                1000.0);  // us
-    }
+    if (synchronous) return time_events_elapsed_us(packed_of(*start), packed_of(*end));
     // No exception may escape: PyTorch calls this while building the profile's events, where
     // one would lose the user's whole profile. A failure gives the op no device time, counted.
     try {
       auto* a = static_cast<StubEvent*>(start->get());
       auto* b = static_cast<StubEvent*>(end->get());
+      if (a->work == b->work) return 0.0f;  // the thread ran no brick work in between
       auto& rt = runtime::get();
       rt.synchronize_event(a->slot->event);
       rt.synchronize_event(b->slot->event);

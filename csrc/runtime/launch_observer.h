@@ -113,8 +113,21 @@ inline void set_queue_hook(QueueHook hook) noexcept {
   detail::g_queue_hook.store(hook, std::memory_order_release);
 }
 
-// What the backend calls right before it queues work on `device`: the hook, then the observer.
+// The brick work the calling thread has started: every kernel, copy and collective it queued on
+// a brick device and every brick allocation it made. Profilers read it around an op: an op
+// during which it did not move ran no brick work (a CPU op, or one that only reads or aliases
+// brick tensors), so it has no device time. Always counted: one thread-local increment per
+// launch or allocation.
+namespace detail {
+[[gnu::tls_model("initial-exec")]] inline constinit thread_local uint64_t tls_device_work = 0;
+}  // namespace detail
+
+inline void count_device_work() noexcept { ++detail::tls_device_work; }
+inline uint64_t device_work_count() noexcept { return detail::tls_device_work; }
+
+// What the backend calls right before it queues work on `device`: the count, then the hook.
 inline void announce_queue(DeviceIndex device) noexcept {
+  count_device_work();
   if (QueueHook hook = queue_hook(); hook != nullptr) [[unlikely]]
     hook(device);
 }

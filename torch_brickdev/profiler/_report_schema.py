@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import List, NoReturn, Optional, Tuple, Union
 
 from ..argcheck import show_json
-from ._stats import BrickStats, SyncMode
+from ._stats import BRICK_KINDS, BrickStats, SyncMode
 
 SCHEMA = "torch_brickdev.report"
 VERSION = 1
@@ -183,7 +183,8 @@ _FIGURE = _Schema("a finite number >= 0",
                                                or isinstance(v, float) and 0 <= v < math.inf))
 _NAME = _Schema("a non-empty string of valid Unicode",
                 lambda v: isinstance(v, str) and v != "" and _valid_text(v))
-_KIND = _Schema("'op' or 'range'", lambda v: isinstance(v, str) and v in ("op", "range"))
+_KIND = _Schema("one of " + ", ".join(map(repr, BRICK_KINDS)),
+                lambda v: isinstance(v, str) and v in BRICK_KINDS)
 _TEXT = _Schema("a string", lambda v: isinstance(v, str))
 _OBJECT = _Schema("an object", lambda v: isinstance(v, dict))
 _LIST = _Schema("an array", lambda v: isinstance(v, (list, tuple)))  # a dict source's tuple too

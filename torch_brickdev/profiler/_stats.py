@@ -47,6 +47,12 @@ class SyncMode(str, enum.Enum):
 OP_TIMINGS = ("dispatcher", "kernels")
 
 
+#: What a brick is: an op, a range (``record_function``, a module), or ``host``: the calls of an op
+#: that ran no brick work (no kernel, copy or brick allocation: a CPU op), with their host time,
+#: which is never device time.
+BRICK_KINDS = ("op", "range", "host")
+
+
 @dataclass(frozen=True)
 class BrickStats:
     """Figures of one brick: an op (``aten::mm``) or a range (``record_function("MLP")``).
@@ -57,7 +63,7 @@ class BrickStats:
 
     name: str
     path: str
-    kind: str  # "op" or "range"
+    kind: str  # one of BRICK_KINDS
     device: int  # brick device index; -1 when recorded on several devices
     depth: int
     count: int

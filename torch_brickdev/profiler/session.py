@@ -225,8 +225,9 @@ class profile:
         if self._roofline and "roofline" not in report.metadata:
             # after the region: the work estimates and a first measurement of the peaks are not
             # the region's time
+            # (host rows ran on the CPU: no device roofline)
             report = report.with_metadata(roofline=roofline.compute(
-                report.paths, report.shape_stats(by="path")))
+                [p for p in report.paths if p.kind != "host"], report.shape_stats(by="path")))
         return report
 
     @staticmethod
