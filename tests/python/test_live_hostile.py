@@ -174,6 +174,21 @@ def test_a_fifo_is_skipped_without_hanging(directory, tmp_path):
     assert "Traceback" not in listed.stderr
 
 
+def test_top_list_reads_without_torch(directory):
+    """--list shows no percentiles: it leaves the histograms' buckets unchecked, which would load
+    torch, and starts at once."""
+    plant(directory, snapshot())
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+    listed = subprocess.run([sys.executable, "-X", "importtime", "-m", "torch_brickdev", "top",
+                             "--list"], env=env, capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    assert f"{os.getpid():>8}  rank    -  train.py --epochs 3" in listed.stdout
+    imported = [line.rsplit("|", 1)[-1].strip() for line in listed.stderr.splitlines()
+                if line.startswith("import time:")]
+    assert "torch_brickdev.tools.top" in imported  # the measurement saw the command's imports
+    assert "torch" not in imported and "torch_brickdev._C" not in imported
+
+
 def test_top_notes_each_bad_file_once_and_goes_on(directory, capsys, monkeypatch, other_pids):
     monkeypatch.setenv("COLUMNS", "200")
     first, second = sorted(other_pids, key=str)[:2]
