@@ -202,14 +202,10 @@ class ReportDiff:
         return listed, "; ".join(notes)
 
     def table(self, row_limit: Optional[int] = None, all_rows: bool = False,
-              all_rows_option: str = "all_rows=True",
-              changed_only: Optional[bool] = None) -> str:
+              all_rows_option: str = "all_rows=True") -> str:
         """A text table, most severe first, of the bricks that bear on the verdict (slower,
         count, new, gone, busy); ``all_rows`` lists every brick. A line says how many rows it
-        left out and what shows them (``all_rows_option``: a command's option, say).
-        ``changed_only=False`` is the same as ``all_rows=True``."""
-        if changed_only is not None:
-            all_rows = not check_bool(changed_only, "changed_only", "ReportDiff.table()")
+        left out and what shows them (``all_rows_option``: a command's option, say)."""
         listed, left_out = self._shown(row_limit, all_rows, all_rows_option, "ReportDiff.table()")
         rows = [self._HEADER] + self._rows(listed)
         widths = [max(len(r[i]) for r in rows) for i in range(len(self._HEADER) - 1)]

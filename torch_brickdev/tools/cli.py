@@ -267,9 +267,9 @@ def diff(args) -> int:
     if args.format == "json":
         print(json.dumps(result.to_dict(), indent=2))
     elif args.format == "markdown":
-        print(result.markdown(row_limit=args.rows))
+        print(result.markdown(row_limit=args.rows, all_rows=args.all, all_rows_option="--all"))
     else:
-        print(result.table(row_limit=args.rows, changed_only=not args.all))
+        print(result.table(row_limit=args.rows, all_rows=args.all, all_rows_option="--all"))
     return 1 if not result.passed else 3 if result.inconclusive else 0
 
 
@@ -348,7 +348,8 @@ def _parser():
                    help="markdown: a table of the changed bricks for a CI comment")
     p.add_argument("--ignore-counts", action="store_true",
                    help="changed call counts and added or removed bricks do not fail")
-    p.add_argument("--all", action="store_true", help="text: list unchanged bricks too")
+    p.add_argument("--all", action="store_true",
+                   help="list every brick (faster, noise, small, unchanged too)")
     p.add_argument("--rows", type=positive_int, default=None, help="rows of the table")
     p.set_defaults(run=diff)
 
