@@ -32,13 +32,15 @@ def base_dict():
     return report
 
 
-def _brick(d, name):
-    return next(b for b in d["bricks"] if b["name"] == name)
+def _brick(d, name, kind=None):
+    """The brick ``name`` (its brick row before its host row, unless ``kind`` says which)."""
+    rows = [b for b in d["bricks"] if b["name"] == name and kind in (None, b["kind"])]
+    return next((b for b in rows if b["kind"] != "host"), rows[0])
 
 
-def _scale(d, name, factor):
+def _scale(d, name, factor, kind=None):
     """``name`` ``factor`` times slower: every call, so every figure, and the wall with it."""
-    b = _brick(d, name)
+    b = _brick(d, name, kind)
     added = b["total_ns"] * (factor - 1)
     for key in TIMES:
         b[key] = type(b[key])(b[key] * factor)
@@ -197,7 +199,7 @@ def test_a_run_where_every_brick_slowed_alike_is_inconclusive(base_dict, tmp_pat
     the waits would cover what it added, still fails."""
     slow = copy.deepcopy(base_dict)
     for b in slow["bricks"]:
-        _scale(slow, b["name"], 1.25)
+        _scale(slow, b["name"], 1.25, b["kind"])
     slow["wall_ns"] = int(base_dict["wall_ns"] * 1.25)  # nested bricks: added once, not per brick
     _scale(slow, "GateProjection", 1.16 / 1.25)  # this one 1.16x, as that run's AttentionScore
     base_dict = copy.deepcopy(base_dict)
@@ -221,7 +223,7 @@ def test_a_program_that_waits_in_every_step_fails_though_every_brick_slowed_alik
     would: without the thread having waited for a CPU, the slowdown is the program's."""
     slow = copy.deepcopy(base_dict)
     for b in slow["bricks"]:
-        _scale(slow, b["name"], 1.25)
+        _scale(slow, b["name"], 1.25, b["kind"])
     slow["wall_ns"] = int(base_dict["wall_ns"] * 1.25)
     base_dict = copy.deepcopy(base_dict)
     _deny(base_dict, slow, 0.1)  # a few waits for a CPU, far from the added wall
@@ -240,7 +242,7 @@ def test_a_machine_that_slowed_ops_unevenly_is_inconclusive_but_a_brick_beyond_t
     factors = (1.15, 1.25, 1.47, 1.6, 1.76, 1.9, 2.05)
     slow = copy.deepcopy(base_dict)
     for i, b in enumerate(sorted(slow["bricks"], key=lambda b: b["name"])):
-        _scale(slow, b["name"], factors[i % len(factors)])
+        _scale(slow, b["name"], factors[i % len(factors)], b["kind"])
     slow["wall_ns"] = int(base_dict["wall_ns"] * 1.2)  # that pair's wall, 1.2x
     gate = _brick(base_dict, "GateProjection")["p50_ns"]
     _scale(slow, "GateProjection", 1.9 * gate / _brick(slow, "GateProjection")["p50_ns"])
@@ -321,9 +323,10 @@ def test_a_brick_spanning_most_of_the_wall_is_not_judged_by_the_few_gaps_outside
 def test_a_slower_microsecond_op_that_moves_no_wall_time_is_small(base_dict):
     slow = copy.deepcopy(base_dict)
     op = min((b for b in slow["bricks"] if b["p50_ns"] > 0), key=lambda b: b["total_ns"])
-    _scale(slow, op["name"], 2.0)
+    _scale(slow, op["name"], 2.0, op["kind"])
     d = diff_reports(load_report(base_dict), load_report(slow))
-    change = next(c for c in d.changes if c.name == op["name"])
+    shown = op["name"] + (" [host]" if op["kind"] == "host" else "")
+    change = next(c for c in d.changes if c.name == shown)
     assert change.verdict == "small" and d.passed, change
     assert not diff_reports(load_report(base_dict), load_report(slow), min_share=0).passed
 
@@ -333,7 +336,8 @@ def _mixed(base_dict):
     the rest the same: one row bears on the verdict."""
     slow = copy.deepcopy(base_dict)
     _scale(slow, "GateProjection", 2.0)
-    others = sorted(b["name"] for b in slow["bricks"] if b["name"] != "GateProjection")
+    others = sorted(b["name"] for b in slow["bricks"]
+                    if b["name"] != "GateProjection" and b["kind"] != "host")
     for name in others[:3]:
         _scale(slow, name, 0.5)
     base = copy.deepcopy(base_dict)

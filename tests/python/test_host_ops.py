@@ -105,3 +105,17 @@ def test_legacy_profiler_gives_a_cpu_op_no_brick_time():
     # The averaged row holds the brick call's time only.
     assert averaged["aten::mm"].self_device_time_total == pytest.approx(
         brick_mm.self_device_time_total)
+
+
+def test_diff_compares_an_ops_host_row_apart_from_its_brick_row():
+    from torch_brickdev.profiler.diff import diff_reports
+
+    x_cpu, x_brick = torch.randn(64, 64), torch.randn(64, 64, device="brick")
+    reports = []
+    for _ in range(2):
+        with bp.profile() as session:
+            x_cpu @ x_cpu
+            x_brick @ x_brick
+        reports.append(session.report)
+    names = [c.name for c in diff_reports(*reports, threshold=10.0).changes]
+    assert "aten::mm" in names and "aten::mm [host]" in names

@@ -354,7 +354,11 @@ def diff_reports(base: Report, new: Report, *, threshold: float = 0.10, by: str 
     if by not in ("name", "path"):
         raise ValueError(f"{where}: by must be 'name' or 'path', got {describe_value(by)}")
     ignore_counts = check_bool(ignore_counts, "ignore_counts", where)
-    key = (lambda b: b.name) if by == "name" else (lambda b: b.path)
+    def key(b: BrickStats) -> str:
+        # An op's calls that ran on the CPU (its host row) are compared as their own brick.
+        named = b.name if by == "name" else b.path
+        return f"{named} [host]" if b.kind == "host" else named
+
     base_by: Dict[str, BrickStats] = {}
     new_by: Dict[str, BrickStats] = {}
     for entries, into in ((base.bricks if by == "name" else base.paths, base_by),

@@ -5,7 +5,6 @@ surface (_registry.py) and the report (report.py)."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from typing import NamedTuple, Optional, Tuple, Union
 

@@ -15,13 +15,15 @@ __all__ = ["avg_agreement", "completeness", "health", "measured"]
 
 
 def completeness(p: dict, s: Subject, result: Result) -> CheckResult:
+    """Every brick listed once, by its name and kind: an op's calls that ran no brick work are
+    its host row (kind "host"), the same name in another kind, not a duplicate."""
     report, named, required = s.report, s.named, s.contract.bricks
     problems = []
     seen, duplicates = set(), []
     for b in report.bricks:
-        if b.name in seen and b.name not in duplicates:
+        if (b.name, b.kind) in seen and b.name not in duplicates:
             duplicates.append(b.name)
-        seen.add(b.name)
+        seen.add((b.name, b.kind))
     if duplicates:
         problems.append(f"duplicate brick name(s) {', '.join(map(repr, duplicates))}")
     zero = [b.name for b in report.bricks if b.count == 0]
@@ -30,20 +32,23 @@ def completeness(p: dict, s: Subject, result: Result) -> CheckResult:
     missing = [n for n in required if n not in named or named[n].count == 0]
     problems += [s.absent(n) for n in missing]
     # Every name of the per-path view is in the per-name view, with the same number of calls.
-    path_counts: Dict[str, int] = {}
+    path_counts: Dict[tuple, int] = {}
     seen_paths, dup_paths = set(), []
     for q in report.paths:
-        path_counts[q.name] = path_counts.get(q.name, 0) + q.count
-        if q.path in seen_paths:
+        path_counts[q.name, q.kind] = path_counts.get((q.name, q.kind), 0) + q.count
+        if (q.path, q.kind) in seen_paths:
             dup_paths.append(q.path)
-        seen_paths.add(q.path)
+        seen_paths.add((q.path, q.kind))
     if dup_paths:
         problems.append(f"duplicate path(s) {', '.join(map(repr, dup_paths[:5]))}")
     if report.paths:
-        for name in sorted(set(path_counts) | set(named), key=str):
-            by_path, by_name = path_counts.get(name, 0), named[name].count if name in named else 0
-            if by_path != by_name and name not in duplicates:
-                problems.append(f"brick {name!r}: {by_name} calls by name but {by_path} by path")
+        name_counts = {(b.name, b.kind): b.count for b in report.bricks}
+        for key in sorted(set(path_counts) | set(name_counts), key=str):
+            by_path, by_name = path_counts.get(key, 0), name_counts.get(key, 0)
+            if by_path != by_name and key[0] not in duplicates:
+                kind = "" if key[1] != "host" else " (host)"
+                problems.append(f"brick {key[0]!r}{kind}: {by_name} calls by name but {by_path} "
+                                "by path")
     figures = dict(bricks=len(report.bricks), paths=len(report.paths), missing=missing,
                    duplicates=duplicates, zero_count=zero)
     wanted = f" and all {len(required)} required bricks" if required else ""

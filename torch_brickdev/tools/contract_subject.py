@@ -121,17 +121,9 @@ def subject(report: Report, contract: Contract, validated: bool,
         except ReportError as error:
             return Subject(report, contract, invalid=str(error))
     named = {}
-    for b in report.bricks:
-        named.setdefault(b.name, b)
+    for b in report.bricks:  # a contract's bricks are brick work: host rows are not them
+        if b.kind != "host":
+            named.setdefault(b.name, b)
     return Subject(report, contract, SyncMode.parse(report.sync_mode), named,
                    read_figures(report.metadata, contract, overrides), report.written)
 
-
-def _denied(s: Subject) -> Optional[Tuple[float, str]]:
-    """(share of the wall the profiling thread waited for a CPU, how it was measured) from the
-    report's machine section; None when the report has none (or an unusable one)."""
-    share = s.report.machine.get("denied_share")
-    if not _finite(share) or not 0 <= share <= 1:
-        return None
-    source = s.report.machine.get("denied_source")
-    return float(share), source if isinstance(source, str) else "unknown"
