@@ -1,6 +1,7 @@
 // Ops brick implements itself: allocation, views (so they share storage, version counter and
-// _base with their base), resizing, storage swaps, copies and stream bookkeeping. Every other op
-// runs through the fallback in fallback.cpp.
+// _base with their base), resizing, storage swaps, copies, convolution and stream bookkeeping.
+// The other ops run through direct kernels (direct_kernels.cpp), the kernels of their own files
+// (attention, dropout, group norm, the RNN cells) or the boxed fallback (fallback.cpp).
 #include <ATen/EmptyTensor.h>
 #include <ATen/TensorUtils.h>
 #include <ATen/native/Resize.h>

@@ -61,8 +61,9 @@ namespace detail {
 inline std::atomic<LaunchObserver*> g_launch_observer{nullptr};
 }  // namespace detail
 
-// The installed observer, or nullptr (the common case: one relaxed load per launch). An observer
-// must stay alive for the process once installed: a launch that read it may still be calling it.
+// The installed observer, or nullptr (the common case: one acquire load per launch, a plain load
+// on x86). An observer must stay alive for the process once installed: a launch that read it may
+// still be calling it.
 inline LaunchObserver* launch_observer() noexcept {
   return detail::g_launch_observer.load(std::memory_order_acquire);
 }
