@@ -491,7 +491,9 @@ def _register() -> None:
             super().write_header()
             self.header.writeline("import torch_brickdev._compile")
             self.header.writeline("from torch_brickdev._C._profiler import push_range as "
-                                  "_brick_push_range, pop_ranges as _brick_pop_ranges")
+                                  "_brick_push_range, pop_ranges as _brick_pop_ranges, "
+                                  "enter_compiled_code as _brick_enter_compiled, "
+                                  "exit_compiled_code as _brick_exit_compiled")
             self.header.writeline("torch_brickdev._compile.check_host_backing()")
 
         def _generate(self, is_inference):
@@ -505,13 +507,17 @@ def _register() -> None:
             # through the dispatcher (~4 us a call with no profiler on); the finally ends the
             # graph's range and any of its ranges a failing kernel left open.
             call = self.wrapper_call
+            # Its kernels compute on brick memory outside brick's launch path: brick work for
+            # the profilers (runtime::in_compiled_code), between enter and exit.
             call.writeline(f"_brick_graph_depth = _brick_push_range("
                            f"'graph_{V.graph.graph_id}_inductor_wrapper_call')")
+            call.writeline("_brick_enter_compiled()")
             call.writeline("try:")
 
             def end_ranges():
                 call.writeline("finally:")
                 with call.indent():
+                    call.writeline("_brick_exit_compiled()")
                     call.writeline("_brick_pop_ranges(_brick_graph_depth)")
 
             stack.callback(end_ranges)

@@ -19,6 +19,7 @@
 #include "profiler/profiler.h"
 #include "profiler/range_stack.h"
 #include "profiler/shape_stats.h"
+#include "runtime/launch_observer.h"
 
 namespace py = pybind11;
 
@@ -453,6 +454,9 @@ void bind_profiler(py::module_& parent) {
   m.def("push_range", &profiler::push_range, py::arg("name"));
   m.def("pop_ranges", &profiler::pop_ranges, py::arg("depth"));
   m.def("range_depth", &profiler::range_depth);
+  // Around each call of a graph torch.compile generated for brick (runtime::in_compiled_code).
+  m.def("enter_compiled_code", &runtime::enter_compiled_code);
+  m.def("exit_compiled_code", &runtime::exit_compiled_code);
   m.def("kineto_plugin_available", &profiler::kineto_plugin_available);
   profiler::set_device_properties_source(&device_properties_json);
   m.def("kineto_plugin_stats", [] {

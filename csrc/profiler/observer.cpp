@@ -281,12 +281,10 @@ void open_brick(bool is_op, IsEngineWork&& engine_work, NameFrame&& name_frame) 
 // a view, aten::t, aten::detach, aten::size, aten::contiguous of a contiguous tensor) rather than
 // computed on the host. From its schema: it writes no argument (no `Tensor(a!)`), and every
 // tensor it returns aliases an input (`Tensor(a)`) or it returns none. Only ops known to compute
-// are listed as host work: one without a schema is judged metadata, and so is one that computes
-// a non-tensor result on the CPU (aten::equal).
-bool only_reads_metadata(const at::RecordFunction& fn) {
-  const std::optional<c10::FunctionSchema> schema = fn.operator_schema();
-  if (!schema) return true;  // a named step (the autograd engine's evaluate_function): unknown
-  for (const c10::Argument& argument : schema->arguments()) {
+// are listed as host work: one that computes a non-tensor result on the CPU (aten::equal) is
+// judged metadata.
+bool only_reads_metadata(const c10::FunctionSchema& schema) {
+  for (const c10::Argument& argument : schema.arguments()) {
     if (argument.alias_info() != nullptr && argument.alias_info()->isWrite()) return false;
   }
   const auto holds_tensor = [](const c10::TypePtr& type) {
@@ -296,7 +294,7 @@ bool only_reads_metadata(const at::RecordFunction& fn) {
     }
     return false;
   };
-  for (const c10::Argument& result : schema->returns()) {
+  for (const c10::Argument& result : schema.returns()) {
     if (result.alias_info() != nullptr) {
       if (result.alias_info()->isWrite()) return false;
     } else if (holds_tensor(result.type())) {
@@ -311,25 +309,35 @@ bool only_reads_metadata(const at::RecordFunction& fn) {
 // time is none. One that only read or aliased tensors stays an op, with 0; one that computed
 // (a CPU op) goes to its node's Kind::Host twin, with its host time, so that reports list it as
 // host work and keep it out of device sums. Judged once per node (the first call's overload):
-// `fn` is nullptr where no schema is at hand (a kernel timer's op), then judged metadata.
-void record_without_device_work(ThreadState& state, const Frame& frame,
+// `fn` is nullptr where no schema is at hand (a kernel timer's op), then judged metadata. A step
+// named by text, not by a schema (Inductor's compiled kernels, which run on brick memory without
+// brick's launch path; the autograd engine's evaluate_function; a C++ RECORD_FUNCTION) is opaque:
+// brick cannot tell what it ran, so it is timed as any brick (returns false: not recorded here).
+bool record_without_device_work(ThreadState& state, const Frame& frame,
                                 const at::RecordFunction* fn) {
   registry::Registry& registry = *g_registry.load(std::memory_order_relaxed);
   if (state.no_work.size() <= frame.node) [[unlikely]]
     state.no_work.resize(size_t{frame.node} + 1);
   NoWorkInfo& info = state.no_work[frame.node];
   if (info.kind == NoWorkClass::Unknown) [[unlikely]] {
-    info.kind =
-        fn == nullptr || only_reads_metadata(*fn) ? NoWorkClass::Metadata : NoWorkClass::HostWork;
+    if (fn == nullptr) {
+      info.kind = NoWorkClass::Metadata;
+    } else if (const std::optional<c10::FunctionSchema> schema = fn->operator_schema()) {
+      info.kind = only_reads_metadata(*schema) ? NoWorkClass::Metadata : NoWorkClass::HostWork;
+    } else {
+      info.kind = NoWorkClass::Opaque;
+    }
   }
+  if (info.kind == NoWorkClass::Opaque) return false;
   const int64_t end = registry::Registry::now_ns();
   if (info.kind == NoWorkClass::Metadata) {
     record_brick(registry, frame.node, frame.shape, 0, end);
-    return;
+    return true;
   }
   if (info.host_twin == registry::kNoParent) [[unlikely]]
     info.host_twin = registry.twin(frame.node, registry::Kind::Host);
   record_brick(registry, info.host_twin, frame.shape, end - frame.start_ns, end);
+  return true;
 }
 
 // Closes the calling thread's innermost brick: pops its frame and records its time. `fn`: the
@@ -352,8 +360,8 @@ void close_brick(const at::RecordFunction* fn) noexcept {
     publish_top(state);
     if (frame.node == kIgnored || frame.node == kSkippedInCapture) return;
     if (frame.is_op && !frame.inside_device_work &&
-        runtime::device_work_count() == frame.work_at_open) {
-      record_without_device_work(state, frame, fn);
+        runtime::device_work_count() == frame.work_at_open &&
+        record_without_device_work(state, frame, fn)) {
       return;
     }
     if (g_async.load(std::memory_order_relaxed)) [[unlikely]] {

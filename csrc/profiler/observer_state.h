@@ -89,8 +89,8 @@ struct Frame {
 };
 
 // What an op that ran no brick work did, judged once per node from its schema (see
-// classify_op in observer.cpp).
-enum class NoWorkClass : uint8_t { Unknown, Metadata, HostWork };
+// record_without_device_work in observer.cpp); Opaque: named by text, no schema to judge.
+enum class NoWorkClass : uint8_t { Unknown, Metadata, HostWork, Opaque };
 
 // Per node, the observer's memo for calls that ran no brick work.
 struct NoWorkInfo {

@@ -126,6 +126,19 @@ namespace detail {
 inline void count_device_work() noexcept { ++detail::tls_device_work; }
 inline uint64_t device_work_count() noexcept { return detail::tls_device_work; }
 
+// Code torch.compile generated for brick (Inductor's kernels) computes on brick memory without
+// brick's launch path, so the count above cannot see its work: while a thread runs a compiled
+// brick graph (the depth below is above 0), what it records is brick work.
+namespace detail {
+[[gnu::tls_model("initial-exec")]] inline constinit thread_local int tls_compiled_depth = 0;
+}  // namespace detail
+
+inline void enter_compiled_code() noexcept { ++detail::tls_compiled_depth; }
+inline void exit_compiled_code() noexcept {
+  if (detail::tls_compiled_depth > 0) --detail::tls_compiled_depth;
+}
+inline bool in_compiled_code() noexcept { return detail::tls_compiled_depth > 0; }
+
 // What the backend calls right before it queues work on `device`: the count, then the hook.
 inline void announce_queue(DeviceIndex device) noexcept {
   count_device_work();

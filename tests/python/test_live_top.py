@@ -44,7 +44,8 @@ with bp.profile(live=True):
 @pytest.fixture
 def env(tmp_path):
     directory = tmp_path / "live"
-    return dict(os.environ, BRICK_LIVE_DIR=str(directory),
+    # COLUMNS wide enough for a whole argv: top fits its lines to COLUMNS where it is set.
+    return dict(os.environ, BRICK_LIVE_DIR=str(directory), COLUMNS="400",
                 PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
 
 

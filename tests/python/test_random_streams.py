@@ -154,3 +154,15 @@ def test_a_generator_of_another_device_is_refused():
     g1 = torch.Generator("brick:1").manual_seed(9)
     drawn = torch.rand(4, device="brick:1", generator=g1).cpu()
     assert torch.equal(drawn, torch.rand(4, generator=torch.Generator().manual_seed(9)))
+
+
+@pytest.mark.parametrize("use_reentrant", [False, True])
+def test_a_checkpointed_block_recomputes_the_dropout_of_its_forward(use_reentrant):
+    """torch.utils.checkpoint stashes brick's random state (torch.brick._initialized) and
+    restores it for the recompute: the gradient drops exactly what the forward dropped."""
+    torch.manual_seed(2)
+    x = torch.ones(256, device=BRICK, requires_grad=True)
+    out = torch.utils.checkpoint.checkpoint(lambda t: F.dropout(t * 1.0, 0.5), x,
+                                            use_reentrant=use_reentrant)
+    out.sum().backward()
+    assert torch.equal(x.grad.cpu(), out.detach().cpu())  # 2 where kept, 0 where dropped

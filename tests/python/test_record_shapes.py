@@ -23,18 +23,24 @@ def _calls_by_op(rows):
 
 
 def _assert_rows_add_up(report):
-    """Every op brick's calls are its signature rows' calls, by name and per call path."""
+    """Every op's calls are its signature rows' calls, by name and per call path (its brick row
+    and its host row together: the signature rows do not tell them apart)."""
     assert report.shape_stats(), "no shape rows"
     by_name = _calls_by_op(report.shape_stats())
+    calls, path_calls = collections.Counter(), collections.Counter()
     for b in report.bricks:
-        if b.kind == "op":
-            assert by_name[b.name] == b.count, (b.name, by_name[b.name], b.count)
+        if b.kind in ("op", "host"):
+            calls[b.name] += b.count
+    for p in report.paths:
+        if p.kind in ("op", "host"):
+            path_calls[p.path] += p.count
+    for name, count in calls.items():
+        assert by_name[name] == count, (name, by_name[name], count)
     by_path = collections.Counter()
     for r in report.shape_stats(by="path"):
         by_path[r.path] += r.calls
-    for p in report.paths:
-        if p.kind == "op":
-            assert by_path[p.path] == p.count, (p.path, by_path[p.path], p.count)
+    for path, count in path_calls.items():
+        assert by_path[path] == count, (path, by_path[path], count)
 
 
 @pytest.mark.parametrize("mode", ["event", "immediate", "deferred"])

@@ -107,3 +107,12 @@ def _lazy_init() -> None:
     from .. import _C
 
     _C._device_count()
+
+
+def __getattr__(name: str):
+    # torch.cuda._initialized, as PyTorch reads it of a device module: torch.utils.checkpoint
+    # stashes and restores a device's random state only where `_initialized` is true, so that
+    # recomputing a checkpointed block drops out exactly as its forward did.
+    if name == "_initialized":
+        return is_initialized()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
