@@ -161,8 +161,12 @@ def test_ctrl_c_on_a_long_run_writes_the_report_of_what_ran(tmp_path):
     """))
     command = [sys.executable, "-m", "torch_brickdev", "profile", "--no-trace", "-o",
                str(tmp_path / "out"), "long.py"]
+    # Ctrl-C's default disposition for the child, as a terminal gives it: the suite itself may
+    # run with SIGINT ignored (as CI runners start it), which a child would inherit, and Python
+    # raises KeyboardInterrupt only where SIGINT was not ignored at its start.
     with subprocess.Popen(command, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True) as child:
+                          stderr=subprocess.PIPE, text=True,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) as child:
         try:
             ready, _, _ = select.select([child.stdout], [], [], TIMEOUT_S)
             assert ready and child.stdout.readline() == "started\n", child.stderr.read()
