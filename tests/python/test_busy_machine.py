@@ -329,6 +329,12 @@ def test_a_real_run_that_sleeps_fails_and_one_that_lost_its_cpu_is_inconclusive(
     step = next(line for line in slept.stdout.splitlines() if line.startswith("Step "))
     assert " slower " in step and "the program's own time" in step, slept.stdout
     waited = diff(base, run("waited", 0, 2))
+    # Never a regression. Inconclusive where the base run had its CPU: on a machine whose other
+    # work already took the CPU from the base run (it waited too), the loops may add too little
+    # to tell, and diff may pass.
+    base_denied = json.loads(open(base).read()).get("machine", {}).get("denied_share") or 0
+    if base_denied >= 0.1 and waited.returncode == 0:
+        return
     assert waited.returncode == 3, waited.stdout + waited.stderr
     step = next(line for line in waited.stdout.splitlines() if line.startswith("Step "))
     assert " busy " in step, waited.stdout
