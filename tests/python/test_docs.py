@@ -100,7 +100,10 @@ def doc_environment(tmp: Path):
     shims.mkdir(exist_ok=True)
     python = shims / "python"
     if not python.exists():  # `python` in a bash block is this interpreter
-        python.symlink_to(sys.executable)
+        # A script, not a symbolic link: Python started through a link to a virtual environment's
+        # interpreter resolves it to the base interpreter and leaves the environment.
+        python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+        python.chmod(0o755)
     env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0", PYTHONUNBUFFERED="1",
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
                PATH=f"{shims}{os.pathsep}{os.environ.get('PATH', '')}",
