@@ -232,7 +232,7 @@ void open_brick(bool is_op, IsEngineWork&& engine_work, NameFrame&& name_frame) 
   Frame frame{kIgnored, 0, 0, nullptr};
   frame.is_op = is_op;
   if (is_op) {
-    frame.work_at_open = runtime::device_work_count();
+    frame.work_at_open = runtime::device_work_seen();
     if (!state->stack.empty()) {
       const Frame& up = state->stack.back();
       frame.inside_device_work =
@@ -305,14 +305,15 @@ bool only_reads_metadata(const c10::FunctionSchema& schema) {
 }
 
 // Records a call of an op that ran no brick work: no kernel, copy, collective or brick
-// allocation between its open and close (runtime::device_work_count() did not move). Its device
+// allocation between its open and close (runtime::device_work_seen() did not move). Its device
 // time is none. One that only read or aliased tensors stays an op, with 0; one that computed
 // (a CPU op) goes to its node's Kind::Host twin, with its host time, so that reports list it as
 // host work and keep it out of device sums. Judged once per node (the first call's overload):
 // `fn` is nullptr where no schema is at hand (a kernel timer's op), then judged metadata. A step
-// named by text, not by a schema (Inductor's compiled kernels, which run on brick memory without
-// brick's launch path; the autograd engine's evaluate_function; a C++ RECORD_FUNCTION) is opaque:
-// brick cannot tell what it ran, so it is timed as any brick (returns false: not recorded here).
+// named by text, not by a schema (the autograd engine's evaluate_function, a C++
+// RECORD_FUNCTION) is opaque: brick cannot tell what it ran, so it is timed as any brick
+// (returns false: not recorded here). (Compiled brick code's kernels never get here: see
+// runtime::device_work_seen().)
 bool record_without_device_work(ThreadState& state, const Frame& frame,
                                 const at::RecordFunction* fn) {
   registry::Registry& registry = *g_registry.load(std::memory_order_relaxed);
@@ -360,7 +361,7 @@ void close_brick(const at::RecordFunction* fn) noexcept {
     publish_top(state);
     if (frame.node == kIgnored || frame.node == kSkippedInCapture) return;
     if (frame.is_op && !frame.inside_device_work &&
-        runtime::device_work_count() == frame.work_at_open &&
+        runtime::device_work_seen() == frame.work_at_open &&
         record_without_device_work(state, frame, fn)) {
       return;
     }

@@ -79,7 +79,7 @@ struct Frame {
   bool awaiting_work = false;
   bool is_op = false;         // an op (scope FUNCTION), not a range or an autograd node
   uint32_t shape = kNoShape;  // its signature, while the profile records shapes
-  // An op: the thread's brick work count (runtime::device_work_count()) when it opened. Its
+  // An op: the thread's brick work count (runtime::device_work_seen()) when it opened. Its
   // start_ns is then read on every runtime and mode: the host time of an op that ran none.
   uint64_t work_at_open = 0;
   // An op that opened inside an op that had already run brick work: part of that work (brick's

@@ -82,21 +82,12 @@ struct SlotAllocator {
 std::atomic<uint64_t> g_stub_failures{0};  // records and elapsed times that failed
 
 // A synchronous runtime's stub event: the record's time and the thread's brick work count
-// (runtime::device_work_count()) packed into the pointer of a shared_ptr made by the aliasing
+// (runtime::device_work_seen()) packed into the pointer of a shared_ptr made by the aliasing
 // constructor over an empty owner. It has no control block (use_count() 0), so making, copying
 // and dropping it touch no memory; PyTorch only tests it for null and hands it back to
 // elapsed(). Both are kept modulo a power of two, which elapsed() only subtracts: exact for an
 // op or range shorter than 2^44 ns (4.8 hours) in which the count moved by other than a multiple
 // of 2^19. The top bit keeps the pointer non-null.
-// The thread's brick work count for a record(); inside compiled brick code, whose work the count
-// cannot see (runtime::in_compiled_code()), every record counts as work, so its ops keep their
-// time.
-uint64_t work_count_for_record() noexcept {
-  if (runtime::in_compiled_code()) [[unlikely]]
-    runtime::count_device_work();
-  return runtime::device_work_count();
-}
-
 constexpr int kWorkBits = 19;
 constexpr int kTimeBits = 44;
 constexpr uint64_t kWorkMask = (uint64_t{1} << kWorkBits) - 1;
@@ -144,7 +135,7 @@ class BrickProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
         process_timeline().append(
             StubRecord{at::RecordFunction::currentThreadId(), now, kDeviceAtCpuTime, index, stream},
             nullptr);
-        if (event != nullptr) *event = time_as_event(now, work_count_for_record());
+        if (event != nullptr) *event = time_as_event(now, runtime::device_work_seen());
         return;
       }
       if (skip_in_capture(rt, index, stream, TimingClient::LegacyStubs)) [[unlikely]] {
@@ -171,7 +162,7 @@ class BrickProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
           device_ns < 0 ? slot->event : nullptr);
       auto stub = std::allocate_shared<StubEvent>(SlotAllocator<StubEvent>(slot), slot,
                                                   device_ns < 0 ? logged : TimelineLog::Handle{},
-                                                  work_count_for_record());
+                                                  runtime::device_work_seen());
       if (event != nullptr) *event = std::move(stub);
     } catch (...) {
       g_stub_failures.fetch_add(1, std::memory_order_relaxed);

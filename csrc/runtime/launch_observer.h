@@ -139,6 +139,15 @@ inline void exit_compiled_code() noexcept {
 }
 inline bool in_compiled_code() noexcept { return detail::tls_compiled_depth > 0; }
 
+// The brick work count as a profiler reads it at an op's open and close: inside compiled brick
+// code, whose work the count cannot see, every reading counts as work, so that the op between
+// two readings keeps its device time.
+inline uint64_t device_work_seen() noexcept {
+  if (in_compiled_code()) [[unlikely]]
+    count_device_work();
+  return device_work_count();
+}
+
 // What the backend calls right before it queues work on `device`: the count, then the hook.
 inline void announce_queue(DeviceIndex device) noexcept {
   count_device_work();
