@@ -119,3 +119,16 @@ def test_diff_compares_an_ops_host_row_apart_from_its_brick_row():
         reports.append(session.report)
     names = [c.name for c in diff_reports(*reports, threshold=10.0).changes]
     assert "aten::mm" in names and "aten::mm [host]" in names
+
+
+def test_top_keeps_an_ops_host_row_apart_from_its_brick_row():
+    from torch_brickdev.tools import top
+
+    snapshot = {"bricks": [
+        {"name": "aten::mm", "kind": "op", "count": 3, "total_ns": 3000, "histogram": [[30, 3]]},
+        {"name": "aten::mm", "kind": "host", "count": 5, "total_ns": 9000, "histogram": [[40, 5]]},
+    ]}
+    merged = top._merge([snapshot, snapshot])  # two ranks
+    assert merged["aten::mm"]["count"] == 6 and merged["aten::mm"]["total_ns"] == 6000
+    assert merged["aten::mm [host]"]["count"] == 10
+    assert merged["aten::mm [host]"]["kind"] == "host"

@@ -53,6 +53,12 @@ OP_TIMINGS = ("dispatcher", "kernels")
 BRICK_KINDS = ("op", "range", "host")
 
 
+def row_label(name: str, kind: str) -> str:
+    """A brick's name where rows are keyed by name alone (diff, top): an op's host row, its calls
+    that ran on the CPU, apart from its brick row."""
+    return f"{name} [host]" if kind == "host" else name
+
+
 @dataclass(frozen=True)
 class BrickStats:
     """Figures of one brick: an op (``aten::mm``) or a range (``record_function("MLP")``).

@@ -38,7 +38,7 @@ from typing import Dict, List, Optional, Tuple
 from ..argcheck import check_bool, check_int, describe, describe_value
 from ..terminal import printable
 from . import machine
-from ._stats import BrickStats
+from ._stats import BrickStats, row_label
 from .report import Report
 
 __all__ = ["BrickChange", "ReportDiff", "VERDICTS", "diff_reports"]
@@ -354,10 +354,8 @@ def diff_reports(base: Report, new: Report, *, threshold: float = 0.10, by: str 
     if by not in ("name", "path"):
         raise ValueError(f"{where}: by must be 'name' or 'path', got {describe_value(by)}")
     ignore_counts = check_bool(ignore_counts, "ignore_counts", where)
-    def key(b: BrickStats) -> str:
-        # An op's calls that ran on the CPU (its host row) are compared as their own brick.
-        named = b.name if by == "name" else b.path
-        return f"{named} [host]" if b.kind == "host" else named
+    def key(b: BrickStats) -> str:  # an op's host row is compared as a brick of its own
+        return row_label(b.name if by == "name" else b.path, b.kind)
 
     base_by: Dict[str, BrickStats] = {}
     new_by: Dict[str, BrickStats] = {}

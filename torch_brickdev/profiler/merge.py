@@ -15,7 +15,7 @@ import json
 import os
 import statistics
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from ..argcheck import describe
 from .report import Report, load_report
@@ -163,15 +163,16 @@ def merge_reports(sources: Sequence[Union[str, os.PathLike, dict, Report]]) -> M
                          f"{sorted(worlds)}; expected the ranks of one run")
     loaded.sort(key=lambda item: item[0])
     ranks = [r for r, _, _, _ in loaded]
-    names: Dict[str, str] = {}
-    for _, _, _, report in loaded:
-        for b in report.bricks:
-            names.setdefault(b.name, b.kind)
+    # By name and kind: an op's host row (its calls that ran on the CPU) apart from its brick row.
+    by_key = [{(b.name, b.kind): b for b in report.bricks} for _, _, _, report in loaded]
+    names: Dict[Tuple[str, str], None] = {}
+    for rows in by_key:
+        names.update(dict.fromkeys(rows))
     bricks = []
-    for name, kind in names.items():
+    for name, kind in names:
         calls, totals, missing = [], [], []
-        for rank, _, _, report in loaded:
-            b = report.brick(name) if name in report else None
+        for (rank, _, _, _), rows in zip(loaded, by_key):
+            b = rows.get((name, kind))
             calls.append(b.count if b else 0)
             totals.append(b.total_ns if b else 0)
             if b is None:

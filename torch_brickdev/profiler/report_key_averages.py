@@ -71,7 +71,7 @@ def compare_with_key_averages(prof, report: Report, row_limit: Optional[int] = N
     folded = folded_by_pytorch(report)
     rows = []
     for key, (count, legacy_total) in legacy.items():
-        brick = next((b for b in report.bricks if b.name == key), None)
+        brick = report.brick(key) if key in report else None  # its brick row, not its host row
         rows.append((key, count, legacy_total, brick))
     rows.sort(key=lambda r: -(r[3].total_ns if r[3] else 0))
     if row_limit is not None:

@@ -178,7 +178,7 @@ def _roofline_args(report, where: str) -> dict:
     rows = report.roofline(by="name")
     if not rows:
         raise ValueError(f"{where}: the report has no roofline; profile with roofline=True")
-    calls = {b.name: b.count for b in report.bricks}
+    calls = {b.name: b.count for b in report.bricks if b.kind != "host"}  # the roofline's rows
     return {r.path: {"GFLOP/s": round(r.flops_per_s / 1e9, 3),
                      "GB/s": round(r.bytes_per_s / 1e9, 3),
                      "% peak FLOP/s": round(100 * r.flops_fraction, 2),

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from ..profiler import live
+from ..profiler._stats import row_label
 from ..terminal import printable, terminal_columns
 from ._args import positive_int
 
@@ -42,12 +43,13 @@ def _percentiles(buckets) -> Dict[float, float]:
 
 
 def _merge(snapshots: Sequence[dict]) -> Dict[str, dict]:
-    """Bricks by name across snapshots (ranks merged): counts, totals and histograms add."""
+    """Bricks by name and kind across snapshots (ranks merged): counts, totals and histograms
+    add; an op's host row (its calls that ran on the CPU) stays apart from its brick row."""
     merged: Dict[str, dict] = {}
     for snap in snapshots:
         for b in snap["bricks"]:
-            m = merged.setdefault(b["name"], {"kind": b["kind"], "count": 0, "total_ns": 0,
-                                              "histogram": {}})
+            m = merged.setdefault(row_label(b["name"], b["kind"]),
+                                  {"kind": b["kind"], "count": 0, "total_ns": 0, "histogram": {}})
             m["count"] += b["count"]
             m["total_ns"] += b["total_ns"]
             for bucket, count in b["histogram"]:
