@@ -54,17 +54,17 @@ def runtime_name() -> str:
     Chosen once per process by ``BRICK_RUNTIME`` (``auto``, the default: CUDA when this PyTorch
     can run CUDA kernels and a GPU is usable; ``host``; ``cuda``, an error when it cannot be had).
     """
-    return _C._runtime_name()
+    return _native()._runtime_name()
 
 
 def runtime_note() -> str:
     """One sentence saying which runtime was chosen and why (e.g. why ``auto`` chose the host)."""
-    return _C._runtime_note()
+    return _native()._runtime_note()
 
 
 def backing_device_type() -> str:
     """Device type whose kernels execute brick ops: ``"cpu"`` (host runtime) or ``"cuda"``."""
-    return _C._backing_device_type()
+    return _native()._backing_device_type()
 
 
 def backing_stream(stream: Optional["torch.Stream"] = None) -> "torch.cuda.Stream":
@@ -79,11 +79,20 @@ def backing_stream(stream: Optional["torch.Stream"] = None) -> "torch.cuda.Strea
             f"torch_brickdev.backing_stream(): stream must be a brick torch.Stream or None, got "
             f"{type(stream).__name__}"
         )
-    stream_id, cuda_index = _C._backing_stream(stream.device_index, stream.stream_id)
+    stream_id, cuda_index = _native()._backing_stream(stream.device_index, stream.stream_id)
     return torch.cuda.Stream(stream_id=stream_id, device_index=cuda_index, device_type=1)
 
 
 _started = False
+
+
+def _native():
+    """The native module, brick started first (under ``python -m torch_brickdev`` a command may
+    call the functions above before anything loaded it)."""
+    _start()
+    from . import _C
+
+    return _C
 
 
 def _start() -> None:

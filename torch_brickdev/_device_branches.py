@@ -18,15 +18,22 @@ import torch
 
 
 def _without_brick_on_the_host(devices_of):
+    # Asked on every optimizer step with default arguments: the answer is worked out once (the
+    # backing device is fixed for the process) and a copy handed out, as PyTorch returns a new
+    # list each time.
+    answer = []
+
     @functools.wraps(devices_of)
     def devices() -> list:
-        names = devices_of()
-        from . import backing_device_type  # the package is initialised when this is called
+        if not answer:
+            from . import backing_device_type  # the package is initialised when this is called
 
-        if backing_device_type() == "cpu":
-            brick = torch._C._get_privateuse1_backend_name()
-            names = [name for name in names if name != brick]
-        return names
+            names = devices_of()
+            if backing_device_type() == "cpu":
+                brick = torch._C._get_privateuse1_backend_name()
+                names = [name for name in names if name != brick]
+            answer.append(names)
+        return list(answer[0])
 
     devices.__brick_wrapped__ = devices_of
     return devices
