@@ -434,9 +434,8 @@ def _demo_report(out):
 def test_two_real_demo_runs_do_not_regress(tmp_path):
     """Two runs of one program have no regression between them. The verdict reads two moments
     of a shared machine, and its rules for a busy machine are tested on crafted reports: a
-    neighbour on the other core slows every op 1.25x without the thread waiting for a CPU (a CI
-    pair: 255.5 -> 319.4 ms, 6.4 ms more waits), which diff rightly fails at 10 %; so the pair
-    is judged at 50 %, and a pair that fails is run again once. A defect in the diff (a double
+    neighbour on the other core can slow every op 1.25x without the thread waiting for a CPU,
+    which diff rightly fails at 10 %; so the pair is judged at 50 %, and a pair that fails is run again once. A defect in the diff (a double
     count, a mode not applied) doubles a brick in every pair."""
     failed = []
     for attempt in range(2):

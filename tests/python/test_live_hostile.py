@@ -49,7 +49,7 @@ def snapshot(**changes) -> dict:
     now = 2_000_000_000
     data = {"format": live.FORMAT, "version": live.VERSION, "pid": os.getpid(), "start_time": None,
             "rank": None, "argv": ["train.py", "--epochs", "3"], "started_ns": now - 10**9,
-            "seq": 1, "time_ns": now, "sync_mode": "async", "final": False, "modules": None,
+            "seq": 1, "time_ns": now, "sync_mode": "async", "modules": None,
             "bricks": [{"name": "Block", "kind": "range", "count": 4, "total_ns": 4000,
                         "histogram": [[40, 4]]}]}
     data.update(changes)

@@ -1,10 +1,10 @@
 """transformers with brick: pipelines and device maps use brick, the Trainer says when it does not.
 
-transformers picks a device from a fixed list of device types. Where that list finds no
-accelerator it chose the CPU, silently; with brick asked for, it now chooses brick:
+transformers picks a device from a fixed list of device types, which has no brick. Where that
+list finds no accelerator and brick was asked for, brick is chosen instead of the CPU:
 
 * a ``pipeline(task, model=m)`` with no ``device`` (and no ``device_map``) runs where its model
-  is when that is brick (it moved the model to the CPU);
+  is when that is brick, instead of moving the model to the CPU;
 * a ``pipeline(..., device=N)`` (an ordinal, ``N >= 0``) runs on ``brick:N``;
 * ``from_pretrained(..., device_map="auto")`` and ``pipeline(..., device_map="auto")`` place the
   model on brick's devices: accelerate's memory lookup lists them

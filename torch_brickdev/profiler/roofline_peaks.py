@@ -225,8 +225,7 @@ def _best_of(cached: dict, new: dict) -> dict:
     merged["final"] = new["final"] or not provisional(cached)
     previous = cached.get("measurements")
     merged["measurements"] = (previous if isinstance(previous, int) and previous > 0 else 1) + 1
-    if merged["measurements"] > 1:
-        merged["how"] = f"{new['how']}; the best of {merged['measurements']} measurements"
+    merged["how"] = f"{new['how']}; the best of {merged['measurements']} measurements"
     return merged
 
 

@@ -188,7 +188,7 @@ def _selected(only, contract: Contract) -> Sequence[str]:
     if not wanted:  # no check at all would make a vacuous PASS verdict
         raise ValueError(f"run_checks: only names no check; expected some of "
                          f"{', '.join(ids)} (or None for all)")
-    known, wanted = set(ids), set(wanted)
+    known, wanted = set(ids), dict.fromkeys(wanted)  # (the unknown ones named in given order)
     unknown = [i for i in wanted if i not in known]
     if unknown:
         raise ValueError(f"run_checks: only: unknown check id(s) {', '.join(map(repr, unknown))};"
