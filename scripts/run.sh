@@ -282,10 +282,12 @@ run_pytest() {
     return
   fi
   local parallel=0 alone=0
-  (trap '' INT; exec "$PYTHON" -m pytest tests/python -q -n "$workers" -m "not timing") ||
+  # --durations: the slowest tests of each phase close its output, so a run shows where its
+  # time went (docs/benchmarks.md, the test command stage by stage).
+  (trap '' INT; exec "$PYTHON" -m pytest tests/python -q -n "$workers" -m "not timing" --durations=40) ||
     parallel=$?
   log "pytest: the timing tests, alone"
-  (trap '' INT; exec "$PYTHON" -m pytest tests/python -q -m timing) || alone=$?
+  (trap '' INT; exec "$PYTHON" -m pytest tests/python -q -m timing --durations=25) || alone=$?
   [ "$parallel" = 0 ] && [ "$alone" = 0 ]
 }
 
