@@ -15,7 +15,7 @@ carried_gtest_cmake_args() {
 
 # Copies what the GPU machine lacks into the working tree (ignored paths the device tool carries).
 gpu_prepare() {
-  [ -f /usr/src/googletest/CMakeLists.txt ] || setup_system  # libgtest-dev ships the sources
+  [ -f /usr/src/googletest/CMakeLists.txt ] || setup_system test  # libgtest-dev ships the sources
   rm -rf "$GTEST_CARRIED" && mkdir -p "$(dirname "$GTEST_CARRIED")"
   cp -r /usr/src/googletest "$GTEST_CARRIED"
   echo "gpu-prepare: $GTEST_CARRIED ($(du -sh "$GTEST_CARRIED" | cut -f1)); carry it with the job"

@@ -53,17 +53,23 @@ print_stage_times() {
 }
 trap print_stage_times EXIT
 
+# System packages, by what the job needs: `build` (the main job: CMake and Ninja), `test` (also
+# GoogleTest, Google Benchmark, clang-format, tmux, which drives top's terminal view in the tests,
+# and ccache for the many builds of the test command). Only what is missing is installed, with
+# apt-get where this is root.
 setup_system() {
   local missing=()
   command -v cmake >/dev/null || missing+=(cmake)
   command -v ninja >/dev/null || missing+=(ninja-build)
-  [ -f /usr/include/gtest/gtest.h ] || missing+=(libgtest-dev)
-  [ -f /usr/include/benchmark/benchmark.h ] || missing+=(libbenchmark-dev)
-  command -v clang-format >/dev/null || missing+=(clang-format)
-  command -v tmux >/dev/null || missing+=(tmux)  # drives top's terminal view in the tests
-  # ccache (use_compiler_cache) is optional: installed where apt-get can, never required
-  if ! command -v ccache >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    missing+=(ccache)
+  if [ "$1" = test ]; then
+    [ -f /usr/include/gtest/gtest.h ] || missing+=(libgtest-dev)
+    [ -f /usr/include/benchmark/benchmark.h ] || missing+=(libbenchmark-dev)
+    command -v clang-format >/dev/null || missing+=(clang-format)
+    command -v tmux >/dev/null || missing+=(tmux)
+    # ccache (use_compiler_cache) is optional: installed where apt-get can, never required
+    if ! command -v ccache >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      missing+=(ccache)
+    fi
   fi
   if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
@@ -95,6 +101,8 @@ use_compiler_cache() {
   export CMAKE_CUDA_COMPILER_LAUNCHER=ccache
 }
 
+# Python packages, by what the job needs: `build` (torch and setuptools: the main job), `test`
+# (also pytest and its plugins, and the libraries the tests run on brick).
 setup_python() {
   if ! TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PYTHON" -c "import torch" 2>/dev/null; then
     log "installing torch==2.13.0"
@@ -105,6 +113,7 @@ setup_python() {
     log "installing setuptools>=64"
     "$PYTHON" -m pip install -q "setuptools>=64" wheel
   fi
+  [ "$1" = test ] || return 0
   local wanted=()
   for module in pytest pytest_timeout numpy expecttest hypothesis; do
     TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PYTHON" -c "import $module" 2>/dev/null || wanted+=("${module//_/-}")
@@ -200,7 +209,7 @@ torch_lane() {
     "$PYTHON" -m venv "$venv"
     "$venv/bin/python" -m pip install -q "torch==$version" "setuptools>=64" wheel
   fi
-  PYTHON="$venv/bin/python" setup_python
+  PYTHON="$venv/bin/python" setup_python test
   rm -rf "$src" && mkdir -p "$src"
   git ls-files -co --exclude-standard -z | tar -c --null -T - -f - | tar -x -C "$src"
   (
@@ -298,12 +307,12 @@ source scripts/gpu_job.sh
 job=${1:-}
 case "$job" in
   demo)
-    setup_system; use_compiler_cache; setup_python; build 0
+    setup_system build; use_compiler_cache; setup_python build; build 0
     log "python -m torch_brickdev demo"
     "$PYTHON" -m torch_brickdev demo "${@:2}"
     ;;
   test)
-    setup_system; use_compiler_cache; setup_python
+    setup_system test; use_compiler_cache; setup_python test
     log "clang-format check"
     clang-format --dry-run -Werror csrc/*/*.h csrc/*/*.cpp tests/cpp/*.h tests/cpp/*.cpp benchmarks/*.cpp
     # GoogleTest from the carried sources, as the GPU machine builds it: the rehearsal below
@@ -324,15 +333,15 @@ case "$job" in
     for version in ${BRICK_TORCH_LANES-2.14.1}; do torch_lane "$version" "${@:2}"; done
     ;;
   sanitize)
-    setup_system; use_compiler_cache; setup_python
+    setup_system test; use_compiler_cache; setup_python build
     sanitize
     ;;
   torch-lane)
     [ -n "${2:-}" ] || { echo "usage: scripts/run.sh torch-lane VERSION [pytest args...]" >&2; exit 2; }
-    setup_system; use_compiler_cache; torch_lane "${@:2}"
+    setup_system test; use_compiler_cache; torch_lane "${@:2}"
     ;;
   bench)
-    setup_system; use_compiler_cache; setup_python
+    setup_system test; use_compiler_cache; setup_python test
     BRICK_CMAKE_ARGS="${BRICK_CMAKE_ARGS:-} -DBRICK_BUILD_BENCHMARKS=ON" build 0
     # valgrind counts instructions beside the times (bench_ops, bench_profiler); optional.
     if ! command -v valgrind >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
@@ -369,7 +378,7 @@ case "$job" in
     ;;
   compile-lane)
     [ -n "${2:-}" ] || { echo "usage: scripts/run.sh compile-lane VERSION" >&2; exit 2; }
-    setup_system; use_compiler_cache; compile_lane "$2"
+    setup_system test; use_compiler_cache; compile_lane "$2"
     ;;
   *)
     echo "usage: scripts/run.sh demo|test|bench|sanitize|torch-lane|compile-lane|gpu|gpu-prepare [args...]" >&2
