@@ -13,8 +13,10 @@ Read from README.md and docs/**/*.md without importing torch or brick:
   it handles; ``python benchmarks/x.py --flag`` a flag that script defines;
 * environment variables: every ``BRICK_*`` name must occur in the code (sources, scripts, build
   files, tests);
-* docs/architecture.md's layer table: every folder of ``csrc/`` has a row, and what each folder's
-  sources include from another folder is in that row's "may include" column.
+* docs/architecture.md's layer tables: every folder of ``csrc/`` and every subpackage of
+  ``torch_brickdev/`` has a row, and what each one's sources include (C++) or import (Python)
+  from another folder or module of the package is in that row's "may include"/"may import"
+  column.
 
 History pages (docs/history/) describe the code as it was: only their links are checked, not the
 paths, flags and variables they name.
@@ -367,6 +369,64 @@ def layer_problems(table: Dict[str, Set[str]], includes: Dict[str, Dict[str, Set
     return problems
 
 
+def python_rows(text: str) -> Dict[str, Set[str]]:
+    """architecture.md's rows for torch_brickdev/ subpackages: subpackage -> the package's modules
+    it may import ("" for the package itself: "the package" or "the public API")."""
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        match = re.match(r"`torch_brickdev/(\w+)/`", cells[0]) if cells else None
+        if match and len(cells) == 3:
+            allowed = set()
+            for name in re.findall(r"`([^`]+)`", cells[-1]):
+                name = name.strip("/").split("/")[-1]
+                allowed.add("" if name == "torch_brickdev" else name.split(".")[-1])
+            if "the package" in cells[-1] or "public API" in cells[-1]:
+                allowed.add("")
+            rows[match.group(1)] = allowed
+    return rows
+
+
+def package_imports(root: Path) -> Dict[str, Dict[str, Set[str]]]:
+    """For each torch_brickdev/ subpackage, the package's other modules its files import (by the
+    name under torch_brickdev: "" for the package itself), and where."""
+    found: Dict[str, Dict[str, Set[str]]] = {}
+    package = root / "torch_brickdev"
+    for sub in sorted(p for p in package.iterdir() if (p / "__init__.py").exists()):
+        used = found.setdefault(sub.name, {})
+        for source in sorted(sub.rglob("*.py")):
+            tree = ast.parse(source.read_text(encoding="utf-8"))
+            for node in ast.walk(tree):
+                names = []
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom):
+                    if node.level:
+                        base = ["torch_brickdev", sub.name][:3 - node.level]
+                        module = ".".join(base + ([node.module] if node.module else []))
+                    else:
+                        module = node.module or ""
+                    # `from torch_brickdev import _C` imports _C, not the package
+                    names = ([module] if node.module and module != "torch_brickdev"
+                             else [f"{module}.{a.name}" for a in node.names])
+                for name in names:
+                    parts = name.split(".")
+                    if parts[0] != "torch_brickdev" or parts[1:2] == [sub.name]:
+                        continue
+                    used.setdefault(parts[1] if len(parts) > 1 else "", set()).add(source.name)
+    return found
+
+
+def import_problems(rows: Dict[str, Set[str]], imports: Dict[str, Dict[str, Set[str]]]):
+    problems = [f"torch_brickdev/{s}/ has no row" for s in sorted(imports) if s not in rows]
+    for sub, used in sorted(imports.items()):
+        for name, files in sorted(used.items()):
+            if sub in rows and name not in rows[sub]:
+                problems.append(f"torch_brickdev/{sub}/ imports {name or 'the package'} "
+                                f"({', '.join(sorted(files))}), which its row does not list")
+    return problems
+
+
 # ---- the tests ----
 
 @pytest.fixture(scope="module")
@@ -390,6 +450,20 @@ def test_the_layer_table_allows_every_include():
     table = layer_table((REPO / "docs/architecture.md").read_text(encoding="utf-8"))
     assert {"runtime", "registry", "profiler", "backend", "bindings"} <= set(table)
     assert layer_problems(table, cross_includes(REPO)) == []
+
+
+def test_the_layer_table_lists_every_import_of_the_packages_parts():
+    rows = python_rows((REPO / "docs/architecture.md").read_text(encoding="utf-8"))
+    assert {"brick", "profiler", "integrations", "tools"} <= set(rows)
+    assert import_problems(rows, package_imports(REPO)) == []
+
+
+def test_an_import_the_table_does_not_list_fails():
+    rows = {"profiler": {"_C", "argcheck"}}
+    imports = {"profiler": {"_C": {"a.py"}, "tools": {"b.py"}}, "brick": {}}
+    assert import_problems(rows, imports) == [
+        "torch_brickdev/brick/ has no row",
+        "torch_brickdev/profiler/ imports tools (b.py), which its row does not list"]
 
 
 def test_the_cli_flags_are_read_from_the_parsers(tree):
