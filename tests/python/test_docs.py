@@ -1,4 +1,4 @@
-"""The docs run: every code block of README.md and docs/*.md is executed or says why not.
+"""The docs run: every code block of README.md and docs/**/*.md is executed or says why not.
 
 A doc's ```python blocks run in order in one fresh interpreter per doc (one namespace, as a
 reader runs them top to bottom); each ```bash block runs in bash; both in a temporary working
@@ -22,7 +22,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 RUNNER = Path(__file__).with_name("doc_blocks_runner.py")
-DOCS = ["README.md"] + sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md"))
+# Every markdown page: the README, docs/ and its folders (docs/history/ included: a block moved
+# into history keeps the same rules).
+DOCS = ["README.md"] + sorted(p.relative_to(REPO).as_posix() for p in (REPO / "docs").rglob("*.md"))
 DOC_TIMEOUT_S = 600
 BASH_TIMEOUT_S = 240
 
@@ -35,6 +37,9 @@ MARKER = re.compile(r"^<!--\s*(not run|excerpt of):\s*(.+?)\s*-->\s*$")
 PRINTED_CLAIMS = {
     "README.md": [
         "print(y.device, y.is_brick)",
+        "print(p.report.table())",
+    ],
+    "docs/usage.md": [
         'print(prof.key_averages().table(sort_by="self_device_time_total"))   # Self BRICK',
         "print(p.report.table())",
         "print(p.report.table(roofline=True))",
@@ -57,7 +62,7 @@ def one_region_comparison(output: str):
 
 # print() calls whose output a function checks.
 PRINTED_CHECKS = {
-    "README.md": {"print(bp.compare_with_key_averages(": one_region_comparison},
+    "docs/usage.md": {"print(bp.compare_with_key_averages(": one_region_comparison},
 }
 
 
