@@ -199,15 +199,24 @@ def test_embedding_sparse_gradients_with_sparse_adam_equal_the_cpu():
 
 
 def test_sparse_ops_are_brick_kernels():
-    """A sparse op is a brick op: timed among brick's kernels like any other."""
+    """A sparse op is a brick op: timed among brick's kernels like any other, and the backing
+    device's ops inside its kernel are its work, not calls of their own."""
     s, d = _coo(BRICK), _dense(BRICK)
     torch.sparse.mm(s, d)  # warm
-    with bp.profile(ops="kernels") as p:
+
+    def work():
         s.coalesce()
         torch.sparse.mm(s, d)
-    names = {b.name for b in p.report.bricks if b.kind == "op"}
-    assert {"aten::_coalesce", "aten::_sparse_mm"} <= names or \
-        {"aten::_coalesce", "aten::addmm"} <= names, sorted(names)
+
+    with bp.profile(ops="kernels") as kernels:
+        work()
+    kernel_ops = {b.name for b in kernels.report.bricks if b.kind == "op"}
+    assert {"aten::_coalesce", "aten::addmm"} <= kernel_ops, sorted(kernel_ops)
+    with bp.profile() as dispatcher:
+        work()
+    paths = {b.path for b in dispatcher.report.paths if b.kind == "op"}
+    assert "aten::coalesce/aten::_coalesce" in paths, sorted(paths)
+    assert not [p for p in paths if "aten::_coalesce/" in p or "aten::addmm/" in p], sorted(paths)
 
 
 # ---- compressed layouts ----
