@@ -352,7 +352,8 @@ def test_strided_nested_tensor_created_moved_and_printed_like_the_cpu():
 def test_strided_nested_ops_equal_the_cpu():
     def run(device):
         nt = _strided_nested(device)
-        other = torch.nested.as_nested_tensor([p.to(device) for p in _strided_nested("cpu").unbind()])
+        pieces = _strided_nested("cpu").unbind()
+        other = torch.nested.as_nested_tensor([p.to(device) for p in pieces])
         scores = torch.matmul(nt, nt.transpose(-1, -2)).softmax(-1)
         nt.mul_(2.0)
         return scores, nt + other, torch.nested.to_padded_tensor(nt, 0.0)
