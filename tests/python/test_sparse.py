@@ -1,6 +1,8 @@
-"""Sparse tensors on brick, COO and compressed, equal to the CPU's bit for bit: their creation,
-moves, printing, products, coalescing, an embedding's sparse gradients with SparseAdam, and
-torch-geometric's sparse adjacency paths. Each result is a brick tensor with brick members."""
+"""Brick tensors of other layouts, equal to the CPU's bit for bit. Sparse, COO and compressed:
+creation, moves, printing, products, coalescing, an embedding's sparse gradients with SparseAdam,
+torch-geometric's sparse adjacency paths. Nested: jagged tensors through attention, strided ones
+made, moved, printed and computed with. Each result is a brick tensor with brick members.
+Quantized tensors are refused when made, with a message naming the op."""
 
 import pytest
 import torch
