@@ -164,6 +164,15 @@ setup_python() {
       "$PYTHON" -m pip install -q --no-deps HolisticTraceAnalysis ||
       echo "could not install HolisticTraceAnalysis; its test will skip" >&2
   fi
+  # torch-geometric's sparse adjacency paths run on brick in the tests (test_sparse.py). It
+  # declares torch-related extras it does not import: installed without its dependencies, the
+  # ones it imports first.
+  if ! TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PYTHON" -c "import torch_geometric" 2>/dev/null; then
+    log "installing torch-geometric"
+    "$PYTHON" -m pip install -q fsspec jinja2 numpy psutil pyparsing requests tqdm xxhash &&
+      "$PYTHON" -m pip install -q --no-deps "torch-geometric==2.8.1" ||
+      echo "could not install torch-geometric; its test will skip" >&2
+  fi
 }
 
 # The C++ suites under sanitizers, each in its own build folder: AddressSanitizer +

@@ -254,6 +254,7 @@ void ensure_registered() {
     at::RegisterPrivateUse1HooksInterface(new BrickHooks());
     c10::SetAllocator(kBrick, brick_allocator());
     register_direct_fallback_kernels();
+    register_layout_fallback_kernels();
     detail::set_backing_setup([](bool is_cuda) {
       if (is_cuda) {
         register_cuda_backing_kernels();

@@ -67,7 +67,8 @@ std::vector<int> devices_in_use();
 // The brick device a factory op (`op`, for errors) makes its tensor on: its `device=` argument,
 // which must be a brick device, or the current brick device for none or one without an index.
 c10::DeviceIndex factory_device_index(std::optional<c10::Device> device, const char* op);
-// Throws unless `layout` is none or strided, the only layout brick tensors have.
+// Throws unless `layout` is none or strided: brick's dense kernels make strided tensors (a sparse
+// layout asked for reaches brick's sparse keys instead, layouts.h).
 void check_strided_layout(std::optional<c10::Layout> layout, const char* op);
 
 // Makes `device` the calling thread's current brick device for a scope; restores the previous
