@@ -135,7 +135,7 @@ def train_distributed(args) -> int:
 
 
 def decode_demo(args) -> int:
-    from torch_brickdev.tools.demo_config import DecodeConfig
+    from torch_brickdev.tools.demo.config import DecodeConfig
 
     config = DecodeConfig(
         layers=args.layers, hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads,
@@ -282,7 +282,7 @@ def _parser():
     parser = argparse.ArgumentParser(prog="python -m torch_brickdev", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
-    from torch_brickdev.tools.demo_config import DecodeConfig
+    from torch_brickdev.tools.demo.config import DecodeConfig
 
     defaults = DecodeConfig()
     p = commands.add_parser("demo", help="profile a Qwen-style decode on brick and check the contract")

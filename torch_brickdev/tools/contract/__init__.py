@@ -1,12 +1,12 @@
 """Profiling contracts: checks of a brick report against a contract file (TOML).
 
-A contract (:mod:`.contract_file` reads it; docs/contracts.md shows how to write one) names the
+A contract (:mod:`.file` reads it; docs/contracts.md shows how to write one) names the
 bricks that must appear, the metadata figures its checks read, and its checks, each an instance
-of a kind (:mod:`.contract_kinds`): coverage bounds, counts as formulas over the figures,
+of a kind (:mod:`.kinds`): coverage bounds, counts as formulas over the figures,
 orderings and ratios per sync mode, budgets, stability, and the report's own consistency.
 
 The built-in contract is the decode-profiling contract (``gpu-decode-profiling-v1``,
-``contracts/decode.toml``): an autoregressive decode of ``T`` tokens through an ``L``-layer model,
+``tools/contracts/decode.toml``): an autoregressive decode of ``T`` tokens through an ``L``-layer model,
 as the demo writes it. Its eleven checks, under stable ids:
 
 ==================  ======================================================================
@@ -43,15 +43,15 @@ import os
 import sys
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
-from ..profiler import Report, ReportError, load_report
-from ..terminal import printable
+from ...profiler import Report, ReportError, load_report
+from ...terminal import printable
 
-from ._args import positive_int
-from .contract_file import FIGURE_KINDS, Contract, ContractError, builtin_path, read_contract
-from .contract_kinds import run_check
-from .contract_numbers import shown
-from .contract_result import FAIL, INCONCLUSIVE, NA, PASS, CheckResult
-from .contract_subject import Subject, figure_problem, subject
+from .._args import positive_int
+from .file import FIGURE_KINDS, Contract, ContractError, builtin_path, read_contract
+from .kinds import run_check
+from .numbers import shown
+from .report_view import Subject, figure_problem, subject
+from .result import FAIL, INCONCLUSIVE, NA, PASS, CheckResult
 
 __all__ = [
     "CHECKS",
@@ -410,6 +410,3 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "torch_brickdev check
     _emit(_format(results), sys.stdout)
     return exit_status(results)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -20,7 +20,7 @@ Every field is checked here: an unknown kind or field, a parameter of the wrong 
 that does not parse or names an undeclared figure, a sync mode that does not exist. The error
 (:class:`ContractError`) names the file, the line and the field. The kinds and their parameters
 are listed in ``KINDS`` (and in docs/contracts.md); the checks themselves are in
-``contract_kinds``, the formulas in ``contract_formula``.
+:mod:`.kinds`, the formulas in :mod:`.formula`.
 
 A contract may come from someone else: reading one is bounded in time and memory (the file's
 size, how deep its tables and lists nest, what its formulas compute; linear in its checks), and
@@ -39,10 +39,10 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import tomllib
 
-from ..terminal import printable
+from ...terminal import printable
 
-from .contract_formula import Formula
-from .contract_numbers import shown
+from .formula import Formula
+from .numbers import shown
 
 __all__ = ["Check", "Contract", "ContractError", "Formula", "FIGURE_KINDS", "KINDS",
            "MAX_FILE_BYTES", "MAX_NESTING", "MODES", "builtin_path", "parse_contract",
@@ -64,7 +64,7 @@ FIGURE_KINDS = {
     "any": "any value",
 }
 
-_BUILTIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "contracts")
+_BUILTIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "contracts")
 
 
 def builtin_path(name: str) -> str:
