@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import List, NoReturn, Optional, Tuple, Union
 
 from ..argcheck import show_json
-from ._stats import BRICK_KINDS, BrickStats, SyncMode
+from ._stats import BRICK_KINDS, BrickStats, SyncMode, check_brick_fields
 
 SCHEMA = "torch_brickdev.report"
 VERSION = 1
@@ -199,7 +199,7 @@ BRICK_FIELDS = {
     "p50_ns": _FIGURE, "p90_ns": _FIGURE, "p99_ns": _FIGURE,
 }
 _BRICK_OPTIONAL = {"avg_us": _FIGURE}  # derived; the contract compares it with total/count
-assert tuple(BRICK_FIELDS) == tuple(BrickStats.__dataclass_fields__)
+check_brick_fields(BRICK_FIELDS, "the report schema's brick fields (BRICK_FIELDS)")
 
 
 class Reader:

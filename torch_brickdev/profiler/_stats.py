@@ -8,8 +8,8 @@ A leaf: the registry's surface (_registry.py), the report (report.py) and the se
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
-from typing import Union
+from dataclasses import dataclass, fields
+from typing import Iterable, Union
 
 from ..argcheck import describe
 
@@ -89,3 +89,19 @@ class BrickStats:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
         d["avg_us"] = self.avg_us()
         return d
+
+
+#: A brick's figures, in order: the fields of :class:`BrickStats`. A report's brick entries
+#: (_report_schema.BRICK_FIELDS) and the native registry's rows and snapshot entries
+#: (``_C._profiler.REPORT_FIELDS``) are checked against them when their modules load.
+BRICK_STATS_FIELDS = tuple(f.name for f in fields(BrickStats))
+
+
+def check_brick_fields(names: Iterable[str], source: str, remedy: str = "") -> None:
+    """Raises ImportError unless ``names`` (``source``'s fields of a brick) are
+    :data:`BRICK_STATS_FIELDS`, in their order."""
+    names = tuple(names)
+    if names != BRICK_STATS_FIELDS:
+        raise ImportError(
+            f"brick profiler: {source} ({', '.join(names)}) are not BrickStats' fields in their "
+            f"order ({', '.join(BRICK_STATS_FIELDS)}){'; ' + remedy if remedy else ''}")

@@ -168,16 +168,16 @@ class Report:
         views derive, so that they agree even while other threads record. A profile passes what
         it took at its exit instead: ``rows`` (``_C._profiler.capture_rows()``), ``health``
         (the registry's health counters) and ``created_ns`` (``time.time_ns()``)."""
-        from .. import _C
-        
-        rows = (_C._profiler.report_rows(["name", "path"]) if rows is None
+        from ._registry import _native  # its import checks the rows' field order
+
+        rows = (_native.report_rows(["name", "path"]) if rows is None
                 else rows.rows())  # tuples in BrickStats' field order
         report = cls(
             bricks=[], paths=[], wall_ns=wall_ns, sync_mode=sync_mode,
             device=_device_entry(),
             metadata=metadata, machine=machine,
             # the counters of the figures' span: since their reset (bp.health(): the process's)
-            health=dict(_C._profiler.health(since_reset=True)) if health is None else health,
+            health=dict(_native.health(since_reset=True)) if health is None else health,
             bricks_span_ns=bricks_span_ns,
         )
         if created_ns is not None:
