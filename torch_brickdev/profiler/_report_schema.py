@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import List, NoReturn, Optional, Tuple, Union
 
-from ..argcheck import show_json
+from ..argcheck import show_json, type_name
 from ._stats import BRICK_KINDS, BrickStats, SyncMode, check_brick_fields
 
 SCHEMA = "torch_brickdev.report"
@@ -39,10 +39,6 @@ class WrittenFigures:
     top_level_ns: Optional[int]  # Report.top_level_ns()
     bricks_avg_us: Tuple[Optional[float], ...]  # per entry of ``bricks``: BrickStats.avg_us()
     paths_avg_us: Tuple[Optional[float], ...]  # per entry of ``paths``
-
-
-def type_name(value) -> str:
-    return type(value).__name__
 
 
 # ---- reading: parsing the text ----------------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, fields
-from typing import Iterable, Union
+from typing import Iterable, Optional, Union
 
 from ..argcheck import describe
 
@@ -45,6 +45,15 @@ class SyncMode(str, enum.Enum):
 #: Where a profile times ops (``profile(ops=...)``): every op the dispatcher runs, or brick's
 #: kernels only.
 OP_TIMINGS = ("dispatcher", "kernels")
+
+
+def shapes_refused(ops: str, record_shapes: bool, roofline: bool) -> Optional[str]:
+    """The option asking for input shapes that ``ops`` cannot give (``"roofline"`` or
+    ``"record_shapes"``), or None. ``ops="kernels"`` records no input shapes: they are the
+    dispatcher's, and the roofline is computed from them."""
+    if ops != "kernels":
+        return None
+    return "roofline" if roofline else "record_shapes" if record_shapes else None
 
 
 #: What a brick is: an op, a range (``record_function``, a module), or ``host``: the calls of an op

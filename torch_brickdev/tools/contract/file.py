@@ -39,6 +39,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import tomllib
 
+from ...argcheck import type_name
 from ...terminal import printable
 
 from .formula import Formula
@@ -358,7 +359,7 @@ def read_contract(path: Union[str, os.PathLike]) -> Contract:
     line and the field, or OSError's message for a file that cannot be read."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"read_contract: path must be a path (str or os.PathLike), got "
-                        f"{type(path).__name__}")
+                        f"{type_name(path)}")
     path = os.fspath(path)
     shown_path = printable(path)
     try:
@@ -394,9 +395,9 @@ def _nesting(data) -> int:
 def parse_contract(text: str, source: str = "<string>") -> Contract:
     """Validates the TOML text of a contract (``source`` names it in errors)."""
     if not isinstance(text, str):
-        raise TypeError(f"parse_contract: text must be a str, got {type(text).__name__}")
+        raise TypeError(f"parse_contract: text must be a str, got {type_name(text)}")
     if not isinstance(source, str):
-        raise TypeError(f"parse_contract: source must be a str, got {type(source).__name__}")
+        raise TypeError(f"parse_contract: source must be a str, got {type_name(source)}")
     shown_source = printable(source)
     too_deep = (f"{shown_source}: tables and lists nested too deeply; expected at most "
                 f"{MAX_NESTING} levels")
