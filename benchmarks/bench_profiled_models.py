@@ -107,9 +107,9 @@ def qwen2_workload(device: str):
 
 
 def demo_workload(device: str):
-    from torch_brickdev.tools.demo_config import DecodeConfig
-    from torch_brickdev.tools.demo_decode import _decode
-    from torch_brickdev.tools.demo_model import build_model
+    from torch_brickdev.tools.demo.config import DecodeConfig
+    from torch_brickdev.tools.demo.decoding import _decode
+    from torch_brickdev.tools.demo.model import build_model
 
     config = DecodeConfig(tokens=32)
     model = build_model(config, device)

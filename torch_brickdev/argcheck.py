@@ -9,12 +9,19 @@ import math
 import operator
 import os
 
-__all__ = ["check_bool", "check_int", "check_path", "describe", "describe_value", "show_json"]
+__all__ = ["check_bool", "check_int", "check_path", "check_str", "describe", "describe_value",
+           "show_json", "type_name"]
+
+
+def type_name(value) -> str:
+    """A received value's type as Python names it (``NoneType`` for None): how the report's and
+    the contracts' messages show it."""
+    return type(value).__name__
 
 
 def describe(value) -> str:
     """How an error message shows a received value's type: ``None`` for None, else its type."""
-    return "None" if value is None else type(value).__name__
+    return "None" if value is None else type_name(value)
 
 
 def describe_value(value) -> str:
@@ -55,6 +62,14 @@ def check_int(value, arg: str, where: str, *, low=None, high=None, optional: boo
             bounds = f"in {low}..{high}"
         raise ValueError(f"{where}: {arg} must be {bounds}, got {number}")
     return number
+
+
+def check_str(value, arg: str, where: str, *, show=describe) -> str:
+    """``value`` itself if it is a str. ``show`` names a received value's type in the message
+    (:func:`describe`, or :func:`type_name` where a module's messages use it)."""
+    if not isinstance(value, str):
+        raise TypeError(f"{where}: {arg} must be a str, got {show(value)}")
+    return value
 
 
 def check_path(value, arg: str, where: str) -> str:

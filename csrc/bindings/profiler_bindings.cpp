@@ -7,8 +7,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <ctime>
+#include <functional>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -50,26 +52,59 @@ struct ReportRow {
   std::array<double, 3> percentiles;  // p50, p90, p99
 };
 
+ReportRow report_row_of(const BrickStats& s) {
+  return {s.name,
+          s.path,
+          s.kind,
+          s.device,
+          s.depth,
+          s.count,
+          s.total_ns,
+          s.min_ns,
+          s.max_ns,
+          s.last_ns,
+          report_percentiles(s)};
+}
+
 std::vector<ReportRow> report_rows_of(const std::vector<BrickStats>& stats) {
   std::vector<ReportRow> rows;
   rows.reserve(stats.size());
-  for (const BrickStats& s : stats) {
-    rows.push_back({s.name, s.path, s.kind, s.device, s.depth, s.count, s.total_ns, s.min_ns,
-                    s.max_ns, s.last_ns, report_percentiles(s)});
-  }
+  for (const BrickStats& s : stats) rows.push_back(report_row_of(s));
   return rows;
 }
 
-// A report entry as a tuple in BrickStats' field order (profiler/_stats.py): name, path, kind,
-// device, depth, count, total_ns, min_ns, max_ns, last_ns, p50_ns, p90_ns, p99_ns.
+// A report entry's fields, in order: the one list that both the tuples of report_rows() and
+// the dicts of snapshot() follow. Python checks it against BrickStats' fields
+// (profiler/_stats.py) when it loads the registry, as _profiler.REPORT_FIELDS.
+constexpr std::array<const char*, 13> kReportFields = {
+    "name",   "path",   "kind",    "device", "depth",  "count", "total_ns",
+    "min_ns", "max_ns", "last_ns", "p50_ns", "p90_ns", "p99_ns"};
+
+// A report entry's values, in kReportFields' order.
+auto report_values(const ReportRow& r) {
+  return std::make_tuple(std::cref(r.name), std::cref(r.path), registry::kind_name(r.kind),
+                         r.device, r.depth, r.count, r.total_ns, r.min_ns, r.max_ns, r.last_ns,
+                         r.percentiles[0], r.percentiles[1], r.percentiles[2]);
+}
+static_assert(std::tuple_size_v<decltype(report_values(std::declval<const ReportRow&>()))> ==
+                  kReportFields.size(),
+              "a report entry has one value per field");
+
+py::tuple report_field_names() {
+  py::tuple names(kReportFields.size());
+  for (size_t i = 0; i < kReportFields.size(); ++i) names[i] = py::str(kReportFields[i]);
+  return names;
+}
+
+py::tuple to_tuple(const ReportRow& r) {
+  return std::apply([](const auto&... values) { return py::make_tuple(values...); },
+                    report_values(r));
+}
+
+// A report entry as a tuple in kReportFields' order (a report's rows).
 py::list to_rows(const std::vector<ReportRow>& rows) {
   py::list out(rows.size());
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const ReportRow& r = rows[i];
-    out[i] = py::make_tuple(r.name, r.path, registry::kind_name(r.kind), r.device, r.depth, r.count,
-                            r.total_ns, r.min_ns, r.max_ns, r.last_ns, r.percentiles[0],
-                            r.percentiles[1], r.percentiles[2]);
-  }
+  for (size_t i = 0; i < rows.size(); ++i) out[i] = to_tuple(rows[i]);
   return out;
 }
 
@@ -85,22 +120,12 @@ struct CapturedRows {
   int64_t last_end_ns = INT64_MIN;
 };
 
+// A report entry as a dict keyed by kReportFields (a snapshot's entries).
 py::dict to_dict(const BrickStats& s) {
-  const auto [p50, p90, p99] = report_percentiles(s);
   py::dict d;
-  d["name"] = s.name;
-  d["path"] = s.path;
-  d["depth"] = s.depth;
-  d["kind"] = registry::kind_name(s.kind);
-  d["device"] = s.device;
-  d["count"] = s.count;
-  d["total_ns"] = s.total_ns;
-  d["min_ns"] = s.min_ns;
-  d["max_ns"] = s.max_ns;
-  d["last_ns"] = s.last_ns;
-  d["p50_ns"] = p50;
-  d["p90_ns"] = p90;
-  d["p99_ns"] = p99;
+  size_t field = 0;
+  std::apply([&](const auto&... values) { ((d[kReportFields[field++]] = values), ...); },
+             report_values(report_row_of(s)));
   return d;
 }
 
@@ -255,6 +280,7 @@ void restore_region_settings() {
 void bind_profiler(py::module_& parent) {
   profiler::register_profiler_stubs();
   py::module_ m = parent.def_submodule("_profiler", "brick profiler internals");
+  m.attr("REPORT_FIELDS") = report_field_names();
   m.def("enable", &profiler::enable);
   m.def("disable", &profiler::disable);
   m.def("is_enabled", &profiler::is_enabled);
@@ -279,8 +305,8 @@ void bind_profiler(py::module_& parent) {
         });
       },
       py::arg("views"), py::arg("histograms") = false);
-  // The same, each entry a tuple in BrickStats' field order: what a report is built from (no
-  // dict per entry).
+  // The same, each entry a tuple in REPORT_FIELDS' order: what a report is built from (no dict
+  // per entry).
   m.def(
       "report_rows",
       [](const std::vector<std::string>& views) {

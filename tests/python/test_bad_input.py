@@ -502,7 +502,7 @@ def _validate_config(**fields):
 
 
 _validate_config.__qualname__ = "DecodeConfig.validate"
-CONFIG = dict(subject="torch_brickdev.tools.demo_config.DecodeConfig", keyword=True)
+CONFIG = dict(subject="torch_brickdev.tools.demo.config.DecodeConfig", keyword=True)
 for name in ("layers", "hidden", "heads", "kv_heads", "vocab", "prompt_tokens", "tokens",
              "max_positions"):
     for value, error in (("2", TypeError), (2.0, TypeError), (None, TypeError), (True, TypeError),
@@ -582,7 +582,7 @@ def _forward(ids, pos):
 
 
 _forward.__qualname__ = "QwenStyleDecoder.forward"
-FORWARD = dict(subject="torch_brickdev.tools.demo_model.QwenStyleDecoder")
+FORWARD = dict(subject="torch_brickdev.tools.demo.model.QwenStyleDecoder")
 TABLE += [
     bad(_forward, "pos", -1, ValueError, r"pos must be >= 0, got -1", before=(named("ids"),), **FORWARD),
     bad(_forward, "pos", 1.0, TypeError, r"pos must be an int, got float", before=(named("ids"),), **FORWARD),
@@ -871,10 +871,10 @@ EXEMPT = {
     "torch_brickdev.profiler.ReportDiff": "a record that diff_reports() builds; not an input",
     "torch_brickdev.profiler.BrickChange": "a record that diff_reports() builds; not an input",
     "torch_brickdev.tools.pytest_plugin.BrickInconclusiveWarning": "a warning class",
-    "torch_brickdev.tools.demo_decode.DecodeResult": "a record that decode() returns; not an input",
-    "torch_brickdev.tools.demo_config.DecodeConfigTypeError": "an exception class",
+    "torch_brickdev.tools.demo.decoding.DecodeResult": "a record that decode() returns; not an input",
+    "torch_brickdev.tools.demo.config.DecodeConfigTypeError": "an exception class",
     "torch_brickdev.runtime_note": NO_ARGUMENTS,
-    "torch_brickdev.tools.demo.default_threads": NO_ARGUMENTS,
+    "torch_brickdev.tools.demo.run.default_threads": NO_ARGUMENTS,
 }
 # Owned elsewhere (see the module docstring).
 NOT_COVERED_HERE = ("torch_brickdev.profiler.report", "torch_brickdev.profiler._report_schema",

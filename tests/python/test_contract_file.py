@@ -19,7 +19,7 @@ import pytest
 from contract_fixtures import TOKENS, decode_report
 from torch_brickdev.tools import contract
 from torch_brickdev.tools.contract import ContractError, load_contract, run_checks
-from torch_brickdev.tools.contract_file import Formula, parse_contract
+from torch_brickdev.tools.contract.file import Formula, parse_contract
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLES = os.path.join(REPO, "docs", "examples")

@@ -32,9 +32,9 @@ from hypothesis import strategies as st
 
 from torch_brickdev.terminal import printable
 from torch_brickdev.tools import contract
-from torch_brickdev.tools.contract_file import KINDS, MODES, ContractError, parse_contract
-from torch_brickdev.tools.contract_file import _REQUIRED as REQUIRED
-from torch_brickdev.tools.contract_formula import (MAX_DEPTH, MAX_MAGNITUDE, MAX_TEXT, Formula,
+from torch_brickdev.tools.contract.file import KINDS, MODES, ContractError, parse_contract
+from torch_brickdev.tools.contract.file import _REQUIRED as REQUIRED
+from torch_brickdev.tools.contract.formula import (MAX_DEPTH, MAX_MAGNITUDE, MAX_TEXT, Formula,
                                                    _depth)
 
 # A hang guard for CI only: the bounds the properties prove are the checker's own.

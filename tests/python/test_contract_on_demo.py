@@ -1,6 +1,7 @@
 """The decode-profiling contract, checked from pytest with the ``brick_profile`` fixture (the
 plugin registered by entry point) on the demo model at small sizes, in each sync mode."""
 
+import os
 import statistics
 
 import pytest
@@ -87,7 +88,7 @@ def test_the_demo_records_per_run_medians_and_its_threads(tmp_path):
     (2, 2, 1), (1, 1, 1), (16, 16, 8), (16, 4, 4), (3, 3, 1)])
 def test_default_threads_leave_room_for_other_work(monkeypatch, cpus, torch_threads, expected):
     # Half the CPUs the process may use, at least 1, never above torch's own default.
-    monkeypatch.setattr(demo.os, "sched_getaffinity", lambda pid: set(range(cpus)),
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)),
                         raising=False)
-    monkeypatch.setattr(demo.torch, "get_num_threads", lambda: torch_threads)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: torch_threads)
     assert demo.default_threads() == expected

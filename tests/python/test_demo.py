@@ -106,7 +106,7 @@ def test_validation_fails_before_any_work(overrides, message, tmp_path, monkeypa
     def no_model(*args, **kwargs):
         raise AssertionError("build_model reached")
 
-    monkeypatch.setattr(demo, "build_model", no_model)
+    monkeypatch.setattr(demo.run, "build_model", no_model)
     before = torch.brick.memory_stats()["allocation.all.allocated"]
     out = tmp_path / "out"
     with pytest.raises(ValueError) as info:

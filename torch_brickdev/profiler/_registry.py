@@ -7,9 +7,12 @@ from typing import List, Optional, Union
 
 from .. import _C
 from ..argcheck import describe
-from ._stats import BrickStats, SyncMode
+from ._stats import BrickStats, SyncMode, check_brick_fields
 
 _native = _C._profiler
+check_brick_fields(_native.REPORT_FIELDS, "the native registry's report fields "
+                   "(torch_brickdev._C._profiler.REPORT_FIELDS)",
+                   "torch_brickdev._C is out of date: rebuild it")
 
 
 def enable(sync_mode: Optional[Union[SyncMode, str]] = None) -> None:

@@ -12,8 +12,8 @@ import os
 from dataclasses import dataclass
 from typing import List, NoReturn, Optional, Tuple, Union
 
-from ..argcheck import show_json
-from ._stats import BRICK_KINDS, BrickStats, SyncMode
+from ..argcheck import show_json, type_name
+from ._stats import BRICK_KINDS, BrickStats, SyncMode, check_brick_fields
 
 SCHEMA = "torch_brickdev.report"
 VERSION = 1
@@ -39,10 +39,6 @@ class WrittenFigures:
     top_level_ns: Optional[int]  # Report.top_level_ns()
     bricks_avg_us: Tuple[Optional[float], ...]  # per entry of ``bricks``: BrickStats.avg_us()
     paths_avg_us: Tuple[Optional[float], ...]  # per entry of ``paths``
-
-
-def type_name(value) -> str:
-    return type(value).__name__
 
 
 # ---- reading: parsing the text ----------------------------------------------------------------
@@ -199,7 +195,7 @@ BRICK_FIELDS = {
     "p50_ns": _FIGURE, "p90_ns": _FIGURE, "p99_ns": _FIGURE,
 }
 _BRICK_OPTIONAL = {"avg_us": _FIGURE}  # derived; the contract compares it with total/count
-assert tuple(BRICK_FIELDS) == tuple(BrickStats.__dataclass_fields__)
+check_brick_fields(BRICK_FIELDS, "the report schema's brick fields (BRICK_FIELDS)")
 
 
 class Reader:

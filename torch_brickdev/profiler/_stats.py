@@ -8,8 +8,8 @@ A leaf: the registry's surface (_registry.py), the report (report.py) and the se
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
-from typing import Union
+from dataclasses import dataclass, fields
+from typing import Iterable, Optional, Union
 
 from ..argcheck import describe
 
@@ -45,6 +45,15 @@ class SyncMode(str, enum.Enum):
 #: Where a profile times ops (``profile(ops=...)``): every op the dispatcher runs, or brick's
 #: kernels only.
 OP_TIMINGS = ("dispatcher", "kernels")
+
+
+def shapes_refused(ops: str, record_shapes: bool, roofline: bool) -> Optional[str]:
+    """The option asking for input shapes that ``ops`` cannot give (``"roofline"`` or
+    ``"record_shapes"``), or None. ``ops="kernels"`` records no input shapes: they are the
+    dispatcher's, and the roofline is computed from them."""
+    if ops != "kernels":
+        return None
+    return "roofline" if roofline else "record_shapes" if record_shapes else None
 
 
 #: What a brick is: an op, a range (``record_function``, a module), or ``host``: the calls of an op
@@ -89,3 +98,19 @@ class BrickStats:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
         d["avg_us"] = self.avg_us()
         return d
+
+
+#: A brick's figures, in order: the fields of :class:`BrickStats`. A report's brick entries
+#: (_report_schema.BRICK_FIELDS) and the native registry's rows and snapshot entries
+#: (``_C._profiler.REPORT_FIELDS``) are checked against them when their modules load.
+BRICK_STATS_FIELDS = tuple(f.name for f in fields(BrickStats))
+
+
+def check_brick_fields(names: Iterable[str], source: str, remedy: str = "") -> None:
+    """Raises ImportError unless ``names`` (``source``'s fields of a brick) are
+    :data:`BRICK_STATS_FIELDS`, in their order."""
+    names = tuple(names)
+    if names != BRICK_STATS_FIELDS:
+        raise ImportError(
+            f"brick profiler: {source} ({', '.join(names)}) are not BrickStats' fields in their "
+            f"order ({', '.join(BRICK_STATS_FIELDS)}){'; ' + remedy if remedy else ''}")

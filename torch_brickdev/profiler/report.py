@@ -33,9 +33,10 @@ import os
 import time
 from typing import TYPE_CHECKING, Iterable, List, Optional, Tuple, Union
 
+from ..argcheck import check_bool, check_str, type_name
 from ..terminal import printable
 from ._report_schema import (BRICK_FIELDS, SCHEMA, VERSION, ReportError, WrittenFigures,
-                             first_unwritable, read_source, Reader, type_name)
+                             first_unwritable, read_source, Reader)
 from ._stats import BrickStats, SyncMode
 from ._table_text import Column, Table, fitting_width
 
@@ -168,16 +169,16 @@ class Report:
         views derive, so that they agree even while other threads record. A profile passes what
         it took at its exit instead: ``rows`` (``_C._profiler.capture_rows()``), ``health``
         (the registry's health counters) and ``created_ns`` (``time.time_ns()``)."""
-        from .. import _C
-        
-        rows = (_C._profiler.report_rows(["name", "path"]) if rows is None
+        from ._registry import _native  # its import checks the rows' field order
+
+        rows = (_native.report_rows(["name", "path"]) if rows is None
                 else rows.rows())  # tuples in BrickStats' field order
         report = cls(
             bricks=[], paths=[], wall_ns=wall_ns, sync_mode=sync_mode,
             device=_device_entry(),
             metadata=metadata, machine=machine,
             # the counters of the figures' span: since their reset (bp.health(): the process's)
-            health=dict(_C._profiler.health(since_reset=True)) if health is None else health,
+            health=dict(_native.health(since_reset=True)) if health is None else health,
             bricks_span_ns=bricks_span_ns,
         )
         if created_ns is not None:
@@ -230,14 +231,14 @@ class Report:
     # ---- queries ----------------------------------------------------------------------------
     def brick(self, name: str) -> BrickStats:
         """The op or range named ``name``; else its host row (an op that ran only on the CPU)."""
-        _check_str(name, "Report.brick", "name")
+        check_str(name, "name", "Report.brick", show=type_name)
         named = [b for b in self.bricks if b.name == name]
         for b in sorted(named, key=lambda b: b.kind == "host"):
             return b
         raise KeyError(f"brick report: no brick named {name!r}")
 
     def __contains__(self, name: str) -> bool:
-        _check_str(name, "Report.__contains__", "name")
+        check_str(name, "name", "Report.__contains__", show=type_name)
         return any(b.name == name for b in self.bricks)
 
     def top_level_ns(self) -> int:
@@ -339,16 +340,15 @@ class Report:
             "total": lambda b: -b.total_ns, "avg": lambda b: -b.avg_us(), "count": lambda b: -b.count,
             "max": lambda b: -b.max_ns, "p99": lambda b: -b.p99_ns, "name": lambda b: b.name,
         }
-        _check_str(sort_by, "Report.table", "sort_by")
+        check_str(sort_by, "sort_by", "Report.table", show=type_name)
         if sort_by not in keys:
             raise ValueError(f"brick report: sort_by must be one of {', '.join(keys)}, got {sort_by!r}")
-        _check_str(by, "Report.table", "by")
+        check_str(by, "by", "Report.table", show=type_name)
         if by not in ("name", "path", "module", "shape"):
             raise ValueError(f"brick report: by must be 'name', 'path', 'module' or 'shape', "
                              f"got {by!r}")
         _check_row_limit(row_limit, "Report.table")
-        if not isinstance(roofline, bool):
-            raise TypeError(f"Report.table: roofline must be a bool, got {type_name(roofline)}")
+        check_bool(roofline, "roofline", "Report.table")
         width = fitting_width(width, "Report.table")
         roofline_of = {}
         if roofline:
@@ -549,12 +549,6 @@ def _label(b: BrickStats, by: str) -> str:
 
 
 # ---- argument checks --------------------------------------------------------------------------
-
-
-
-def _check_str(value, func: str, arg: str) -> None:
-    if not isinstance(value, str):
-        raise TypeError(f"{func}: {arg} must be a str, got {type_name(value)}")
 
 
 def _check_row_limit(row_limit, func: str) -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ..argcheck import type_name
 from ._kineto import is_brick_activity
-from ._report_schema import type_name
 from .report import Report, _check_row_limit
 
 __all__ = ["compare_with_key_averages", "folded_by_pytorch"]

@@ -10,7 +10,7 @@ from typing import NamedTuple, Optional, Tuple, Union
 
 from ..argcheck import check_bool, describe, describe_value
 from ._registry import _native, disable, is_enabled, set_sync_mode, sync_mode
-from ._stats import OP_TIMINGS, SyncMode
+from ._stats import OP_TIMINGS, SyncMode, shapes_refused
 from . import machine
 from .live import Publisher
 from .modules import ModuleBricks
@@ -95,8 +95,8 @@ class profile:
         self._record_shapes = record_shapes or roofline
         if ops not in OP_TIMINGS:
             check_ops(ops, where)  # raises
-        if ops == "kernels" and self._record_shapes:
-            option = "roofline" if roofline else "record_shapes"
+        option = shapes_refused(ops, record_shapes, roofline)
+        if option is not None:
             raise ValueError(f"{where}: ops='kernels' records no input shapes (they are the "
                              f"dispatcher's): drop {option}=True, or time ops at the "
                              f"dispatcher (ops='dispatcher')")

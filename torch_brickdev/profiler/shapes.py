@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from .. import _C
+from ..argcheck import type_name
 
 __all__ = ["ShapeStats", "capture", "shape_stats", "shape_table"]
 
@@ -80,7 +81,7 @@ _FIELDS = {"name": str, "overload": str, "path": str, "device": int, "shapes": l
 def _row(entry, index: int) -> ShapeStats:
     if not isinstance(entry, dict):
         raise ValueError(f"brick report: metadata.shapes[{index}] must be an object, got "
-                         f"{type(entry).__name__}")
+                         f"{type_name(entry)}")
     for field, kind in _FIELDS.items():
         value = entry.get(field)
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
@@ -101,7 +102,7 @@ def shape_stats(metadata: dict, by: str = "name") -> List[ShapeStats]:
         return []
     if not isinstance(entries, list):
         raise ValueError(f"brick report: metadata.shapes must be a list, got "
-                         f"{type(entries).__name__}")
+                         f"{type_name(entries)}")
     rows = [_row(entry, i) for i, entry in enumerate(entries)]
     if by == "name":
         merged: Dict[Tuple[str, str, str, str], ShapeStats] = {}

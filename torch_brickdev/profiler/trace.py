@@ -30,7 +30,7 @@ from typing import Optional, Union
 import torch
 
 from .. import _C
-from ..argcheck import check_int, check_path, describe
+from ..argcheck import check_int, check_path, describe, type_name
 from .report import Report
 
 _SKIPPED_EVENTS = ("[memory]", "[OutOfMemory]")
@@ -174,7 +174,7 @@ def _roofline_args(report, where: str) -> dict:
         return {}
     if not isinstance(report, Report):
         raise TypeError(f"{where}: report must be a torch_brickdev Report or None, got "
-                        f"{type(report).__name__}")
+                        f"{type_name(report)}")
     rows = report.roofline(by="name")
     if not rows:
         raise ValueError(f"{where}: the report has no roofline; profile with roofline=True")

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 # Only what every command needs: the commands that read JSON (check, diff, merge, top, and every
 # --help) never load torch; the others call _load_torch() first.
-from torch_brickdev.profiler._stats import OP_TIMINGS, SyncMode
+from torch_brickdev.profiler._stats import OP_TIMINGS, SyncMode, shapes_refused
 from torch_brickdev.tools._args import fraction, positive_int
 
 # Exit status when standard output is a pipe whose reader left (`... | head -1`): 128 + SIGPIPE,
@@ -135,7 +135,7 @@ def train_distributed(args) -> int:
 
 
 def decode_demo(args) -> int:
-    from torch_brickdev.tools.demo_config import DecodeConfig
+    from torch_brickdev.tools.demo.config import DecodeConfig
 
     config = DecodeConfig(
         layers=args.layers, hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads,
@@ -181,9 +181,10 @@ def profile_script(args) -> int:
     except TargetError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    if args.ops == "kernels" and (args.record_shapes or args.roofline):
-        option = "--roofline" if args.roofline else "--record-shapes"
-        print(f"error: --ops kernels records no input shapes: drop {option}", file=sys.stderr)
+    option = shapes_refused(args.ops, args.record_shapes, args.roofline)
+    if option is not None:
+        print(f"error: --ops kernels records no input shapes: drop --{option.replace('_', '-')}",
+              file=sys.stderr)
         return 2
     _load_torch()
     import torch
@@ -282,7 +283,7 @@ def _parser():
     parser = argparse.ArgumentParser(prog="python -m torch_brickdev", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
-    from torch_brickdev.tools.demo_config import DecodeConfig
+    from torch_brickdev.tools.demo.config import DecodeConfig
 
     defaults = DecodeConfig()
     p = commands.add_parser("demo", help="profile a Qwen-style decode on brick and check the contract")

@@ -6,12 +6,12 @@ from __future__ import annotations
 import math
 from typing import List
 
-from ..argcheck import show_json
-from ..terminal import printable
+from ...argcheck import show_json
+from ...terminal import printable
 
-from .contract_numbers import _finite, _fmt_ms, shown
-from .contract_result import FAIL, NA, PASS, CheckResult, Result
-from .contract_subject import Subject
+from .numbers import _finite, _fmt_ms, shown
+from .report_view import Subject
+from .result import FAIL, NA, PASS, CheckResult, Result
 
 __all__ = ["count", "rate"]
 

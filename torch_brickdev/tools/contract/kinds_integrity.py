@@ -7,9 +7,9 @@ from __future__ import annotations
 import math
 from typing import Dict
 
-from .contract_numbers import _fmt_ms
-from .contract_result import FAIL, NA, PASS, CheckResult, Result
-from .contract_subject import Subject
+from .numbers import _fmt_ms
+from .report_view import Subject
+from .result import FAIL, NA, PASS, CheckResult, Result
 
 __all__ = ["avg_agreement", "completeness", "health", "measured"]
 

@@ -20,7 +20,7 @@ Every field is checked here: an unknown kind or field, a parameter of the wrong 
 that does not parse or names an undeclared figure, a sync mode that does not exist. The error
 (:class:`ContractError`) names the file, the line and the field. The kinds and their parameters
 are listed in ``KINDS`` (and in docs/contracts.md); the checks themselves are in
-``contract_kinds``, the formulas in ``contract_formula``.
+:mod:`.kinds`, the formulas in :mod:`.formula`.
 
 A contract may come from someone else: reading one is bounded in time and memory (the file's
 size, how deep its tables and lists nest, what its formulas compute; linear in its checks), and
@@ -39,10 +39,11 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import tomllib
 
-from ..terminal import printable
+from ...argcheck import type_name
+from ...terminal import printable
 
-from .contract_formula import Formula
-from .contract_numbers import shown
+from .formula import Formula
+from .numbers import shown
 
 __all__ = ["Check", "Contract", "ContractError", "Formula", "FIGURE_KINDS", "KINDS",
            "MAX_FILE_BYTES", "MAX_NESTING", "MODES", "builtin_path", "parse_contract",
@@ -64,7 +65,7 @@ FIGURE_KINDS = {
     "any": "any value",
 }
 
-_BUILTIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "contracts")
+_BUILTIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "contracts")
 
 
 def builtin_path(name: str) -> str:
@@ -358,7 +359,7 @@ def read_contract(path: Union[str, os.PathLike]) -> Contract:
     line and the field, or OSError's message for a file that cannot be read."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"read_contract: path must be a path (str or os.PathLike), got "
-                        f"{type(path).__name__}")
+                        f"{type_name(path)}")
     path = os.fspath(path)
     shown_path = printable(path)
     try:
@@ -394,9 +395,9 @@ def _nesting(data) -> int:
 def parse_contract(text: str, source: str = "<string>") -> Contract:
     """Validates the TOML text of a contract (``source`` names it in errors)."""
     if not isinstance(text, str):
-        raise TypeError(f"parse_contract: text must be a str, got {type(text).__name__}")
+        raise TypeError(f"parse_contract: text must be a str, got {type_name(text)}")
     if not isinstance(source, str):
-        raise TypeError(f"parse_contract: source must be a str, got {type(source).__name__}")
+        raise TypeError(f"parse_contract: source must be a str, got {type_name(source)}")
     shown_source = printable(source)
     too_deep = (f"{shown_source}: tables and lists nested too deeply; expected at most "
                 f"{MAX_NESTING} levels")

@@ -15,9 +15,9 @@ import operator
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple, Union
 
-from ..terminal import printable
+from ...terminal import printable
 
-from .contract_numbers import shown
+from .numbers import shown
 
 __all__ = ["Formula", "MAX_DEPTH", "MAX_EXPONENT", "MAX_MAGNITUDE", "MAX_TEXT"]
 

@@ -21,7 +21,7 @@ from torch.profiler import record_function
 
 from torch_brickdev import _compile
 from torch_brickdev.argcheck import check_bool, check_int, describe
-from torch_brickdev.tools.demo_config import DecodeConfig, _check_config, _check_device
+from torch_brickdev.tools.demo.config import DecodeConfig, _check_config, _check_device
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -7,11 +7,11 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Sequence, Tuple
 
-from ..argcheck import show_json
-from ..profiler import BrickStats, Report, ReportError, SyncMode, WrittenFigures
+from ...argcheck import show_json
+from ...profiler import BrickStats, Report, ReportError, SyncMode, WrittenFigures
 
-from .contract_file import Contract, FIGURE_KINDS
-from .contract_numbers import _finite, _positive
+from .file import Contract, FIGURE_KINDS
+from .numbers import _finite, _positive
 
 __all__ = ["Figures", "Subject", "figure_problem", "read_figures", "subject"]
 

@@ -1,18 +1,18 @@
 """The check kinds a contract's checks are instances of, by name (:data:`KIND_BODIES`), and
 :func:`run_check`, which runs one check on a report read for its contract (:class:`Subject`).
-contract_file.KINDS lists each kind's parameters."""
+file.KINDS lists each kind's parameters."""
 
 from __future__ import annotations
 
 from typing import Callable, Dict
 
-from .contract_file import Check
-from .contract_kinds_counts import count, rate
-from .contract_kinds_integrity import avg_agreement, completeness, health, measured
-from .contract_kinds_timing import budget, coverage, ordering, stability, sync_mode
-from .contract_numbers import cv
-from .contract_result import FAIL, INCONCLUSIVE, NA, PASS, STATUSES, CheckResult, Result
-from .contract_subject import Subject, subject
+from .file import Check
+from .kinds_counts import count, rate
+from .kinds_integrity import avg_agreement, completeness, health, measured
+from .kinds_timing import budget, coverage, ordering, stability, sync_mode
+from .numbers import cv
+from .report_view import Subject, subject
+from .result import FAIL, INCONCLUSIVE, NA, PASS, STATUSES, CheckResult, Result
 
 __all__ = ["CheckResult", "FAIL", "INCONCLUSIVE", "KIND_BODIES", "NA", "PASS", "STATUSES",
            "Subject", "cv", "run_check", "subject"]

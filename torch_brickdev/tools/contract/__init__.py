@@ -1,12 +1,12 @@
 """Profiling contracts: checks of a brick report against a contract file (TOML).
 
-A contract (:mod:`.contract_file` reads it; docs/contracts.md shows how to write one) names the
+A contract (:mod:`.file` reads it; docs/contracts.md shows how to write one) names the
 bricks that must appear, the metadata figures its checks read, and its checks, each an instance
-of a kind (:mod:`.contract_kinds`): coverage bounds, counts as formulas over the figures,
+of a kind (:mod:`.kinds`): coverage bounds, counts as formulas over the figures,
 orderings and ratios per sync mode, budgets, stability, and the report's own consistency.
 
 The built-in contract is the decode-profiling contract (``gpu-decode-profiling-v1``,
-``contracts/decode.toml``): an autoregressive decode of ``T`` tokens through an ``L``-layer model,
+``tools/contracts/decode.toml``): an autoregressive decode of ``T`` tokens through an ``L``-layer model,
 as the demo writes it. Its eleven checks, under stable ids:
 
 ==================  ======================================================================
@@ -43,15 +43,16 @@ import os
 import sys
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
-from ..profiler import Report, ReportError, load_report
-from ..terminal import printable
+from ...argcheck import type_name
+from ...profiler import Report, ReportError, load_report
+from ...terminal import printable
 
-from ._args import positive_int
-from .contract_file import FIGURE_KINDS, Contract, ContractError, builtin_path, read_contract
-from .contract_kinds import run_check
-from .contract_numbers import shown
-from .contract_result import FAIL, INCONCLUSIVE, NA, PASS, CheckResult
-from .contract_subject import Subject, figure_problem, subject
+from .._args import positive_int
+from .file import FIGURE_KINDS, Contract, ContractError, builtin_path, read_contract
+from .kinds import run_check
+from .numbers import shown
+from .report_view import Subject, figure_problem, subject
+from .result import FAIL, INCONCLUSIVE, NA, PASS, CheckResult
 
 __all__ = [
     "CHECKS",
@@ -92,7 +93,7 @@ def load_contract(source: Union[None, str, os.PathLike, Contract] = None) -> Con
         return source
     if not isinstance(source, (str, os.PathLike)):
         raise TypeError(f"load_contract: source must be the path of a contract file, a Contract "
-                        f"or None (the decode contract), got {type(source).__name__}")
+                        f"or None (the decode contract), got {type_name(source)}")
     return read_contract(source)
 
 
@@ -101,7 +102,7 @@ def _decode_check(check_id: str):
     def check(report: Report) -> CheckResult:
         if not isinstance(report, Report):
             raise TypeError(f"{check.__name__}: report must be a Report (see load()), got "
-                            f"{type(report).__name__}")
+                            f"{type_name(report)}")
         return run_check(_BY_ID[check_id], subject(report, _DECODE, False, {}))
     check.__name__ = check.__qualname__ = "check_" + check_id.replace("-", "_")
     check.__doc__ = f"The decode contract's {check_id!r} check: {_BY_ID[check_id].title}."
@@ -124,7 +125,7 @@ def _load(source, func: str, arg: str) -> Tuple[Report, bool]:
         return source, False
     if not isinstance(source, (dict, str, bytes, os.PathLike)):
         raise TypeError(f"{func}: {arg} must be a Report, a report dict or the path of a report "
-                        f"file, got {type(source).__name__}")
+                        f"file, got {type_name(source)}")
     return load_report(source, where=func, arg=arg), True
 
 
@@ -148,14 +149,14 @@ def _overrides(contract: Contract, layers: Optional[int], tokens: Optional[int],
             continue
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"run_checks: {name} ({what}) must be a positive int or None, got "
-                            f"{type(value).__name__}")
+                            f"{type_name(value)}")
         if value < 1:
             raise ValueError(f"run_checks: {name} ({what}) must be a positive int, got {value!r}")
         given[name] = value
     if figures is not None:
         if not isinstance(figures, dict) or not all(isinstance(k, str) for k in figures):
             raise TypeError(f"run_checks: figures must be a dict of figure name -> value, got "
-                            f"{type(figures).__name__}")
+                            f"{type_name(figures)}")
         given.update(figures)
     unknown = [k for k in given if k not in contract.figures]
     if unknown:
@@ -178,13 +179,13 @@ def _selected(only, contract: Contract) -> Sequence[str]:
         wanted = [only]
     elif isinstance(only, (bytes, dict)) or not isinstance(only, Iterable):
         raise TypeError(f"run_checks: only must be a check id or an iterable of check ids, got "
-                        f"{type(only).__name__}")
+                        f"{type_name(only)}")
     else:
         wanted = list(only)
     for item in wanted:
         if not isinstance(item, str):
             raise TypeError(f"run_checks: only must hold check ids (str), got "
-                            f"{type(item).__name__} {item!r}")
+                            f"{type_name(item)} {item!r}")
     if not wanted:  # no check at all would make a vacuous PASS verdict
         raise ValueError(f"run_checks: only names no check; expected some of "
                          f"{', '.join(ids)} (or None for all)")
@@ -220,12 +221,12 @@ def _run_all(s: Subject, selected: Sequence[str]) -> List[CheckResult]:
 def _results_list(results, func: str) -> List[CheckResult]:
     if isinstance(results, (str, bytes, dict)) or not isinstance(results, Iterable):
         raise TypeError(f"{func}: results must be a list of CheckResult (from run_checks), got "
-                        f"{type(results).__name__}")
+                        f"{type_name(results)}")
     results = list(results)
     for i, r in enumerate(results):
         if not isinstance(r, CheckResult):
             raise TypeError(f"{func}: results[{i}] must be a CheckResult, got "
-                            f"{type(r).__name__}")
+                            f"{type_name(r)}")
     return results
 
 
@@ -359,12 +360,12 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "torch_brickdev check
     file, line and field, goes to stderr)."""
     if argv is not None:
         if not isinstance(argv, (list, tuple)):
-            raise TypeError(f"main: argv must be a list of str or None, got {type(argv).__name__}")
+            raise TypeError(f"main: argv must be a list of str or None, got {type_name(argv)}")
         for i, item in enumerate(argv):
             if not isinstance(item, str):
-                raise TypeError(f"main: argv[{i}] must be a str, got {type(item).__name__}")
+                raise TypeError(f"main: argv[{i}] must be a str, got {type_name(item)}")
     if not isinstance(prog, str):
-        raise TypeError(f"main: prog must be a str, got {type(prog).__name__}")
+        raise TypeError(f"main: prog must be a str, got {type_name(prog)}")
     parser = argparse.ArgumentParser(prog=prog, add_help=False,
                                      description="Check a brick report against a profiling "
                                      "contract (by default the decode-profiling contract, "
@@ -410,6 +411,3 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "torch_brickdev check
     _emit(_format(results), sys.stdout)
     return exit_status(results)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

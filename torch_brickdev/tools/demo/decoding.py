@@ -14,8 +14,8 @@ import torch
 from torch.profiler import record_function
 
 from torch_brickdev.argcheck import describe
-from torch_brickdev.tools.demo_config import DecodeConfig, _check_config, _check_device
-from torch_brickdev.tools.demo_model import QwenStyleDecoder
+from torch_brickdev.tools.demo.config import DecodeConfig, _check_config, _check_device
+from torch_brickdev.tools.demo.model import QwenStyleDecoder
 
 
 @dataclass

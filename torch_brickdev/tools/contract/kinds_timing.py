@@ -10,11 +10,11 @@ import math
 
 from typing import Optional, Tuple
 
-from ..profiler import SyncMode, machine
+from ...profiler import SyncMode, machine
 
-from .contract_numbers import _fmt_ms, cv
-from .contract_result import FAIL, INCONCLUSIVE, NA, PASS, CheckResult, Result
-from .contract_subject import Subject
+from .numbers import _fmt_ms, cv
+from .report_view import Subject
+from .result import FAIL, INCONCLUSIVE, NA, PASS, CheckResult, Result
 
 __all__ = ["budget", "coverage", "ordering", "stability", "sync_mode"]
 

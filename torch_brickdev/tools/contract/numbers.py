@@ -7,7 +7,7 @@ import math
 import reprlib
 from typing import Sequence
 
-from ..terminal import printable
+from ...terminal import printable
 
 __all__ = ["cv", "shown"]
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ...argcheck import type_name
+
 __all__ = ["CheckResult", "FAIL", "INCONCLUSIVE", "NA", "PASS", "Result", "STATUSES"]
 
 PASS, FAIL, NA = "pass", "fail", "n/a"
@@ -31,13 +33,13 @@ class CheckResult:
         for name in ("id", "title", "message"):
             if not isinstance(getattr(self, name), str):
                 raise TypeError(f"CheckResult: {name} must be a str, got "
-                                f"{type(getattr(self, name)).__name__}")
+                                f"{type_name(getattr(self, name))}")
         if not isinstance(self.status, str) or self.status not in STATUSES:
             raise ValueError(f"CheckResult: status must be one of "
                              f"{', '.join(map(repr, STATUSES))}, got {self.status!r}")
         if not isinstance(self.figures, dict):
             raise TypeError(f"CheckResult: figures must be a dict, got "
-                            f"{type(self.figures).__name__}")
+                            f"{type_name(self.figures)}")
 
     @property
     def passed(self) -> bool:

@@ -1,10 +1,6 @@
-"""The decode demo: :func:`run_demo` profiles repeated decodes of a small Qwen-style decoder on
-brick with the brick registry, writes ``report.json`` and a chrome ``trace.json`` from one
-legacy-profiled decode, and :func:`format_summary` renders the result.
-
-Its parts: the configuration (:mod:`.demo_config`), the model and its bricks (:mod:`.demo_model`)
-and the timed decode (:mod:`.demo_decode`); their public names are importable from here too.
-"""
+"""The demo's run: :func:`run_demo` profiles repeated decodes of the model on brick with the
+brick registry, writes ``report.json`` and a chrome ``trace.json`` from one legacy-profiled decode,
+and :func:`format_summary` renders the result."""
 
 from __future__ import annotations
 
@@ -18,17 +14,12 @@ import torch_brickdev  # noqa: F401  (registers brick)
 from torch_brickdev import profiler as bp
 from torch_brickdev.argcheck import check_bool, check_int, check_path, describe
 from torch_brickdev.profiler.session import check_ops
-from torch_brickdev.tools.demo_config import (DecodeConfig, DecodeConfigTypeError, _check_config,
-                                              _check_device)
-from torch_brickdev.tools.demo_decode import (DecodeResult, _decode, _percentile, decode,
-                                              prompt_ids)
-from torch_brickdev.tools.demo_model import QwenStyleDecoder, build_model
+from torch_brickdev.tools.demo.config import DecodeConfig, _check_config, _check_device
+from torch_brickdev.tools.demo.decoding import _decode, _percentile
+from torch_brickdev.tools.demo.model import build_model
 from torch_brickdev.tools.quiet_kineto import QuietProfile
 
-# The demo's public names, its parts' among them (users and tests import them from here).
-__all__ = ["DecodeConfig", "DecodeConfigTypeError", "DecodeResult", "FINAL_TOKEN_NOTE",
-           "QwenStyleDecoder", "build_model", "decode", "default_threads", "format_summary",
-           "prompt_ids", "run_demo"]
+__all__ = ["FINAL_TOKEN_NOTE", "default_threads", "format_summary", "run_demo"]
 
 FINAL_TOKEN_NOTE = (
     "each decode step's LmHead produces the logits its token is sampled from; the prompt's "
