@@ -41,7 +41,7 @@ CODE_SUFFIXES = {".py", ".cpp", ".h", ".cu", ".c", ".sh", ".txt", ".cmake", ".to
 READER_FILES = {"script.py", "x.py", "my_script.py", "loop.py"}
 SOURCE_NAME = re.compile(r"^[\w.-]+\.(?:py|cpp|h|cu|c|sh|cmake)$")
 # `check` and `top` hand their arguments to the parsers of these modules (tools/cli.py's main).
-SUBCOMMAND_MODULES = {"check": "torch_brickdev/tools/contract.py",
+SUBCOMMAND_MODULES = {"check": "torch_brickdev/tools/contract/__init__.py",
                       "top": "torch_brickdev/tools/top.py"}
 CLI = "torch_brickdev/tools/cli.py"
 RUN_SH = "scripts/run.sh"
@@ -413,6 +413,12 @@ def package_imports(root: Path) -> Dict[str, Dict[str, Set[str]]]:
                     parts = name.split(".")
                     if parts[0] != "torch_brickdev" or parts[1:2] == [sub.name]:
                         continue
+                    # a name the package itself defines (`from torch_brickdev import BACKEND_NAME`)
+                    # is the package's, not a module's
+                    if len(parts) > 1 and not ((package / f"{parts[1]}.py").exists()
+                                               or (package / parts[1]).is_dir()
+                                               or parts[1] == "_C"):
+                        parts = parts[:1]
                     used.setdefault(parts[1] if len(parts) > 1 else "", set()).add(source.name)
     return found
 
