@@ -1,14 +1,13 @@
-// Ops brick implements itself: allocation, views (so they share storage, version counter and
-// _base with their base), resizing, storage swaps, copies, convolution and stream bookkeeping.
-// The other ops run through direct kernels (direct_kernels.cpp), the kernels of their own files
-// (attention, dropout, group norm, the RNN cells) or the boxed fallback (fallback.cpp).
+// The minimal ops a PrivateUse1 device implements itself: allocation, views (so they share
+// storage, version counter and _base with their base), resizing, storage swaps, copies and stream
+// bookkeeping. The other ops run through direct kernels (direct_kernels.cpp), the kernels of
+// their own files (convolution, attention, dropout, group norm, the RNN cells) or the boxed
+// fallback (fallback.cpp).
 #include <ATen/EmptyTensor.h>
 #include <ATen/TensorUtils.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
-#include <ATen/ops/convolution.h>
-#include <ATen/ops/convolution_backward.h>
 #include <ATen/ops/view_native.h>
 #include <c10/core/Event.h>
 #include <c10/core/Stream.h>
@@ -192,35 +191,6 @@ void record_stream(at::Tensor& self, c10::Stream stream) {
   record_stream_use(self.storage().data_ptr(), self.device().index(), stream.id());
 }
 
-// PyTorch routes convolutions of devices other than CPU/CUDA to these two ops.
-at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& weight,
-                                    const std::optional<at::Tensor>& bias, c10::IntArrayRef stride,
-                                    c10::IntArrayRef padding, c10::IntArrayRef dilation,
-                                    bool transposed, c10::IntArrayRef output_padding,
-                                    int64_t groups) {
-  TORCH_CHECK(input.device() == weight.device(), "brick: convolution got input on ", input.device(),
-              " and weight on ", weight.device());
-  DispatchingBackingCall call("aten::convolution_overrideable", "", input.device().index());
-  return call.adopt(call.run([&] {
-    return at::convolution(call.alias(input), call.alias(weight), call.alias(bias), stride, padding,
-                           dilation, transposed, output_padding, groups);
-  }));
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable(
-    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
-    c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
-    c10::IntArrayRef output_padding, int64_t groups, std::array<bool, 3> output_mask) {
-  DispatchingBackingCall call("aten::convolution_backward_overrideable", "",
-                              input.device().index());
-  const int64_t bias_channels = transposed ? weight.size(1) * groups : weight.size(0);
-  return call.adopt(call.run([&] {
-    return at::convolution_backward(call.alias(grad_output), call.alias(input), call.alias(weight),
-                                    c10::IntArrayRef(bias_channels), stride, padding, dilation,
-                                    transposed, output_padding, groups, output_mask);
-  }));
-}
-
 // Whether `from`'s TensorImpl may replace `self`'s in place (`param.data = new`, which
 // Module._apply uses to keep tied parameters one Parameter across `.to()`). PyTorch's own rule
 // admits only its dense backends; brick tensors are plain dense TensorImpls on the same footing.
@@ -240,8 +210,6 @@ bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& 
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
-  m.impl("convolution_overrideable", convolution_overrideable);
-  m.impl("convolution_backward_overrideable", convolution_backward_overrideable);
   m.impl("empty.memory_format", empty_memory_format);
   m.impl("empty_strided", empty_strided);
   m.impl("as_strided", at::native::as_strided_tensorimpl);

@@ -105,8 +105,9 @@ struct BrickProcessGroup::Call {
   c10::intrusive_ptr<c10d::Work> run(EngineCall&& engine_call, std::vector<at::Tensor> results) {
     c10d::Backend& engine = this->engine();
     auto& counter = collective_counters()[static_cast<size_t>(op)];
-    if (on_brick) runtime::announce_queue(brick_device);
-    runtime::LaunchObserver* observer = on_brick ? runtime::launch_observer() : nullptr;
+    const runtime::LaunchHooks& hooks = runtime::launch_hooks();
+    if (on_brick) runtime::announce_queue(hooks, brick_device);
+    runtime::LaunchObserver* observer = on_brick ? hooks.observer : nullptr;
     runtime::Launch launch;
     if (observer != nullptr) {
       launch.name = engine_collective_name(engine.getBackendName(), op);

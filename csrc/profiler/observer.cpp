@@ -37,45 +37,6 @@
 #include "runtime/runtime.h"
 namespace brick::profiler::detail {
 
-std::mutex g_control_mutex;  // enable / disable / set_sync_mode / reset
-std::atomic<bool> g_enabled{false};
-std::atomic<SyncMode> g_mode{SyncMode::Event};
-// bumped by enable: per-thread stacks from older sessions are dropped
-std::atomic<uint64_t> g_session{0};
-at::CallbackHandle g_handle = 0;
-
-// What the callbacks need, set by enable() before the callback is registered (and by the fork
-// handler): no function-local static guard or lookup on the op path.
-std::atomic<runtime::Runtime*> g_runtime{nullptr};
-std::atomic<registry::Registry*> g_registry{nullptr};
-std::atomic<uint64_t> g_capture_skipped_base{0};  // not reported: before reset(), or a parent's
-std::atomic<bool> g_async{false};  // async_runtime(): bricks are timed by device events
-std::atomic<bool> g_record_shapes{false};
-std::atomic<OpTiming> g_op_timing{OpTiming::Dispatcher};
-std::atomic<bool> g_shapes_active{false};
-
-// Bumped whenever an operator schema is deregistered: its name's address may then be reused by
-// another schema's name, so every thread's node cache keyed by those addresses is flushed.
-std::atomic<uint64_t> g_schema_epoch{0};
-
-// What RecordFunction::overload_name() returns for a RecordFunction named by a string (a
-// record_function range, an autograd node) rather than by an operator schema: the address of
-// one constant empty string, found by probing at enable(). A different address means the name
-// is a schema's. nullptr when the probe did not find one constant: every name is then looked up
-// by its text.
-std::atomic<const char*> g_string_overload_name{nullptr};
-
-std::atomic<uint64_t> g_unbalanced_exits{0};
-std::atomic<uint64_t> g_timing_failures{0};
-
-// The thread that enabled profiling: backward work that PyTorch's autograd engine runs on its
-// device threads is attributed to the brick open on this thread (the one waiting in backward()).
-std::atomic<ThreadState*> g_owner{nullptr};
-
-// Every live thread's state, so snapshot() can resolve the pairs each thread still owes.
-std::mutex g_states_mutex;
-std::vector<ThreadState*> g_states;
-
 // The calling thread's state: initial-exec, a direct %fs access even inside a dlopen()ed module.
 [[gnu::tls_model("initial-exec")]] constinit thread_local ThreadState* tls_state = nullptr;
 
@@ -86,19 +47,19 @@ namespace {
 struct ThreadStateOwner {
   std::unique_ptr<ThreadState> owned = std::make_unique<ThreadState>();
   ThreadStateOwner() {
-    std::lock_guard<std::mutex> lock(g_states_mutex);
-    g_states.push_back(owned.get());
+    std::lock_guard<std::mutex> lock(g_observer.states_mutex);
+    g_observer.states.push_back(owned.get());
     tls_state = owned.get();
   }
   ~ThreadStateOwner() {
     ThreadState& state = *owned;
     tls_state = nullptr;
     ThreadState* self = &state;
-    g_owner.compare_exchange_strong(self, nullptr);
+    g_observer.owner.compare_exchange_strong(self, nullptr);
     {
       // Once out of the list no snapshot can be resolving this state.
-      std::lock_guard<std::mutex> lock(g_states_mutex);
-      std::erase(g_states, &state);
+      std::lock_guard<std::mutex> lock(g_observer.states_mutex);
+      std::erase(g_observer.states, &state);
     }
     std::lock_guard<std::mutex> lock(state.pending.mutex);
     resolve_locked(state, /*by_owner=*/true, /*wait_all=*/true);  // what this thread still owes
@@ -145,14 +106,14 @@ NodeId intern_node(ThreadState& state, const char* name, NodeId parent, int devi
 
 // Whether `fn` is named by an operator schema (its name's address is then stable).
 bool named_by_schema(const at::RecordFunction& fn) noexcept {
-  const char* string_marker = g_string_overload_name.load(std::memory_order_relaxed);
+  const char* string_marker = g_observer.string_overload_name.load(std::memory_order_relaxed);
   return string_marker != nullptr && fn.overload_name() != string_marker;
 }
 
 // The node of op `name`, whose text lives at that address for as long as its schema is
 // registered (a schema's name, a kernel's name): looked up by the address.
 NodeId op_node_by_address(ThreadState& state, const char* name, NodeId parent, int device) {
-  const uint64_t epoch = g_schema_epoch.load(std::memory_order_relaxed);
+  const uint64_t epoch = g_observer.schema_epoch.load(std::memory_order_relaxed);
   if (state.schema_epoch != epoch) [[unlikely]] {
     state.by_schema_name.clear();
     state.no_work.clear();  // a name may now be another schema's
@@ -184,7 +145,7 @@ bool is_autograd_engine_work(const at::RecordFunction& fn) {
 }
 
 void publish_top(ThreadState& state) {
-  if (g_owner.load(std::memory_order_relaxed) != &state) return;
+  if (g_observer.owner.load(std::memory_order_relaxed) != &state) return;
   state.published_top.store(state.stack.empty() ? registry::kNoParent : state.stack.back().node,
                             std::memory_order_relaxed);
 }
@@ -208,7 +169,7 @@ namespace {
 // whether it is work of PyTorch's autograd engine (asked only where that matters).
 template <typename IsEngineWork>
 NodeId top_level_parent(ThreadState& state, IsEngineWork&& engine_work) {
-  ThreadState* owner = g_owner.load(std::memory_order_relaxed);
+  ThreadState* owner = g_observer.owner.load(std::memory_order_relaxed);
   // An autograd engine thread starting backward work: its caller's open brick is the parent.
   if (owner == nullptr || owner == &state || !engine_work(state)) return registry::kNoParent;
   return owner->published_top.load(std::memory_order_relaxed);
@@ -225,10 +186,10 @@ void open_brick(bool is_op, IsEngineWork&& engine_work, NameFrame&& name_frame) 
   try {
     state = &thread_state();
   } catch (...) {
-    g_timing_failures.fetch_add(1, std::memory_order_relaxed);
+    g_observer.timing_failures.fetch_add(1, std::memory_order_relaxed);
     return;  // no thread state: its close finds none either (counted as unbalanced)
   }
-  runtime::Runtime& rt = *g_runtime.load(std::memory_order_relaxed);
+  runtime::Runtime& rt = *g_observer.runtime.load(std::memory_order_relaxed);
   Frame frame{kIgnored, 0, 0, nullptr};
   frame.is_op = is_op;
   if (is_op) {
@@ -241,7 +202,7 @@ void open_brick(bool is_op, IsEngineWork&& engine_work, NameFrame&& name_frame) 
   }
   try {
     frame.device = rt.current_device();
-    const uint64_t session = g_session.load(std::memory_order_acquire);
+    const uint64_t session = g_observer.session.load(std::memory_order_acquire);
     if (state->session != session) [[unlikely]] {
       state->session = session;
       state->unpushed = 0;
@@ -252,7 +213,7 @@ void open_brick(bool is_op, IsEngineWork&& engine_work, NameFrame&& name_frame) 
     if (parent == kIgnored || parent == kSkippedInCapture) parent = registry::kNoParent;
     name_frame(*state, parent, frame);
     if (frame.node != kIgnored) {
-      if (g_async.load(std::memory_order_relaxed)) [[unlikely]] {
+      if (g_observer.async.load(std::memory_order_relaxed)) [[unlikely]] {
         start_async_timing(*state, rt, frame, frame.is_op);
       } else {
         // A synchronous runtime: the brick is the work done before its end's clock read.
@@ -260,7 +221,7 @@ void open_brick(bool is_op, IsEngineWork&& engine_work, NameFrame&& name_frame) 
       }
     }
   } catch (...) {  // the brick is dropped (counted), its frame still pushed
-    g_timing_failures.fetch_add(1, std::memory_order_relaxed);
+    g_observer.timing_failures.fetch_add(1, std::memory_order_relaxed);
     frame.node = kIgnored;
     frame.start_event = nullptr;  // (start_async_timing returned it to the pool)
     frame.awaiting_work = false;
@@ -268,7 +229,7 @@ void open_brick(bool is_op, IsEngineWork&& engine_work, NameFrame&& name_frame) 
   try {
     state->stack.push_back(frame);
   } catch (...) {  // out of memory: the close for this call is told to pop nothing
-    g_timing_failures.fetch_add(1, std::memory_order_relaxed);
+    g_observer.timing_failures.fetch_add(1, std::memory_order_relaxed);
     if (frame.start_event != nullptr) state->events.release(frame.device, frame.start_event);
     ++state->unpushed;
     return;
@@ -316,7 +277,7 @@ bool only_reads_metadata(const c10::FunctionSchema& schema) {
 // runtime::device_work_seen().)
 bool record_without_device_work(ThreadState& state, const Frame& frame,
                                 const at::RecordFunction* fn) {
-  registry::Registry& registry = *g_registry.load(std::memory_order_relaxed);
+  registry::Registry& registry = *g_observer.registry.load(std::memory_order_relaxed);
   if (state.no_work.size() <= frame.node) [[unlikely]]
     state.no_work.resize(size_t{frame.node} + 1);
   NoWorkInfo& info = state.no_work[frame.node];
@@ -350,9 +311,9 @@ void close_brick(const at::RecordFunction* fn) noexcept {
       --state.unpushed;
       return;
     }
-    if (state.stack.empty() || state.session != g_session.load(std::memory_order_acquire))
+    if (state.stack.empty() || state.session != g_observer.session.load(std::memory_order_acquire))
         [[unlikely]] {
-      g_unbalanced_exits.fetch_add(1, std::memory_order_relaxed);
+      g_observer.unbalanced_exits.fetch_add(1, std::memory_order_relaxed);
       return;
     }
     const Frame frame = state.stack.back();
@@ -365,15 +326,15 @@ void close_brick(const at::RecordFunction* fn) noexcept {
         record_without_device_work(state, frame, fn)) {
       return;
     }
-    if (g_async.load(std::memory_order_relaxed)) [[unlikely]] {
-      finish_async_timing(state, *g_runtime.load(std::memory_order_relaxed), frame);
+    if (g_observer.async.load(std::memory_order_relaxed)) [[unlikely]] {
+      finish_async_timing(state, *g_observer.runtime.load(std::memory_order_relaxed), frame);
       return;
     }
     const int64_t end = registry::Registry::now_ns();
-    record_brick(*g_registry.load(std::memory_order_relaxed), frame.node, frame.shape,
+    record_brick(*g_observer.registry.load(std::memory_order_relaxed), frame.node, frame.shape,
                  end - frame.start_ns, end);
   } catch (...) {
-    g_timing_failures.fetch_add(1, std::memory_order_relaxed);
+    g_observer.timing_failures.fetch_add(1, std::memory_order_relaxed);
   }
 }
 
@@ -390,8 +351,8 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
       },
       [&fn, is_op](ThreadState& state, NodeId parent, Frame& frame) {
         frame.node = node_for(state, fn, parent, frame.device);
-        if (is_op && g_shapes_active.load(std::memory_order_relaxed) && frame.node != kIgnored)
-            [[unlikely]] {
+        if (is_op && g_observer.shapes_active.load(std::memory_order_relaxed) &&
+            frame.node != kIgnored) [[unlikely]] {
           frame.shape = intern_signature(fn);
         }
       });

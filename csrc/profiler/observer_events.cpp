@@ -41,7 +41,7 @@ void resolve_locked(ThreadState& state, bool by_owner, bool wait_all) {
       record_brick(brick_registry(), pair.node, pair.shape, interval.duration_ns,
                    registry::Registry::now_ns());
     } catch (...) {
-      g_timing_failures.fetch_add(1, std::memory_order_relaxed);
+      g_observer.timing_failures.fetch_add(1, std::memory_order_relaxed);
     }
     queue.pairs.pop_front();
     if (by_owner) {
@@ -78,7 +78,7 @@ runtime::Event* acquire_event(ThreadState& state, int device) {
 // from the stream's point where that was queued, not the host's preparation before it; a range
 // times the stream from its enter to its exit, whatever was queued in it.
 void start_async_timing(ThreadState& state, runtime::Runtime& rt, Frame& frame, bool is_op) {
-  const SyncMode mode = g_mode.load(std::memory_order_relaxed);
+  const SyncMode mode = g_observer.mode.load(std::memory_order_relaxed);
   if (mode == SyncMode::Event && is_op) {
     frame.awaiting_work = true;
     frame.start_ns = registry::Registry::now_ns();  // its host time, if it queues no work
@@ -114,21 +114,21 @@ void start_async_timing(ThreadState& state, runtime::Runtime& rt, Frame& frame, 
 // once the device has reached its end.
 void finish_async_timing(ThreadState& state, runtime::Runtime& rt, const Frame& frame) {
   if (frame.awaiting_work) {  // an op that queued no device work (it allocated): none timed
-    record_brick(*g_registry.load(std::memory_order_relaxed), frame.node, frame.shape, 0,
+    record_brick(*g_observer.registry.load(std::memory_order_relaxed), frame.node, frame.shape, 0,
                  registry::Registry::now_ns());
     return;
   }
-  switch (g_mode.load(std::memory_order_relaxed)) {
+  switch (g_observer.mode.load(std::memory_order_relaxed)) {
     case SyncMode::Immediate: {
       rt.synchronize_device(frame.device);
       const int64_t end = registry::Registry::now_ns();
-      record_brick(*g_registry.load(std::memory_order_relaxed), frame.node, frame.shape,
+      record_brick(*g_observer.registry.load(std::memory_order_relaxed), frame.node, frame.shape,
                    end - frame.start_ns, end);
       return;
     }
     case SyncMode::Deferred: {
       const int64_t end = registry::Registry::now_ns();
-      record_brick(*g_registry.load(std::memory_order_relaxed), frame.node, frame.shape,
+      record_brick(*g_observer.registry.load(std::memory_order_relaxed), frame.node, frame.shape,
                    end - frame.start_ns, end);
       return;
     }
@@ -181,7 +181,7 @@ void start_awaiting_bricks(runtime::DeviceIndex device) noexcept {
   if (state->awaiting == 0) [[likely]]
     return;
   try {
-    runtime::Runtime& rt = *g_runtime.load(std::memory_order_relaxed);
+    runtime::Runtime& rt = *g_observer.runtime.load(std::memory_order_relaxed);
     const runtime::StreamId stream = rt.current_stream(device);
     const bool capturing = rt.is_capturing(device, stream);
     runtime::Event* shared_start = nullptr;
@@ -210,11 +210,11 @@ void start_awaiting_bricks(runtime::DeviceIndex device) noexcept {
       } catch (...) {
         state->events.release(device, event);
         frame.node = kIgnored;
-        g_timing_failures.fetch_add(1, std::memory_order_relaxed);
+        g_observer.timing_failures.fetch_add(1, std::memory_order_relaxed);
       }
     }
   } catch (...) {
-    g_timing_failures.fetch_add(1, std::memory_order_relaxed);
+    g_observer.timing_failures.fetch_add(1, std::memory_order_relaxed);
   }
 }
 

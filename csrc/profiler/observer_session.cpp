@@ -34,31 +34,35 @@ registry::Registry*& registry_instance() {
 
 registry::Registry& brick_registry() { return *registry_instance(); }
 
+// The observer's state (observer_state.h), owned by the session, which sets it up.
+constinit ObserverState detail::g_observer;
+
 // In a forked child the registry is replaced rather than reset (its node and shard locks may
 // have been held by threads that do not exist there), and this thread's cached nodes of the old
 // registry and its open bricks are dropped. Profiling stays as it was: the child's work is
 // recorded, into the child's registry.
-void prepare_observer_for_fork() { g_control_mutex.lock(); }
+void prepare_observer_for_fork() { g_observer.control_mutex.lock(); }
 
-void observer_after_fork_in_parent() { g_control_mutex.unlock(); }
+void observer_after_fork_in_parent() { g_observer.control_mutex.unlock(); }
 
 void observer_after_fork_in_child() {
-  g_control_mutex.unlock();
+  g_observer.control_mutex.unlock();
   registry_instance() = new registry::Registry();
-  g_registry.store(registry_instance(), std::memory_order_relaxed);
-  g_session.fetch_add(1, std::memory_order_acq_rel);
-  g_unbalanced_exits.store(0, std::memory_order_relaxed);
-  g_timing_failures.store(0, std::memory_order_relaxed);
-  g_capture_skipped_base.store(capture_skipped(TimingClient::Registry), std::memory_order_relaxed);
+  g_observer.registry.store(registry_instance(), std::memory_order_relaxed);
+  g_observer.session.fetch_add(1, std::memory_order_acq_rel);
+  g_observer.unbalanced_exits.store(0, std::memory_order_relaxed);
+  g_observer.timing_failures.store(0, std::memory_order_relaxed);
+  g_observer.capture_skipped_base.store(capture_skipped(TimingClient::Registry),
+                                        std::memory_order_relaxed);
   ThreadState* state = tls_state;
   // Other threads' states are gone; a lock another thread held at the fork stays held: renew.
-  new (&g_states_mutex) std::mutex();
-  g_states.clear();
+  new (&g_observer.states_mutex) std::mutex();
+  g_observer.states.clear();
   if (state != nullptr) {
-    g_states.push_back(state);
+    g_observer.states.push_back(state);
     new (&state->pending.mutex) std::mutex();
     drop_open_bricks(*state);
-    state->session = g_session.load(std::memory_order_relaxed);
+    state->session = g_observer.session.load(std::memory_order_relaxed);
     state->by_schema_name.clear();
     state->by_name.clear();
     state->no_work.clear();
@@ -71,8 +75,8 @@ void observer_after_fork_in_child() {
     state->pending.size.store(0, std::memory_order_relaxed);
     state->published_top.store(registry::kNoParent, std::memory_order_relaxed);
   }
-  g_owner.store(g_enabled.load(std::memory_order_relaxed) ? state : nullptr,
-                std::memory_order_relaxed);
+  g_observer.owner.store(g_observer.enabled.load(std::memory_order_relaxed) ? state : nullptr,
+                         std::memory_order_relaxed);
 }
 
 namespace {
@@ -83,13 +87,13 @@ class SchemaDeregistrationListener final : public c10::OpRegistrationListener {
  public:
   void onOperatorRegistered(const c10::OperatorHandle& /*op*/) override {}
   void onOperatorDeregistered(const c10::OperatorHandle& /*op*/) override {
-    g_schema_epoch.fetch_add(1, std::memory_order_relaxed);
+    g_observer.schema_epoch.fetch_add(1, std::memory_order_relaxed);
   }
 };
 
 // Once per process: finds the address overload_name() gives for string-named RecordFunctions
 // (two probes, at different addresses, must agree) and starts watching schema deregistrations.
-// Called under g_control_mutex.
+// Called under g_observer.control_mutex.
 std::atomic<c10::RegistrationHandleRAII*> g_schema_listener{nullptr};
 
 void prepare_schema_names() {
@@ -107,92 +111,94 @@ void prepare_schema_names() {
         new c10::RegistrationHandleRAII(c10::Dispatcher::singleton().addRegistrationListener(
             std::make_unique<SchemaDeregistrationListener>())),
         std::memory_order_release);
-    g_string_overload_name.store(marker, std::memory_order_relaxed);
+    g_observer.string_overload_name.store(marker, std::memory_order_relaxed);
   }
 }
 
 }  // namespace
 
 void enable() {
-  std::lock_guard<std::mutex> lock(g_control_mutex);
-  TORCH_CHECK(!g_enabled.load(), "brick profiler: enable() called while already enabled");
+  std::lock_guard<std::mutex> lock(g_observer.control_mutex);
+  TORCH_CHECK(!g_observer.enabled.load(), "brick profiler: enable() called while already enabled");
   // The runtime is created (a device initialized) now, not inside the first brick.
-  g_runtime.store(&runtime::get(), std::memory_order_relaxed);
-  g_async.store(async_runtime(), std::memory_order_relaxed);
-  g_registry.store(&brick_registry(), std::memory_order_relaxed);
+  g_observer.runtime.store(&runtime::get(), std::memory_order_relaxed);
+  g_observer.async.store(async_runtime(), std::memory_order_relaxed);
+  g_observer.registry.store(&brick_registry(), std::memory_order_relaxed);
   prepare_schema_names();
-  g_session.fetch_add(1, std::memory_order_acq_rel);
+  g_observer.session.fetch_add(1, std::memory_order_acq_rel);
   ThreadState& owner = thread_state();
   drop_open_bricks(owner);
-  owner.session = g_session.load(std::memory_order_relaxed);
+  owner.session = g_observer.session.load(std::memory_order_relaxed);
   owner.published_top.store(registry::kNoParent, std::memory_order_relaxed);
-  g_owner.store(&owner, std::memory_order_release);
-  const bool kernels = g_op_timing.load(std::memory_order_relaxed) == OpTiming::Kernels;
+  g_observer.owner.store(&owner, std::memory_order_release);
+  const bool kernels = g_observer.op_timing.load(std::memory_order_relaxed) == OpTiming::Kernels;
   const bool shapes = record_shapes();  // (never with kernels: set_op_timing refuses both)
-  g_shapes_active.store(shapes, std::memory_order_relaxed);
-  g_handle = at::addGlobalCallback(observer_callback(&on_enter, &on_exit, shapes, !kernels));
+  g_observer.shapes_active.store(shapes, std::memory_order_relaxed);
+  g_observer.handle =
+      at::addGlobalCallback(observer_callback(&on_enter, &on_exit, shapes, !kernels));
   if (kernels) runtime::set_kernel_timer(&kKernelTimer);
-  if (g_async.load(std::memory_order_relaxed) &&
-      g_mode.load(std::memory_order_relaxed) == SyncMode::Event) {
+  if (g_observer.async.load(std::memory_order_relaxed) &&
+      g_observer.mode.load(std::memory_order_relaxed) == SyncMode::Event) {
     runtime::set_queue_hook(&start_awaiting_bricks);
   }
-  g_enabled.store(true, std::memory_order_release);
+  g_observer.enabled.store(true, std::memory_order_release);
 }
 
 void disable() {
-  std::lock_guard<std::mutex> lock(g_control_mutex);
-  TORCH_CHECK(g_enabled.load(), "brick profiler: disable() called while not enabled");
+  std::lock_guard<std::mutex> lock(g_observer.control_mutex);
+  TORCH_CHECK(g_observer.enabled.load(), "brick profiler: disable() called while not enabled");
   runtime::set_kernel_timer(nullptr);
-  at::removeCallback(g_handle);
-  g_handle = 0;
+  at::removeCallback(g_observer.handle);
+  g_observer.handle = 0;
   runtime::set_queue_hook(nullptr);
-  g_owner.store(nullptr, std::memory_order_release);
-  g_enabled.store(false, std::memory_order_release);
+  g_observer.owner.store(nullptr, std::memory_order_release);
+  g_observer.enabled.store(false, std::memory_order_release);
 }
 
-bool is_enabled() noexcept { return g_enabled.load(std::memory_order_acquire); }
+bool is_enabled() noexcept { return g_observer.enabled.load(std::memory_order_acquire); }
 
 void set_sync_mode(SyncMode mode) {
-  std::lock_guard<std::mutex> lock(g_control_mutex);
-  TORCH_CHECK(!g_enabled.load(), "brick profiler: the sync mode cannot change while profiling (",
-              registry::sync_mode_name(g_mode.load()), " is in use); disable() first");
-  g_mode.store(mode, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(g_observer.control_mutex);
+  TORCH_CHECK(!g_observer.enabled.load(),
+              "brick profiler: the sync mode cannot change while profiling (",
+              registry::sync_mode_name(g_observer.mode.load()), " is in use); disable() first");
+  g_observer.mode.store(mode, std::memory_order_relaxed);
 }
 
-SyncMode sync_mode() noexcept { return g_mode.load(std::memory_order_relaxed); }
+SyncMode sync_mode() noexcept { return g_observer.mode.load(std::memory_order_relaxed); }
 
 void set_record_shapes(bool on) {
-  std::lock_guard<std::mutex> lock(g_control_mutex);
-  TORCH_CHECK(!g_enabled.load(),
+  std::lock_guard<std::mutex> lock(g_observer.control_mutex);
+  TORCH_CHECK(!g_observer.enabled.load(),
               "brick profiler: record_shapes cannot change while profiling; disable() first");
-  TORCH_CHECK(!on || g_op_timing.load() == OpTiming::Dispatcher,
+  TORCH_CHECK(!on || g_observer.op_timing.load() == OpTiming::Dispatcher,
               "brick profiler: record_shapes needs ops timed at the dispatcher (their inputs "
               "are RecordFunction's), but ops are timed at brick's kernels");
-  g_record_shapes.store(on, std::memory_order_relaxed);
+  g_observer.record_shapes.store(on, std::memory_order_relaxed);
 }
 
-bool record_shapes() noexcept { return g_record_shapes.load(std::memory_order_relaxed); }
+bool record_shapes() noexcept { return g_observer.record_shapes.load(std::memory_order_relaxed); }
 
 void set_op_timing(OpTiming timing) {
-  std::lock_guard<std::mutex> lock(g_control_mutex);
-  TORCH_CHECK(!g_enabled.load(),
+  std::lock_guard<std::mutex> lock(g_observer.control_mutex);
+  TORCH_CHECK(!g_observer.enabled.load(),
               "brick profiler: where ops are timed cannot change while profiling; disable() "
               "first");
-  TORCH_CHECK(timing == OpTiming::Dispatcher || !g_record_shapes.load(),
+  TORCH_CHECK(timing == OpTiming::Dispatcher || !g_observer.record_shapes.load(),
               "brick profiler: ops timed at brick's kernels cannot record shapes (their inputs "
               "are RecordFunction's); set_record_shapes(false) first");
-  g_op_timing.store(timing, std::memory_order_relaxed);
+  g_observer.op_timing.store(timing, std::memory_order_relaxed);
 }
 
-OpTiming op_timing() noexcept { return g_op_timing.load(std::memory_order_relaxed); }
+OpTiming op_timing() noexcept { return g_observer.op_timing.load(std::memory_order_relaxed); }
 
 registry::Snapshot snapshot() {
   // Every thread's outstanding pairs (asynchronous runtimes only) resolve here, waiting for
   // their device work.
   {
     ThreadState* self = &thread_state();
-    std::lock_guard<std::mutex> states(g_states_mutex);
-    for (ThreadState* state : g_states) {
+    std::lock_guard<std::mutex> states(g_observer.states_mutex);
+    for (ThreadState* state : g_observer.states) {
       if (state->pending.size.load(std::memory_order_relaxed) == 0) continue;
       std::lock_guard<std::mutex> lock(state->pending.mutex);
       resolve_locked(*state, /*by_owner=*/state == self, /*wait_all=*/true);
@@ -202,28 +208,29 @@ registry::Snapshot snapshot() {
 }
 
 void reset() {
-  std::lock_guard<std::mutex> lock(g_control_mutex);
+  std::lock_guard<std::mutex> lock(g_observer.control_mutex);
   brick_registry().reset();
   reset_shapes();
   // The registry's own counters start again with its figures: a report (bp.profile resets at
   // its start) says what its profile missed, not what an earlier one in the process did.
-  g_unbalanced_exits.store(0, std::memory_order_relaxed);
-  g_timing_failures.store(0, std::memory_order_relaxed);
-  g_capture_skipped_base.store(capture_skipped(TimingClient::Registry), std::memory_order_relaxed);
+  g_observer.unbalanced_exits.store(0, std::memory_order_relaxed);
+  g_observer.timing_failures.store(0, std::memory_order_relaxed);
+  g_observer.capture_skipped_base.store(capture_skipped(TimingClient::Registry),
+                                        std::memory_order_relaxed);
 }
 
 Health health() {
   Health h;
-  h.unbalanced_exits = g_unbalanced_exits.load(std::memory_order_relaxed);
-  h.timing_failures = g_timing_failures.load(std::memory_order_relaxed);
+  h.unbalanced_exits = g_observer.unbalanced_exits.load(std::memory_order_relaxed);
+  h.timing_failures = g_observer.timing_failures.load(std::memory_order_relaxed);
   {
-    std::lock_guard<std::mutex> states(g_states_mutex);
-    for (const ThreadState* state : g_states) {
+    std::lock_guard<std::mutex> states(g_observer.states_mutex);
+    for (const ThreadState* state : g_observer.states) {
       h.pending_events += state->pending.size.load(std::memory_order_relaxed);
     }
   }
   h.capture_skipped = capture_skipped(TimingClient::Registry) -
-                      g_capture_skipped_base.load(std::memory_order_relaxed);
+                      g_observer.capture_skipped_base.load(std::memory_order_relaxed);
   h.stub_capture_skipped = capture_skipped(TimingClient::LegacyStubs);
   h.stub_failures = stub_failures();
   for (const int64_t events : live_events_by_device()) h.live_events += events;

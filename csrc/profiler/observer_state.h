@@ -2,7 +2,8 @@
 // (observer.cpp: the RecordFunction callbacks and the node caches), the asynchronous timing
 // (observer_events.cpp: device events, the pending pairs and their resolution, the queue hook)
 // and the session (observer_session.cpp: enable/disable, the registry's owner, fork, health).
-// Hidden from other modules, so the hot path reads these globals as it would file-local ones.
+// Hidden from other modules, so the hot path reads the state's members as it would file-local
+// globals: one object at a fixed address, each member a fixed offset from it.
 #pragma once
 
 #include <ATen/record_function.h>
@@ -21,7 +22,7 @@
 
 #include "profiler/device_timer.h"
 #include "profiler/profiler.h"
-#include "profiler/shape_stats.h"
+#include "profiler/shape_table.h"
 #include "registry/registry.h"
 #include "runtime/runtime.h"
 
@@ -38,36 +39,52 @@ constexpr NodeId kIgnored = UINT32_MAX - 1;  // profiler-internal ops are not br
 // (and counted: health().capture_skipped).
 constexpr NodeId kSkippedInCapture = UINT32_MAX - 2;
 
-extern std::mutex g_control_mutex;  // enable / disable / set_sync_mode / reset
-extern std::atomic<bool> g_enabled;
-extern std::atomic<SyncMode> g_mode;
-// bumped by enable: per-thread stacks from older sessions are dropped
-extern std::atomic<uint64_t> g_session;
-extern at::CallbackHandle g_handle;
+struct ThreadState;
 
-// What the callbacks need, set by enable() before the callback is registered (and by the fork
-// handler): no function-local static guard or lookup on the op path.
-extern std::atomic<runtime::Runtime*> g_runtime;
-extern std::atomic<registry::Registry*> g_registry;
-extern std::atomic<uint64_t> g_capture_skipped_base;  // not reported: before reset(), or a parent's
-extern std::atomic<bool> g_async;          // async_runtime(): bricks are timed by device events
-extern std::atomic<bool> g_record_shapes;  // the setting: profiles enabled from now on
-extern std::atomic<OpTiming> g_op_timing;  // the setting: profiles enabled from now on
-extern std::atomic<bool> g_shapes_active;  // the running profile records shapes
+// The observer's state, one object for the process (g_observer, defined by the session in
+// observer_session.cpp). Its members are what every part reads; the per-thread part is each
+// thread's ThreadState. The members the op path reads come first.
+struct ObserverState {
+  std::atomic<bool> enabled{false};
+  // bumped by enable: per-thread stacks from older sessions are dropped
+  std::atomic<uint64_t> session{0};
+  // Bumped whenever an operator schema is deregistered: its name's address may then be reused
+  // by another schema's name, so every thread's node cache keyed by those addresses is flushed.
+  std::atomic<uint64_t> schema_epoch{0};
+  // What the callbacks need, set by enable() before the callback is registered (and by the fork
+  // handler): no function-local static guard or lookup on the op path.
+  std::atomic<runtime::Runtime*> runtime{nullptr};
+  std::atomic<registry::Registry*> registry{nullptr};
+  std::atomic<bool> async{false};          // async_runtime(): bricks are timed by device events
+  std::atomic<bool> shapes_active{false};  // the running profile records shapes
+  std::atomic<SyncMode> mode{SyncMode::Event};
+  // What RecordFunction::overload_name() returns for a RecordFunction named by a string (a
+  // record_function range, an autograd node) rather than by an operator schema: the address of
+  // one constant empty string, found by probing at enable(). A different address means the name
+  // is a schema's. nullptr when the probe did not find one constant: every name is then looked
+  // up by its text.
+  std::atomic<const char*> string_overload_name{nullptr};
+  // The thread that enabled profiling: backward work that PyTorch's autograd engine runs on its
+  // device threads is attributed to the brick open on this thread (the one waiting in
+  // backward()).
+  std::atomic<ThreadState*> owner{nullptr};
 
-// Bumped whenever an operator schema is deregistered: its name's address may then be reused by
-// another schema's name, so every thread's node cache keyed by those addresses is flushed.
-extern std::atomic<uint64_t> g_schema_epoch;
+  std::atomic<uint64_t> unbalanced_exits{0};
+  std::atomic<uint64_t> timing_failures{0};
+  std::atomic<uint64_t> capture_skipped_base{0};  // not reported: before reset(), or a parent's
 
-// What RecordFunction::overload_name() returns for a RecordFunction named by a string (a
-// record_function range, an autograd node) rather than by an operator schema: the address of
-// one constant empty string, found by probing at enable(). A different address means the name
-// is a schema's. nullptr when the probe did not find one constant: every name is then looked up
-// by its text.
-extern std::atomic<const char*> g_string_overload_name;
+  std::mutex control_mutex;  // enable / disable / set_sync_mode / reset
+  at::CallbackHandle handle = 0;
+  std::atomic<bool> record_shapes{false};  // the setting: profiles enabled from now on
+  std::atomic<OpTiming> op_timing{
+      OpTiming::Dispatcher};  // the setting: profiles enabled from now on
 
-extern std::atomic<uint64_t> g_unbalanced_exits;
-extern std::atomic<uint64_t> g_timing_failures;
+  // Every live thread's state, so snapshot() can resolve the pairs each thread still owes.
+  std::mutex states_mutex;
+  std::vector<ThreadState*> states;
+};
+
+extern constinit ObserverState g_observer;
 
 struct Frame {
   NodeId node;
@@ -114,7 +131,7 @@ inline void record_brick(registry::Registry& registry, NodeId node, uint32_t sha
                          int64_t end_ns) noexcept {
   registry.record(node, ns, end_ns);
   if (shape != kNoShape && !record_shape(node, shape, ns)) [[unlikely]]
-    g_timing_failures.fetch_add(1, std::memory_order_relaxed);
+    g_observer.timing_failures.fetch_add(1, std::memory_order_relaxed);
 }
 
 struct NameKey {
@@ -238,14 +255,6 @@ inline void forget_last_op_end(ThreadState& state) {
   state.events.release(state.last_op_end.device, state.last_op_end.event);
   state.last_op_end.event = nullptr;
 }
-
-// The thread that enabled profiling: backward work that PyTorch's autograd engine runs on its
-// device threads is attributed to the brick open on this thread (the one waiting in backward()).
-extern std::atomic<ThreadState*> g_owner;
-
-// Every live thread's state, so snapshot() can resolve the pairs each thread still owes.
-extern std::mutex g_states_mutex;
-extern std::vector<ThreadState*> g_states;
 
 // The calling thread's state: initial-exec, a direct %fs access even inside a dlopen()ed module.
 [[gnu::tls_model("initial-exec")]] extern constinit thread_local ThreadState* tls_state;

@@ -5,8 +5,6 @@
 // the op path reads one flag, and PyTorch does not copy any op's inputs for brick.
 #pragma once
 
-#include <ATen/record_function.h>
-
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -38,23 +36,5 @@ struct ShapeRow {
 // Every (op brick, signature) recorded since the last reset(), after resolving outstanding device
 // events (as snapshot() does), in order of first appearance.
 std::vector<ShapeRow> shape_rows();
-
-namespace detail {
-
-#pragma GCC visibility push(hidden)
-
-inline constexpr uint32_t kNoShape = UINT32_MAX;
-
-// The id of `fn`'s signature (interned: a lock, and a string built per call).
-uint32_t intern_signature(const at::RecordFunction& fn);
-// One call of `node` with signature `signature` took `ns`. False when it could not be kept (out
-// of memory): the op's own brick still has the call.
-bool record_shape(registry::NodeId node, uint32_t signature, int64_t ns) noexcept;
-// Forgets every row (the registry's reset()).
-void reset_shapes();
-
-#pragma GCC visibility pop
-
-}  // namespace detail
 
 }  // namespace brick::profiler

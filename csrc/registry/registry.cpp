@@ -136,6 +136,138 @@ struct SlotCopy {
   Histogram histogram;
 };
 
+// What a snapshot reads: the shards at its start, the generation a shard must be at to count
+// (older ones are stale: reset since their owner last recorded), and the nodes interned by then.
+struct ShardsToRead {
+  std::vector<std::shared_ptr<Shard>> shards;
+  uint64_t generation;
+  uint32_t nodes;
+  uint32_t chunks() const { return (nodes + kChunkNodes - 1) / kChunkNodes; }
+};
+
+// The recorded slots of the current shards, counted to size a snapshot's vectors (more may be
+// recorded meanwhile: they then grow). Histograms are large (kBuckets counts each).
+struct RecordedSlots {
+  size_t total = 0;
+  size_t most_in_a_shard = 0;
+};
+
+RecordedSlots count_recorded_slots(const ShardsToRead& read) {
+  RecordedSlots recorded;
+  for (const auto& shard : read.shards) {
+    if (shard->generation.load(std::memory_order_relaxed) != read.generation) continue;
+    size_t in_shard = 0;
+    for (uint32_t c = 0; c < read.chunks(); ++c) {
+      const Chunk* chunk = shard->chunks[c].load(std::memory_order_acquire);
+      if (chunk == nullptr) continue;
+      for (const Slot& slot : chunk->slots)
+        in_shard += slot.count.load(std::memory_order_relaxed) != 0;
+    }
+    recorded.total += in_shard;
+    recorded.most_in_a_shard = std::max(recorded.most_in_a_shard, in_shard);
+  }
+  return recorded;
+}
+
+// Copies the recorded slots of `shard` into `copies` (histograms over their used buckets only).
+// A seqlock read: false, with the copies to be ignored, when the shard's generation is not
+// current before and after the copy (stale, or zeroed by its owner meanwhile).
+bool copy_recorded_slots(const Shard& shard, const ShardsToRead& read,
+                         std::vector<SlotCopy>& copies) {
+  const uint64_t before = shard.generation.load(std::memory_order_acquire);
+  if (before != read.generation) return false;  // stale: reset since its owner last recorded
+  copies.clear();
+  for (uint32_t c = 0; c < read.chunks(); ++c) {
+    const Chunk* chunk = shard.chunks[c].load(std::memory_order_acquire);
+    if (chunk == nullptr) continue;
+    for (uint32_t i = 0; i < kChunkNodes; ++i) {
+      const NodeId node = c * kChunkNodes + i;
+      if (node >= read.nodes) break;
+      const Slot& slot = chunk->slots[i];
+      constexpr auto acquire = std::memory_order_acquire;
+      const uint64_t count = slot.count.load(acquire);
+      if (count == 0) continue;
+      SlotCopy& copy = copies.emplace_back();
+      copy.node = node;
+      copy.count = count;
+      copy.total_ns = slot.total_ns.load(acquire);
+      copy.min_ns = slot.min_ns.load(acquire);
+      copy.max_ns = slot.max_ns.load(acquire);
+      copy.last_ns = slot.last_ns.load(acquire);
+      copy.last_end_ns = slot.last_end_ns.load(acquire);
+      copy.first_start_ns = slot.first_start_ns.load(acquire);
+      // Every counted duration lies between the min and the max read after the count: only
+      // their buckets can hold counts (the copy's others stay zero).
+      copy.first_bucket = bucket_index(copy.min_ns);
+      copy.last_bucket = bucket_index(copy.max_ns);
+      for (int b = copy.first_bucket; b <= copy.last_bucket; ++b) {
+        copy.histogram.counts[b] = slot.buckets[b].load(acquire);
+      }
+    }
+  }
+  // After the acquire loads above: if any of them saw a store made after the owner began
+  // zeroing, this load sees the zeroing marker or a later generation.
+  return shard.generation.load(std::memory_order_relaxed) == before;
+}
+
+// The figures of every shard's copies, merged per node.
+class MergedFigures {
+ public:
+  MergedFigures(uint32_t nodes, size_t expected) : position_(nodes, -1) {
+    merged_.reserve(expected);
+  }
+
+  void add(const SlotCopy& copy) {
+    int32_t& at = position_[copy.node];
+    if (at < 0) {
+      at = static_cast<int32_t>(merged_.size());
+      in_node_order_ = in_node_order_ && (merged_.empty() || merged_.back().node < copy.node);
+      BrickStats& stats = merged_.emplace_back();
+      stats.node = copy.node;
+      stats.count = copy.count;
+      stats.total_ns = copy.total_ns;
+      stats.min_ns = copy.min_ns;
+      stats.max_ns = copy.max_ns;
+      stats.last_ns = copy.last_ns;
+      stats.last_end_ns = copy.last_end_ns;
+      stats.first_start_ns = copy.first_start_ns;
+      for (int b = copy.first_bucket; b <= copy.last_bucket; ++b) {
+        stats.histogram.counts[b] = copy.histogram.counts[b];
+      }
+      return;
+    }
+    BrickStats& stats = merged_[at];
+    stats.count += copy.count;
+    stats.total_ns += copy.total_ns;
+    stats.min_ns = std::min(stats.min_ns, copy.min_ns);
+    stats.max_ns = std::max(stats.max_ns, copy.max_ns);
+    if (copy.last_end_ns > stats.last_end_ns) {
+      stats.last_end_ns = copy.last_end_ns;
+      stats.last_ns = copy.last_ns;
+    }
+    stats.first_start_ns = std::min(stats.first_start_ns, copy.first_start_ns);
+    for (int b = copy.first_bucket; b <= copy.last_bucket; ++b) {
+      stats.histogram.counts[b] += copy.histogram.counts[b];
+    }
+  }
+
+  // The merged figures by increasing node (already so when one thread recorded them all).
+  std::vector<BrickStats> by_node() && {
+    if (in_node_order_) return std::move(merged_);
+    std::vector<BrickStats> ordered;
+    ordered.reserve(merged_.size());
+    for (const int32_t at : position_) {
+      if (at >= 0) ordered.emplace_back(std::move(merged_[at]));
+    }
+    return ordered;
+  }
+
+ private:
+  std::vector<BrickStats> merged_;
+  std::vector<int32_t> position_;  // node -> index in merged_, -1: none yet
+  bool in_node_order_ = true;      // merged_'s entries by increasing node
+};
+
 }  // namespace
 
 struct Registry::Impl {
@@ -171,6 +303,31 @@ struct Registry::Impl {
     }
     shards.push_back(std::make_shared<Shard>(generation.load(std::memory_order_relaxed)));
     return shards.back();
+  }
+
+  ShardsToRead shards_to_read() {
+    ShardsToRead read;
+    {
+      std::lock_guard<std::mutex> lock(shards_mutex);
+      read.shards = shards;
+      read.generation = generation.load(std::memory_order_relaxed);
+    }
+    read.nodes = node_count.load(std::memory_order_acquire);
+    return read;
+  }
+
+  // Fills in what the registry knows of each node (name, path, place in the tree).
+  void describe_nodes(std::vector<BrickStats>& figures) {
+    std::lock_guard<std::mutex> lock(nodes_mutex);
+    for (BrickStats& stats : figures) {
+      const NodeInfo& info = nodes[stats.node];
+      stats.name = info.name;
+      stats.path = info.path;
+      stats.parent = info.parent;
+      stats.depth = info.depth;
+      stats.kind = info.kind;
+      stats.device = info.device;
+    }
   }
 
   void record_into(Shard& shard, NodeId node, int64_t ns, int64_t end_ns) noexcept {
@@ -291,130 +448,18 @@ void Registry::record(NodeId node, int64_t ns, int64_t end_ns) noexcept {
 void Registry::prepare_thread() noexcept { ShardClaims::prepare_thread(); }
 
 Snapshot Registry::snapshot() const {
-  Impl& impl = *impl_;
-  std::vector<std::shared_ptr<Shard>> shards;
-  uint64_t gen;
-  {
-    std::lock_guard<std::mutex> lock(impl.shards_mutex);
-    shards = impl.shards;
-    gen = impl.generation.load(std::memory_order_relaxed);
-  }
-  const uint32_t nodes = impl.node_count.load(std::memory_order_acquire);
-  const uint32_t chunks = (nodes + kChunkNodes - 1) / kChunkNodes;
-
-  // Histograms are large (kBuckets counts each): the vectors that hold them are sized by a
-  // first count of the recorded slots (more may come meanwhile: then they grow), and histograms
-  // are copied or added over their used buckets only.
-  size_t recorded = 0, most_in_a_shard = 0;
-  for (const auto& shard : shards) {
-    if (shard->generation.load(std::memory_order_relaxed) != gen) continue;
-    size_t in_shard = 0;
-    for (uint32_t c = 0; c < chunks; ++c) {
-      const Chunk* chunk = shard->chunks[c].load(std::memory_order_acquire);
-      if (chunk == nullptr) continue;
-      for (const Slot& slot : chunk->slots)
-        in_shard += slot.count.load(std::memory_order_relaxed) != 0;
-    }
-    recorded += in_shard;
-    most_in_a_shard = std::max(most_in_a_shard, in_shard);
-  }
-  std::vector<BrickStats> merged;
-  merged.reserve(std::min<size_t>(recorded, nodes));
-  bool in_node_order = true;  // merged's entries by increasing node (one recording thread)
-  std::vector<int32_t> position(nodes, -1);  // node -> index in merged
+  const ShardsToRead read = impl_->shards_to_read();
+  const RecordedSlots recorded = count_recorded_slots(read);
+  MergedFigures merged(read.nodes, std::min<size_t>(recorded.total, read.nodes));
   std::vector<SlotCopy> copies;
-  copies.reserve(most_in_a_shard);
-  for (const auto& shard : shards) {
-    // A seqlock read: the shard counts only if its generation is current before and after.
-    const uint64_t before = shard->generation.load(std::memory_order_acquire);
-    if (before != gen) continue;  // stale: reset since its owner last recorded
-    copies.clear();
-    for (uint32_t c = 0; c < chunks; ++c) {
-      const Chunk* chunk = shard->chunks[c].load(std::memory_order_acquire);
-      if (chunk == nullptr) continue;
-      for (uint32_t i = 0; i < kChunkNodes; ++i) {
-        const NodeId node = c * kChunkNodes + i;
-        if (node >= nodes) break;
-        const Slot& slot = chunk->slots[i];
-        constexpr auto acquire = std::memory_order_acquire;
-        const uint64_t count = slot.count.load(acquire);
-        if (count == 0) continue;
-        SlotCopy& copy = copies.emplace_back();
-        copy.node = node;
-        copy.count = count;
-        copy.total_ns = slot.total_ns.load(acquire);
-        copy.min_ns = slot.min_ns.load(acquire);
-        copy.max_ns = slot.max_ns.load(acquire);
-        copy.last_ns = slot.last_ns.load(acquire);
-        copy.last_end_ns = slot.last_end_ns.load(acquire);
-        copy.first_start_ns = slot.first_start_ns.load(acquire);
-        // Every counted duration lies between the min and the max read after the count: only
-        // their buckets can hold counts (the copy's others stay zero).
-        copy.first_bucket = bucket_index(copy.min_ns);
-        copy.last_bucket = bucket_index(copy.max_ns);
-        for (int b = copy.first_bucket; b <= copy.last_bucket; ++b) {
-          copy.histogram.counts[b] = slot.buckets[b].load(acquire);
-        }
-      }
-    }
-    // After the acquire loads above: if any of them saw a store made after the owner began
-    // zeroing, this load sees the zeroing marker or a later generation.
-    if (shard->generation.load(std::memory_order_relaxed) != before) continue;  // zeroed meanwhile
-
-    for (SlotCopy& copy : copies) {
-      int32_t& at = position[copy.node];
-      if (at < 0) {
-        at = static_cast<int32_t>(merged.size());
-        in_node_order = in_node_order && (merged.empty() || merged.back().node < copy.node);
-        BrickStats& stats = merged.emplace_back();
-        stats.node = copy.node;
-        stats.count = copy.count;
-        stats.total_ns = copy.total_ns;
-        stats.min_ns = copy.min_ns;
-        stats.max_ns = copy.max_ns;
-        stats.last_ns = copy.last_ns;
-        stats.last_end_ns = copy.last_end_ns;
-        stats.first_start_ns = copy.first_start_ns;
-        for (int b = copy.first_bucket; b <= copy.last_bucket; ++b) {
-          stats.histogram.counts[b] = copy.histogram.counts[b];
-        }
-        continue;
-      }
-      BrickStats& stats = merged[at];
-      stats.count += copy.count;
-      stats.total_ns += copy.total_ns;
-      stats.min_ns = std::min(stats.min_ns, copy.min_ns);
-      stats.max_ns = std::max(stats.max_ns, copy.max_ns);
-      if (copy.last_end_ns > stats.last_end_ns) {
-        stats.last_end_ns = copy.last_end_ns;
-        stats.last_ns = copy.last_ns;
-      }
-      stats.first_start_ns = std::min(stats.first_start_ns, copy.first_start_ns);
-      for (int b = copy.first_bucket; b <= copy.last_bucket; ++b) {
-        stats.histogram.counts[b] += copy.histogram.counts[b];
-      }
-    }
+  copies.reserve(recorded.most_in_a_shard);
+  for (const auto& shard : read.shards) {
+    if (!copy_recorded_slots(*shard, read, copies)) continue;
+    for (const SlotCopy& copy : copies) merged.add(copy);
   }
-
   Snapshot result;
-  if (in_node_order) {
-    result.nodes = std::move(merged);
-  } else {
-    result.nodes.reserve(merged.size());
-    for (uint32_t node = 0; node < nodes; ++node) {
-      if (position[node] >= 0) result.nodes.emplace_back(std::move(merged[position[node]]));
-    }
-  }
-  std::lock_guard<std::mutex> lock(impl.nodes_mutex);
-  for (BrickStats& stats : result.nodes) {
-    const NodeInfo& info = impl.nodes[stats.node];
-    stats.name = info.name;
-    stats.path = info.path;
-    stats.parent = info.parent;
-    stats.depth = info.depth;
-    stats.kind = info.kind;
-    stats.device = info.device;
-  }
+  result.nodes = std::move(merged).by_node();
+  impl_->describe_nodes(result.nodes);
   return result;
 }
 

@@ -57,62 +57,52 @@ class LaunchObserver {
   ~LaunchObserver() = default;
 };
 
-namespace detail {
-inline std::atomic<LaunchObserver*> g_launch_observer{nullptr};
-}  // namespace detail
-
-// The installed observer, or nullptr (the common case: one acquire load per launch, a plain load
-// on x86). An observer must stay alive for the process once installed: a launch that read it may
-// still be calling it.
-inline LaunchObserver* launch_observer() noexcept {
-  return detail::g_launch_observer.load(std::memory_order_acquire);
-}
-
-inline void set_launch_observer(LaunchObserver* observer) noexcept {
-  detail::g_launch_observer.store(observer, std::memory_order_release);
-}
-
 // Brick's registry timing ops at their kernels (`profile(ops="kernels")`): called on the
 // launching thread around every kernel and copy brick launches (not collectives, which the
 // distributed layer times), outside the launch observer's begin() and end(), also when the
 // kernel threw; `name` as Launch::name. Neither may throw. Installed only while the registry
-// records, so a launch pays one atomic load for it otherwise.
+// records.
 struct KernelTimer {
   void (*begin)(const char* name) noexcept;
   void (*end)() noexcept;
 };
 
-namespace detail {
-inline std::atomic<const KernelTimer*> g_kernel_timer{nullptr};
-}  // namespace detail
-
-// The installed timer, or nullptr. A timer must stay alive for the process once installed.
-inline const KernelTimer* kernel_timer() noexcept {
-  return detail::g_kernel_timer.load(std::memory_order_acquire);
-}
-
-inline void set_kernel_timer(const KernelTimer* timer) noexcept {
-  detail::g_kernel_timer.store(timer, std::memory_order_release);
-}
-
 // Called on the launching thread right before the backend queues work on `device`'s current
 // stream (a kernel, a copy, a collective), whether or not a launch observer is installed. The
 // registry installs one while it times bricks by device events, so that an op's device interval
-// starts at its first work: an op that queues none (a view) records no event. Must not throw, and
-// stays callable once installed (a launch that read it may still be calling it).
+// starts at its first work: an op that queues none (a view) records no event. Must not throw.
 using QueueHook = void (*)(DeviceIndex device) noexcept;
 
+// Everything a launch calls out to, read with one acquire load per launch (a plain load on
+// x86); nullptr where none is installed (the common case). A table is immutable once published:
+// installing or removing a hook publishes another. What a table names must stay callable for
+// the process once installed: a launch that read the table may still be calling it.
+struct LaunchHooks {
+  LaunchObserver* observer = nullptr;
+  const KernelTimer* kernel_timer = nullptr;
+  QueueHook queue_hook = nullptr;
+  bool operator==(const LaunchHooks&) const = default;
+};
+
 namespace detail {
-inline std::atomic<QueueHook> g_queue_hook{nullptr};
+inline constexpr LaunchHooks kNoLaunchHooks{};
+inline std::atomic<const LaunchHooks*> g_launch_hooks{&kNoLaunchHooks};
 }  // namespace detail
 
-inline QueueHook queue_hook() noexcept {
-  return detail::g_queue_hook.load(std::memory_order_acquire);
+// The installed hooks: the table a launch reads once, at its start, and uses to its end.
+inline const LaunchHooks& launch_hooks() noexcept {
+  return *detail::g_launch_hooks.load(std::memory_order_acquire);
 }
 
-inline void set_queue_hook(QueueHook hook) noexcept {
-  detail::g_queue_hook.store(hook, std::memory_order_release);
-}
+// One hook, for code that calls no other (a launch reads launch_hooks() instead).
+inline LaunchObserver* launch_observer() noexcept { return launch_hooks().observer; }
+inline const KernelTimer* kernel_timer() noexcept { return launch_hooks().kernel_timer; }
+
+// Each publishes a table with that one hook replaced (nullptr: removed), the others as they are.
+// Safe from any thread; a launch already under way keeps the table it read.
+void set_launch_observer(LaunchObserver* observer) noexcept;
+void set_kernel_timer(const KernelTimer* timer) noexcept;
+void set_queue_hook(QueueHook hook) noexcept;
 
 // The brick work the calling thread has started: every kernel, copy and collective it queued on
 // a brick device and every brick allocation it made. Profilers read it around an op: an op
@@ -148,11 +138,12 @@ inline uint64_t device_work_seen() noexcept {
   return device_work_count();
 }
 
-// What the backend calls right before it queues work on `device`: the count, then the hook.
-inline void announce_queue(DeviceIndex device) noexcept {
+// What the backend calls right before it queues work on `device`: the count, then the hook of
+// the table its launch read.
+inline void announce_queue(const LaunchHooks& hooks, DeviceIndex device) noexcept {
   count_device_work();
-  if (QueueHook hook = queue_hook(); hook != nullptr) [[unlikely]]
-    hook(device);
+  if (hooks.queue_hook != nullptr) [[unlikely]]
+    hooks.queue_hook(device);
 }
 
 }  // namespace brick::runtime
