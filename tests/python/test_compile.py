@@ -12,15 +12,15 @@ that directory (precompiled headers, about 8 s on a 2-core machine) and compilin
 (about 1 s each).
 """
 
-import os
 import subprocess
-import sys
 import warnings
 
 import pytest
 import torch
 from torch import nn
 from torch.profiler import record_function
+
+from helpers import no_autoload_env, start_python
 
 import torch_brickdev
 import torch_brickdev._compile as brick_compile
@@ -86,9 +86,8 @@ def _counter():
 
 
 def _start_python(code):
-    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
-    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+    return start_python("-c", code, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                        env=no_autoload_env())
 
 
 def _output_of(process):

@@ -3,8 +3,6 @@ synchronize, lazy runtime creation; and their misuse, each giving the documented
 undefined behaviour, with the device usable afterwards."""
 
 import os
-import subprocess
-import sys
 import threading
 
 import pytest
@@ -12,6 +10,7 @@ import torch
 
 import torch_brickdev
 from device_helpers import COUNT, assert_device_still_works
+from helpers import no_autoload_env, run_python
 
 MISSING = COUNT  # the first index that does not exist
 
@@ -26,24 +25,19 @@ def test_registration_names_the_device_brick():
 
 def test_plain_import_torch_loads_brick_under_brick_autoload():
     code = "import torch; print(torch.ones(2, device='brick').device, torch.brick.device_count())"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         timeout=120, env=dict(os.environ, BRICK_AUTOLOAD="1"))
+    out = run_python("-c", code, check=True, env=dict(os.environ, BRICK_AUTOLOAD="1"))
     assert out.stdout.split() == ["brick:0", "2"]
 
 
 def test_host_device_count_comes_from_the_environment():
     code = "import torch_brickdev, torch; print(torch.brick.device_count())"
-    env = dict(os.environ, BRICK_HOST_DEVICES="5")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         timeout=120)
+    out = run_python("-c", code, env=dict(os.environ, BRICK_HOST_DEVICES="5"))
     assert out.stdout.strip() == "5", out.stderr
 
 
 def test_invalid_host_device_count_is_a_clear_import_error():
     code = "import torch_brickdev"
-    env = dict(os.environ, BRICK_HOST_DEVICES="zero", TORCH_DEVICE_BACKEND_AUTOLOAD="0")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         timeout=120)
+    out = run_python("-c", code, env=no_autoload_env(BRICK_HOST_DEVICES="zero"))
     assert out.returncode != 0
     assert "BRICK_HOST_DEVICES='zero'" in out.stderr
     assert "1 to 64" in out.stderr
@@ -125,8 +119,7 @@ def test_importing_brick_creates_no_runtime_until_first_use():
         "torch.ones(1, device='brick')\n"
         "print(before, _C._runtime_created_in_pid() == os.getpid())\n"
     )
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         check=True, timeout=120)
+    out = run_python("-c", script, check=True)
     assert out.stdout.split() == ["-1", "True"]
 
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
 
@@ -18,6 +16,7 @@ import torch
 
 import torch_brickdev
 
+from helpers import run_python
 from profiler_helpers import (  # noqa: F401  (clean_profiler is a fixture)
     SPIN_TRUTH_NS,
     TwoLayer,
@@ -496,8 +495,7 @@ def test_failing_op_keeps_the_stack_balanced(x):
 
 def test_default_sync_mode_is_event():
     code = "import torch_brickdev.profiler as p; print(p.sync_mode().value)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         timeout=120)
+    out = run_python("-c", code, check=True)
     assert out.stdout.strip() == "event"
 
 
