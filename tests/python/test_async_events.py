@@ -15,6 +15,8 @@ import pytest
 
 from helpers import run_python
 
+pytestmark = pytest.mark.timing
+
 PRELUDE = """
 import json, os, sys, threading, time
 import torch

@@ -19,6 +19,8 @@ import torch_brickdev
 from torch_brickdev import profiler as bp
 from torch_brickdev.tools.contract import EXIT_INCONCLUSIVE, format_results, run_checks
 
+pytestmark = pytest.mark.timing
+
 
 @pytest.fixture(scope="module")
 def base_dict():

@@ -12,6 +12,8 @@ from helpers import imported, run_cli, run_importtime, run_python
 from torch_brickdev.tools.cli import EXIT_CLOSED_PIPE
 from torch_brickdev.tools.contract import EXIT_INCONCLUSIVE
 
+pytestmark = pytest.mark.timing
+
 SCRIPT = """
 import sys, torch
 x = torch.randn(32, 32, device="brick")

@@ -21,6 +21,8 @@ from contract_fixtures import (
 )
 from helpers import run_python, set_avg
 
+pytestmark = pytest.mark.timing
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 

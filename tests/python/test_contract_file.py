@@ -20,6 +20,8 @@ from torch_brickdev.tools import contract
 from torch_brickdev.tools.contract import ContractError, load_contract, run_checks
 from torch_brickdev.tools.contract_file import Formula, parse_contract
 
+pytestmark = pytest.mark.timing
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLES = os.path.join(REPO, "docs", "examples")
 

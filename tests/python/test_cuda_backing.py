@@ -15,9 +15,9 @@ from helpers import no_autoload_env, run_python
 from profiler_helpers import load_benchmark
 
 ON_CUDA = torch_brickdev.runtime_name() == "cuda"
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.timing, pytest.mark.skipif(
     not ON_CUDA, reason=f"brick is not backed by CUDA here: {torch_brickdev.runtime_note()}"
-)
+)]
 TWO_GPUS = ON_CUDA and torch.brick.device_count() >= 2
 
 

@@ -14,6 +14,8 @@ from contract_fixtures import decode_report
 from helpers import child_env, run_cli, run_python
 from torch_brickdev.profiler import diff_reports, load_report
 
+pytestmark = pytest.mark.timing
+
 TIMES = ("total_ns", "min_ns", "max_ns", "last_ns", "p50_ns", "p90_ns", "p99_ns")
 
 

@@ -18,6 +18,8 @@ from torch_brickdev.profiler import _kineto
 from helpers import run_python
 from profiler_helpers import spin_cpu_op
 
+pytestmark = pytest.mark.timing
+
 needs_plugin = pytest.mark.skipif(
     not bp.kineto_available(),
     reason=f"PyTorch {torch.__version__} has no Kineto PrivateUse1 profiler registry (2.12+)")

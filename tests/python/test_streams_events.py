@@ -12,6 +12,7 @@ import torch
 from device_helpers import COUNT, assert_device_still_works
 
 
+@pytest.mark.timing
 def test_streams_current_default_and_context():
     default = torch.brick.default_stream()
     assert default.stream_id == 0 and default.device == torch.device("brick:0")
@@ -35,6 +36,7 @@ def test_streams_current_default_and_context():
     s.wait_stream(default)
 
 
+@pytest.mark.timing
 def test_streams_are_per_device():
     s1 = torch.brick.Stream(device=1)
     assert s1.device == torch.device("brick:1")
@@ -50,6 +52,7 @@ def _busy(ms):
         x = x @ x.clamp(max=1.0) / 64
 
 
+@pytest.mark.timing
 def test_event_elapsed_time_measures_the_work_between_events():
     start = torch.brick.Event(enable_timing=True)
     end = torch.Event(device="brick", enable_timing=True)
@@ -67,6 +70,7 @@ def test_event_elapsed_time_measures_the_work_between_events():
     assert 20 <= elapsed <= wall + 0.01
 
 
+@pytest.mark.timing
 def test_event_record_on_stream_and_wait():
     s = torch.brick.Stream()
     e = torch.Event(device="brick")
@@ -76,6 +80,7 @@ def test_event_record_on_stream_and_wait():
     assert e.query()
 
 
+@pytest.mark.timing
 def test_event_elapsed_without_timing_is_an_error():
     a, b = torch.brick.Event(), torch.brick.Event()
     a.record()
@@ -84,6 +89,7 @@ def test_event_elapsed_without_timing_is_an_error():
         a.elapsed_time(b)
 
 
+@pytest.mark.timing
 def test_event_elapsed_before_record_is_an_error():
     a, b = torch.brick.Event(enable_timing=True), torch.brick.Event(enable_timing=True)
     with pytest.raises(ValueError, match="recorded"):
@@ -93,6 +99,7 @@ def test_event_elapsed_before_record_is_an_error():
 # ---- events used wrongly ------------------------------------------------------------------
 
 
+@pytest.mark.timing
 def test_synchronizing_an_event_never_recorded_returns_at_once():
     # As on CUDA: an event that was never recorded has no work to wait for.
     event = torch.brick.Event()
@@ -102,6 +109,7 @@ def test_synchronizing_an_event_never_recorded_returns_at_once():
     assert_device_still_works()
 
 
+@pytest.mark.timing
 def test_elapsed_time_on_events_without_timing_names_enable_timing():
     a, b = torch.brick.Event(), torch.brick.Event()
     a.record()
@@ -110,6 +118,7 @@ def test_elapsed_time_on_events_without_timing_names_enable_timing():
         a.elapsed_time(b)
 
 
+@pytest.mark.timing
 def test_elapsed_time_with_one_timing_event_is_refused():
     a, b = torch.brick.Event(enable_timing=True), torch.brick.Event()
     a.record()
@@ -118,6 +127,7 @@ def test_elapsed_time_with_one_timing_event_is_refused():
         a.elapsed_time(b)
 
 
+@pytest.mark.timing
 def test_elapsed_time_before_both_events_are_recorded_is_refused():
     a, b = torch.brick.Event(enable_timing=True), torch.brick.Event(enable_timing=True)
     a.record()
@@ -127,6 +137,7 @@ def test_elapsed_time_before_both_events_are_recorded_is_refused():
     assert a.elapsed_time(b) >= 0.0
 
 
+@pytest.mark.timing
 def test_elapsed_time_across_devices_is_refused():
     if COUNT < 2:
         pytest.skip("needs two brick devices")
@@ -138,6 +149,7 @@ def test_elapsed_time_across_devices_is_refused():
         a.elapsed_time(b)
 
 
+@pytest.mark.timing
 def test_re_recording_an_event_on_another_devices_stream_is_refused():
     if COUNT < 2:
         pytest.skip("needs two brick devices")
@@ -150,6 +162,7 @@ def test_re_recording_an_event_on_another_devices_stream_is_refused():
     assert_device_still_works()
 
 
+@pytest.mark.timing
 def test_re_recording_an_event_moves_it_forward():
     a, b = torch.brick.Event(enable_timing=True), torch.brick.Event(enable_timing=True)
     a.record()
@@ -162,6 +175,7 @@ def test_re_recording_an_event_moves_it_forward():
 # ---- freeing or resizing memory a stream still uses ----------------------------------------
 
 
+@pytest.mark.timing
 def test_freeing_a_tensor_while_a_side_stream_uses_it():
     side = torch.brick.Stream()
     gc.collect()  # garbage of earlier tests must not be freed between the two readings
@@ -179,6 +193,7 @@ def test_freeing_a_tensor_while_a_side_stream_uses_it():
     assert torch.brick.memory_allocated() == baseline
 
 
+@pytest.mark.timing
 def test_freeing_without_record_stream_keeps_the_result_correct():
     # The host runtime runs every op on the issuing thread before returning, so a tensor is
     # never in use by a stream once the call that used it returned: freeing it is safe.
@@ -192,6 +207,7 @@ def test_freeing_without_record_stream_keeps_the_result_correct():
         assert torch.equal(out.cpu(), expected)
 
 
+@pytest.mark.timing
 def test_resizing_a_tensor_a_side_stream_just_used():
     side = torch.brick.Stream()
     t = torch.arange(16.0, device="brick")
@@ -205,6 +221,7 @@ def test_resizing_a_tensor_a_side_stream_just_used():
     assert torch.equal(t.cpu(), torch.arange(4.0))
 
 
+@pytest.mark.timing
 def test_record_stream_with_a_stream_of_another_device_is_refused():
     if COUNT < 2:
         pytest.skip("needs two brick devices")
