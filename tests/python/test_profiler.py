@@ -13,10 +13,11 @@ import time
 
 import pytest
 import torch
+import torch.nn as nn
 
 import torch_brickdev
 
-from helpers import run_python
+from helpers import no_autoload_env, run_python
 from profiler_helpers import (  # noqa: F401  (clean_profiler is a fixture)
     SPIN_TRUTH_NS,
     TwoLayer,
@@ -1145,3 +1146,51 @@ def test_table_warns_about_what_the_profiler_could_not_time():
     session.report.health["capture_skipped"] = 3
     assert ("warning: 3 bricks skipped: their stream was being captured into a CUDA graph"
             in session.report.table())
+
+
+# =============================================================================================
+# torch_openreg's test_profiler.py, for brick
+# =============================================================================================
+
+
+def test_legacy_profiler_records_ranges_forward_and_backward(tmp_path):
+    model = nn.Sequential(nn.Linear(10, 20), nn.ReLU(), nn.Linear(20, 10)).to("brick")
+    x = torch.randn(8, 10, device="brick")
+    with torch.autograd.profiler.profile(use_device="brick", record_shapes=True) as prof:
+        with torch.profiler.record_function("outer"):
+            with torch.profiler.record_function("forward"):
+                loss = model(x).pow(2).mean()
+            with torch.profiler.record_function("backward"):
+                loss.backward()
+        for index in (0, 1):  # both devices
+            on_device = torch.randn(4, 4, device=f"brick:{index}")
+            torch.add(on_device, on_device)
+    names = [e.name for e in prof.function_events]
+    for expected in ("outer", "forward", "backward", "aten::addmm", "aten::mm", "aten::relu"):
+        assert expected in names, expected
+    assert any("AddmmBackward" in n for n in names)  # the autograd engine's events
+    assert names.count("aten::add") >= 2
+    # Every row: which rows make a top ten by measured time depends on the machine's load.
+    table = prof.key_averages(group_by_input_shape=True).table(sort_by="cpu_time_total",
+                                                               row_limit=-1)
+    assert "aten::addmm" in table
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    trace = json.loads(path.read_text())
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    assert any(e.get("name") == "outer" for e in events)
+
+
+def test_profiler_subpackage_is_reachable_from_the_package():
+    # `import torch_brickdev` alone (a fresh interpreter, nothing else imported) must make
+    # torch_brickdev.profiler usable, as torch.cuda's submodules are.
+    code = (
+        "import torch_brickdev, torch\n"
+        "torch_brickdev.profiler.enable()\n"
+        "x = torch.ones(4, device='brick'); y = x + x\n"
+        "torch_brickdev.profiler.disable()\n"
+        "print(sorted(s.name for s in torch_brickdev.profiler.stats()))\n"
+    )
+    out = run_python("-c", code, env=no_autoload_env())
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "aten::add" in out.stdout
