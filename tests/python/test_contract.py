@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
 import random
 import statistics
 
@@ -19,11 +18,9 @@ from torch_brickdev.profiler import load_report
 from contract_fixtures import (
     LAYERS, RUNS, TOKENS, TinyDecoder, assert_contract_holds, decode_report, undisturbed_dict,
 )
-from helpers import run_python, set_avg
+from helpers import REPO, run_python, set_avg
 
 pytestmark = pytest.mark.timing
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")

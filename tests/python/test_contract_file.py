@@ -15,15 +15,13 @@ import time
 import pytest
 
 from contract_fixtures import TOKENS, decode_report
-from helpers import run_cli
+from helpers import REPO, run_cli
 from torch_brickdev.tools import contract
 from torch_brickdev.tools.contract import ContractError, load_contract, run_checks
 from torch_brickdev.tools.contract_file import Formula, parse_contract
 
-pytestmark = pytest.mark.timing
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLES = os.path.join(REPO, "docs", "examples")
+pytestmark = pytest.mark.timing
 
 HEAD = """\
 [contract]

@@ -14,8 +14,9 @@ import warnings
 
 import pytest
 
-import torch
 from helpers import child_env, ended_pid, imported, run_cli, run_importtime
+
+import torch
 import torch_brickdev  # noqa: F401
 from torch_brickdev import profiler as bp
 from torch_brickdev.profiler import live

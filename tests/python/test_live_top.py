@@ -16,8 +16,9 @@ import time
 
 import pytest
 
-import torch
 from helpers import child_env, ended_pid, run_cli, start_python
+
+import torch
 import torch_brickdev  # noqa: F401
 from torch_brickdev import profiler as bp
 from torch_brickdev.profiler import live
