@@ -289,8 +289,8 @@ build() {
 # interrupt that never comes. Each test is bounded by pytest-timeout.
 #
 # With pytest-xdist and more than one core, the tests that measure no time run in parallel
-# ($BRICK_TEST_WORKERS processes, default one per core), then the timing tests (marked `timing`:
-# tests/python/conftest.py) alone, so no other test's work lands inside their measurements.
+# ($BRICK_TEST_WORKERS processes, default one per core), then the timing tests (marked `timing`
+# in their files) alone, so no other test's work lands inside their measurements.
 # With arguments (a selection, options) everything runs in one process, as asked.
 run_pytest() {
   local workers=${BRICK_TEST_WORKERS:-$(nproc)}

@@ -13,25 +13,6 @@ if importlib.util.find_spec("torch.profiler._cupti_monitor") is not None:
 
 import torch_brickdev  # noqa: F401  (registers brick even with autoload disabled)
 
-# The files whose tests assert measured durations, ratios against known work, or verdicts that
-# read the machine's load (timing accuracy, the decode contract, baselines, busy-machine
-# detection, the roofline's measured peaks). scripts/run.sh runs the other tests in parallel
-# (pytest-xdist) and these alone afterwards, so that no other test's work lands inside their
-# measurements. A timing test elsewhere says so with @pytest.mark.timing.
-TIMING_FILES = frozenset({
-    "test_async_events.py", "test_busy_machine.py", "test_cli.py", "test_contract.py",
-    "test_contract_file.py", "test_contract_on_demo.py", "test_cuda_backing.py", "test_demo.py",
-    "test_diff.py", "test_kineto.py", "test_module_bricks.py", "test_profiler.py",
-    "test_roofline.py", "test_streams_events.py", "test_trace.py",
-})
-
-
-@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by mark
-def pytest_collection_modifyitems(items):
-    for item in items:
-        if item.path.name in TIMING_FILES:
-            item.add_marker(pytest.mark.timing)
-
 
 @pytest.fixture
 def brick():

@@ -9,11 +9,13 @@ Each test runs a script in a fresh interpreter (the runtime is chosen at import)
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from helpers import run_python
+
+pytestmark = pytest.mark.timing
 
 PRELUDE = """
 import json, os, sys, threading, time
@@ -31,8 +33,7 @@ def counts():
 def run(body: str, timeout: float = 120.0) -> dict:
     env = dict(os.environ, BRICK_HOST_COMPLETION="deferred", BRICK_RUNTIME="host")
     script = PRELUDE + textwrap.dedent(body)
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    done = run_python("-c", script, env=env, timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -230,3 +230,21 @@ def test_autocast_is_profiled_as_the_ops_it_runs():
     assert {"aten::matmul", "aten::_to_copy", "aten::mm"} <= names, names
     mm = next(b for b in p.report.bricks if b.name == "aten::mm")
     assert mm.count == 1 and mm.total_ns > 0
+
+
+# ---- autocast's device-module contract ------------------------------------------------------
+
+
+def test_checkpointing_cpu_and_brick_work_with_brick_loaded():
+    # PyTorch opens torch.amp.autocast(<current accelerator>, enabled=False) when it recomputes
+    # a checkpointed region, also for CPU tensors: brick (the accelerator once loaded) must
+    # answer for it, or checkpointing breaks everywhere brick is installed.
+    from torch.utils.checkpoint import checkpoint
+
+    for device in ("cpu", "brick"):
+        x = torch.linspace(-1, 1, 16, device=device).reshape(4, 4).requires_grad_()
+        for reentrant in (False, True):
+            x.grad = None
+            checkpoint(torch.sin, x, use_reentrant=reentrant).sum().backward()
+            torch.testing.assert_close(x.grad.cpu(), torch.cos(x.detach().cpu()))
+    assert torch.brick.get_amp_supported_dtype() == [torch.float16, torch.bfloat16]

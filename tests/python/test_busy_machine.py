@@ -8,17 +8,18 @@ from __future__ import annotations
 import copy
 import json
 import os
-import subprocess
-import sys
 import time
 
 import pytest
 import torch
 
 from contract_fixtures import decode_report, undisturbed_dict
+from helpers import busy_loops, run_cli, run_python, set_avg
 import torch_brickdev
 from torch_brickdev import profiler as bp
 from torch_brickdev.tools.contract import EXIT_INCONCLUSIVE, format_results, run_checks
+
+pytestmark = pytest.mark.timing
 
 
 @pytest.fixture(scope="module")
@@ -124,17 +125,10 @@ def test_coverage_the_denied_time_accounts_for_is_inconclusive(base_dict):
     assert result_of(d, "coverage").status == "fail"  # no figures: nothing excuses it
 
 
-def _set_avg(d, name, avg_ns):
-    b = next(b for b in d["bricks"] if b["name"] == name)
-    b["total_ns"] = int(avg_ns * b["count"])
-    b["max_ns"] = max(b["max_ns"], int(avg_ns) + 1)
-    b["avg_us"] = b["total_ns"] / b["count"] / 1000
-
-
 def test_an_ordering_the_median_keeps_is_inconclusive_on_a_busy_machine(base_dict):
     d = copy.deepcopy(base_dict)
     lm = next(b for b in d["bricks"] if b["name"] == "LmHead")
-    _set_avg(d, "RmsNorm", lm["total_ns"] / lm["count"] / 5)  # preempted RmsNorm calls
+    set_avg(d, "RmsNorm", lm["total_ns"] / lm["count"] / 5)  # preempted RmsNorm calls
     rms = next(b for b in d["bricks"] if b["name"] == "RmsNorm")
     beyond = (rms["total_ns"] - rms["count"] * rms["p50_ns"]) / d["wall_ns"]
     d["machine"]["denied_share"] = min(1.0, beyond)  # the waits that made those calls long
@@ -154,19 +148,13 @@ def test_an_ordering_the_median_keeps_is_inconclusive_on_a_busy_machine(base_dic
 def test_the_command_line_exits_with_a_distinct_status(base_dict, tmp_path):
     path = tmp_path / "report.json"
     path.write_text(json.dumps(with_runs(base_dict, [1e6, 1.5e6, 1.01e6], [0.0, 0.33, 0.01])))
-    done = subprocess.run([sys.executable, "-m", "torch_brickdev", "check", str(path)],
-                          capture_output=True, text=True, timeout=120)
+    done = run_cli("check", str(path))
     assert done.returncode == EXIT_INCONCLUSIVE == 3, done
     assert done.stdout.splitlines()[-1].startswith("verdict: INCONCLUSIVE (10 passed, 0 failed, "
                                                    "1 inconclusive, 0 n/a of 11 checks")
 
 
 # ---- what the machine denied, measured ---------------------------------------------------------
-
-
-def _busy_loops(n):
-    code = "import time\nend = time.time() + 60\nwhile time.time() < end: pass\n"
-    return [subprocess.Popen([sys.executable, "-c", code]) for _ in range(n)]
 
 
 def test_a_report_carries_what_the_machine_denied(one_thread):
@@ -180,7 +168,7 @@ def test_a_report_carries_what_the_machine_denied(one_thread):
         return prof.report.machine
     quiet = profiled()
     cpus = len(os.sched_getaffinity(0))
-    loops = _busy_loops(cpus + 1)  # more runnable threads than CPUs: some wait
+    loops = busy_loops(cpus + 1, seconds=60)  # more runnable threads than CPUs: some wait
     try:
         time.sleep(0.3)
         busy = profiled()
@@ -200,11 +188,10 @@ def test_a_report_carries_what_the_machine_denied(one_thread):
 
 @pytest.mark.timeout(300)
 def test_the_demo_beside_two_busy_loops_never_fails(tmp_path):
-    loops = _busy_loops(2)
+    loops = busy_loops(2, seconds=60)
     try:
-        done = subprocess.run([sys.executable, "-m", "torch_brickdev", "demo", "--no-progress",
-                               "--tokens", "16", "--runs", "3", "-o", str(tmp_path)],
-                              capture_output=True, text=True, timeout=240)
+        done = run_cli("demo", "--no-progress", "--tokens", "16", "--runs", "3", "-o",
+                       str(tmp_path), timeout=240)
     finally:
         for p in loops:
             p.kill()
@@ -287,12 +274,6 @@ prof.report.write_json(sys.argv[1])
 """
 
 
-def _busy_loops_on(cpu, n):
-    code = (f"import os, time\nos.sched_setaffinity(0, {{{cpu}}})\nend = time.time() + 120\n"
-            "while time.time() < end: pass\n")
-    return [subprocess.Popen([sys.executable, "-c", code]) for _ in range(n)]
-
-
 @pytest.mark.skipif(not os.path.isfile("/proc/self/schedstat"), reason="needs Linux schedstat")
 @pytest.mark.timeout(400)
 def test_a_real_run_that_sleeps_fails_and_one_that_lost_its_cpu_is_inconclusive(tmp_path):
@@ -307,11 +288,10 @@ def test_a_real_run_that_sleeps_fails_and_one_that_lost_its_cpu_is_inconclusive(
 
     def run(name, sleep_s, loops):
         out = tmp_path / f"{name}.json"
-        busy = _busy_loops_on(cpu, loops)
+        busy = busy_loops(loops, seconds=120, cpu=cpu)
         try:
-            done = subprocess.run([sys.executable, str(script), str(out), str(cpu),
-                                   str(sleep_s), str(matmuls)],
-                                  capture_output=True, text=True, timeout=180)
+            done = run_python(str(script), str(out), str(cpu), str(sleep_s), str(matmuls),
+                              timeout=180)
         finally:
             for p in busy:
                 p.kill()
@@ -320,8 +300,7 @@ def test_a_real_run_that_sleeps_fails_and_one_that_lost_its_cpu_is_inconclusive(
         return str(out)
 
     def diff(base, new):
-        return subprocess.run([sys.executable, "-m", "torch_brickdev", "diff", base, new],
-                              capture_output=True, text=True, timeout=120)
+        return run_cli("diff", base, new)
 
     base = run("base", 0, 0)
     slept = diff(base, run("slept", 0.3, 2))

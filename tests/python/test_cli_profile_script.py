@@ -8,16 +8,13 @@ import os
 import select
 import signal
 import subprocess
-import sys
 import textwrap
 
 import pytest
 
-import torch_brickdev
+from helpers import child_env, run_python, start_python
 from torch_brickdev.profiler import ReportError, load_report
 
-# The folder holding the package, for child processes that run elsewhere than the checkout.
-PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(torch_brickdev.__file__)))
 TIMEOUT_S = 300  # a child imports torch; generous for a busy machine, never reached when well
 
 PROBE = """
@@ -31,14 +28,8 @@ print("PROBE " + json.dumps({
 """
 
 
-def _env():
-    paths = [PACKAGE_ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
-
-
 def python(*args, cwd):
-    return subprocess.run([sys.executable, *args], cwd=cwd, env=_env(), capture_output=True,
-                          text=True, timeout=TIMEOUT_S)
+    return run_python(*args, cwd=cwd, env=child_env(), timeout=TIMEOUT_S)
 
 
 def profile(*args, cwd, output):
@@ -159,14 +150,13 @@ def test_ctrl_c_on_a_long_run_writes_the_report_of_what_ran(tmp_path):
             x = x + 1
             time.sleep(0.001)
     """))
-    command = [sys.executable, "-m", "torch_brickdev", "profile", "--no-trace", "-o",
-               str(tmp_path / "out"), "long.py"]
     # Ctrl-C's default disposition for the child, as a terminal gives it: the suite itself may
     # run with SIGINT ignored (as CI runners start it), which a child would inherit, and Python
     # raises KeyboardInterrupt only where SIGINT was not ignored at its start.
-    with subprocess.Popen(command, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True,
-                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) as child:
+    with start_python("-m", "torch_brickdev", "profile", "--no-trace", "-o",
+                      str(tmp_path / "out"), "long.py", cwd=tmp_path, env=child_env(),
+                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) as child:
         try:
             ready, _, _ = select.select([child.stdout], [], [], TIMEOUT_S)
             assert ready and child.stdout.readline() == "started\n", child.stderr.read()

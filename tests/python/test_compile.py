@@ -12,15 +12,15 @@ that directory (precompiled headers, about 8 s on a 2-core machine) and compilin
 (about 1 s each).
 """
 
-import os
 import subprocess
-import sys
 import warnings
 
 import pytest
 import torch
 from torch import nn
 from torch.profiler import record_function
+
+from helpers import no_autoload_env, start_python
 
 import torch_brickdev
 import torch_brickdev._compile as brick_compile
@@ -86,9 +86,8 @@ def _counter():
 
 
 def _start_python(code):
-    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
-    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+    return start_python("-c", code, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                        env=no_autoload_env())
 
 
 def _output_of(process):
@@ -750,3 +749,74 @@ def test_compiled_convolution_networks_equal_eager_forward_and_training_step(mak
     torch.testing.assert_close(grads[1][0], grads[0][0], rtol=1e-4, atol=1e-5)
     for got, want in zip(grads[1][1], grads[0][1]):
         torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4)
+
+
+# --------------------------------------------------------------------------------------------
+# torch_openreg's test_compile.py, for brick
+
+
+def test_compile_aot_eager_matches_eager_with_autograd_and_modules():
+    fn = torch.compile(lambda x: torch.relu((x + 1) * 2), backend="aot_eager", fullgraph=True)
+    x = torch.randn(4, device="brick")
+    result = fn(x)
+    assert result.device.type == "brick"
+    assert torch.equal(result.cpu(), torch.relu((x.cpu() + 1) * 2))
+    g = torch.randn(4, device="brick", requires_grad=True)
+    torch.compile(lambda t: (t * 2).sum(), backend="aot_eager")(g).backward()
+    assert torch.equal(g.grad.cpu(), torch.full((4,), 2.0))
+    module = nn.Linear(4, 4).to("brick")
+    compiled = torch.compile(module, backend="aot_eager")
+    inp = torch.randn(2, 4, device="brick")
+    assert torch.equal(compiled(inp).cpu(), module(inp).cpu())
+    to_cpu = torch.compile(lambda t: (t + 1).cpu() * 2, backend="aot_eager", fullgraph=True)
+    moved = to_cpu(x)
+    assert moved.device.type == "cpu" and torch.equal(moved, (x.cpu() + 1) * 2)
+    with torch.device("brick"):
+        made = torch.compile(lambda t: t + torch.ones(4), backend="aot_eager")(x)
+    assert made.device.type == "brick" and torch.equal(made.cpu(), x.cpu() + 1)
+
+
+def test_compile_guards_recompile_on_shape_change():
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    counter = CompileCounterWithBackend("aot_eager")
+    fn = torch.compile(lambda t: t + 1, backend=counter, dynamic=False)
+    x4 = torch.randn(4, device="brick")
+    fn(x4)
+    fn(x4)
+    assert counter.frame_count == 1
+    x8 = torch.randn(8, device="brick")
+    assert torch.equal(fn(x8).cpu(), x8.cpu() + 1)
+    assert counter.frame_count == 2
+    breaks = CompileCounterWithBackend("eager")
+
+    @torch.compile(backend=breaks)
+    def with_break(t):
+        y = t + 1
+        torch._dynamo.graph_break()
+        return y * 2
+
+    assert torch.equal(with_break(x4).cpu(), (x4.cpu() + 1) * 2)
+    assert breaks.frame_count > 1
+
+
+def test_fake_tensor_mode_keeps_brick():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    seen = []
+
+    def capture(gm, example_inputs):
+        for node in gm.graph.nodes:
+            value = node.meta.get("example_value")
+            if node.op == "placeholder" and isinstance(value, torch.Tensor):
+                seen.append(value.device)
+        return gm.forward
+
+    compiled = torch.compile(lambda t: t + 1, backend=capture, fullgraph=True)
+    compiled(torch.randn(4, device="brick:1"))
+    assert seen == [torch.device("brick:1")]
+    with FakeTensorMode():
+        a = torch.empty(3, 3, device="brick")
+        b = torch.empty(3, 3, device="brick:0")
+        c = a + b
+        assert c.device == torch.device("brick:0") and c.shape == (3, 3)

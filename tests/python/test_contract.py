@@ -6,11 +6,8 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
 import random
 import statistics
-import subprocess
-import sys
 
 import pytest
 
@@ -21,8 +18,9 @@ from torch_brickdev.profiler import load_report
 from contract_fixtures import (
     LAYERS, RUNS, TOKENS, TinyDecoder, assert_contract_holds, decode_report, undisturbed_dict,
 )
+from helpers import REPO, run_python, set_avg
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+pytestmark = pytest.mark.timing
 
 
 @pytest.fixture(scope="module")
@@ -148,14 +146,6 @@ def _set_count(d, name, count):
         e["avg_us"] = e["total_ns"] / count / 1000
 
 
-def _set_avg(d, name, avg_ns):
-    brick, _ = _entries(d, name)
-    brick["total_ns"] = int(avg_ns * brick["count"])
-    brick["max_ns"] = max(brick["max_ns"], int(avg_ns) + 1)
-    brick["min_ns"] = min(brick["min_ns"], int(avg_ns) - 1)
-    brick["avg_us"] = brick["total_ns"] / brick["count"] / 1000
-
-
 def _avg_ns(d, name):
     brick, _ = _entries(d, name)
     return brick["total_ns"] / brick["count"]
@@ -189,14 +179,14 @@ def _rate_off(d):
 
 
 def _gate_above_lmhead(d):
-    _set_avg(d, "GateProjection", _avg_ns(d, "LmHead") * 1.5)
+    set_avg(d, "GateProjection", _avg_ns(d, "LmHead") * 1.5)
 
 
 def _lmhead_under_ten_rmsnorm(d):
     # Keeps LmHead > GateProjection > RmsNorm but LmHead < 10 x RmsNorm.
     gate = _avg_ns(d, "GateProjection")
-    _set_avg(d, "RmsNorm", gate * 0.9)
-    _set_avg(d, "LmHead", gate * 2)
+    set_avg(d, "RmsNorm", gate * 0.9)
+    set_avg(d, "LmHead", gate * 2)
 
 
 def _mode_not_reaching_executor(d):
@@ -333,7 +323,7 @@ def test_unknown_sync_mode_fails(reports):
 def test_all_bricks_sharing_one_avg_is_a_placeholder(base_dict):
     d = copy.deepcopy(base_dict)
     for name in contract.DECODE_BRICKS:
-        _set_avg(d, name, 50_000)
+        set_avg(d, name, 50_000)
     result = by_id(run_checks(d))["no-placeholders"]
     assert result.status == "fail" and "share one avg" in result.message
 
@@ -506,8 +496,7 @@ def test_main_missing_file_exits_2(tmp_path, capsys):
 
 def test_command_line_in_a_subprocess(base_dict, tmp_path):
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "torch_brickdev.tools.contract", *args],
-                              capture_output=True, text=True, cwd=REPO, timeout=120)
+        return run_python("-m", "torch_brickdev.tools.contract", *args, cwd=REPO)
 
     good = cli(_write(tmp_path, base_dict))
     assert good.returncode == 0, good.stderr

@@ -9,20 +9,19 @@ import copy
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 import textwrap
 import time
 
 import pytest
 
 from contract_fixtures import TOKENS, decode_report
+from helpers import REPO, run_cli
 from torch_brickdev.tools import contract
 from torch_brickdev.tools.contract import ContractError, load_contract, run_checks
 from torch_brickdev.tools.contract.file import Formula, parse_contract
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLES = os.path.join(REPO, "docs", "examples")
+pytestmark = pytest.mark.timing
 
 HEAD = """\
 [contract]
@@ -94,9 +93,7 @@ def test_a_malformed_contract_names_file_line_and_field(tmp_path, text, needle, 
 
 def test_the_command_line_refuses_a_malformed_contract_before_reading_any_report(tmp_path):
     path = write(tmp_path, HEAD + "[[checks]]\nid = 'a'\nkind = 'speed'\n")
-    done = subprocess.run([sys.executable, "-m", "torch_brickdev", "check", "--contract", path,
-                           str(tmp_path / "no-such-report.json")],
-                          capture_output=True, text=True, timeout=120)
+    done = run_cli("check", "--contract", path, str(tmp_path / "no-such-report.json"))
     assert done.returncode == 2, done
     assert f"{path}:10: checks[0] (id 'a').kind: unknown kind 'speed'" in done.stderr
     assert "no-such-report" not in done.stderr  # the report was never opened
@@ -435,8 +432,7 @@ def test_a_cnn_training_step_meets_its_users_contract(tmp_path, one_thread):
     assert results["convolutions"].figures["found"] == {"aten::convolution": 6,
                                                         "aten::convolution_backward": 6}
     assert results["cost-order"].figures["backward_avg_us"] > 0
-    done = subprocess.run([sys.executable, "-m", "torch_brickdev", "check", "--contract", toml,
-                           str(path), "--only", "steps,convolutions", "--set", "steps=4"],
-                          capture_output=True, text=True, timeout=120)
+    done = run_cli("check", "--contract", toml, str(path), "--only", "steps,convolutions",
+                   "--set", "steps=4")
     assert done.returncode == 1, done  # 3 steps ran; the contract was told 4
     assert "forward ran 3 times, expected 4 = steps" in done.stdout

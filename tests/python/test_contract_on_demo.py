@@ -12,6 +12,8 @@ from torch_brickdev.tools.contract import CHECK_IDS, run_checks
 
 from contract_fixtures import MACHINE_TIMED, assert_contract_holds
 
+pytestmark = pytest.mark.timing
+
 # A wide MLP (intermediate 64 x hidden): a GateProjection call (16 MB of weights) then costs
 # several RmsNorm calls even when another process slows the machine, so the per-call ordering
 # holds by a margin that load cannot erase.

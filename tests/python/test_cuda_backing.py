@@ -4,9 +4,6 @@ Run on a machine with a GPU and a CUDA build of PyTorch (``BRICK_RUNTIME=auto`` 
 """
 
 import contextlib
-import os
-import subprocess
-import sys
 import time
 
 import pytest
@@ -14,18 +11,14 @@ import torch
 
 import torch_brickdev
 import torch_brickdev.profiler as bp
+from helpers import no_autoload_env, run_python
 from profiler_helpers import load_benchmark
 
 ON_CUDA = torch_brickdev.runtime_name() == "cuda"
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.timing, pytest.mark.skipif(
     not ON_CUDA, reason=f"brick is not backed by CUDA here: {torch_brickdev.runtime_note()}"
-)
+)]
 TWO_GPUS = ON_CUDA and torch.brick.device_count() >= 2
-
-
-def without_brick_env():
-    """The environment of a Python that does not load brick."""
-    return {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
 
 
 def big_matmul_inputs(n=4096, device="brick"):
@@ -40,7 +33,7 @@ def test_first_brick_allocation_of_a_fresh_process_works():
             "x = torch.empty(1024, device='brick')\n"
             "x.fill_(2.0)\n"
             "print(float((x * 3).sum().item()), torch_brickdev.backing_device_type())\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = run_python("-c", code)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["6144.0", "cuda"], done.stdout
 
@@ -290,8 +283,7 @@ out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
 out.sum().backward()
 torch.save([out.detach().cpu()] + [t.grad.cpu() for t in (q, k, v)], {str(expected)!r})
 """
-    subprocess.run([sys.executable, "-c", reference], check=True, timeout=120,
-                   env=without_brick_env())
+    run_python("-c", reference, capture_output=False, check=True, env=no_autoload_env())
     out, *expected_grads = (t.to("cuda") for t in torch.load(expected))
     bq, bk, bv = (t.to("brick").requires_grad_() for t in (q, k, v))
     brick_out = torch.nn.functional.scaled_dot_product_attention(bq, bk, bv, is_causal=True)
@@ -316,8 +308,7 @@ out = torch.nn.functional.rms_norm(x, (4096,), w, 1e-6)
 out.sum().backward()
 torch.save([out.detach().cpu(), x.grad.cpu(), w.grad.cpu()], {str(expected)!r})
 """
-    subprocess.run([sys.executable, "-c", reference], check=True, timeout=120,
-                   env=without_brick_env())
+    run_python("-c", reference, capture_output=False, check=True, env=no_autoload_env())
     want = torch.load(expected)
     bx, bw = (t.to("brick").requires_grad_() for t in (x, w))
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:

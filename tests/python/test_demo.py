@@ -11,6 +11,8 @@ from torch_brickdev.tools import demo
 from torch_brickdev.tools.contract import DECODE_BRICKS
 from torch_brickdev import profiler as bp
 
+pytestmark = pytest.mark.timing
+
 SMALL = dict(layers=2, hidden=64, heads=4, kv_heads=2, vocab=256, prompt_tokens=4, tokens=6)
 RUNS = 2
 MODES = ("event", "deferred", "immediate")

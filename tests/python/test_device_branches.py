@@ -9,8 +9,6 @@ the cases users met, small enough to read.)
 """
 
 import json
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -18,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import torch_brickdev
+from helpers import run_python
 
 pytestmark = [pytest.mark.skipif(torch_brickdev.backing_device_type() != "cpu",
                                  reason="bit-equality with the CPU holds on the host runtime"),
@@ -158,8 +157,7 @@ os._exit(0)
 def test_backward_follows_set_num_threads():
     # PyTorch's autograd engine runs brick's backward on a thread whose intra-op count is the one
     # the process had when the engine started: brick re-applies the current count per backward.
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(_THREAD_COUNT_SCRIPT)],
-                          capture_output=True, text=True, timeout=120)
+    done = run_python("-c", textwrap.dedent(_THREAD_COUNT_SCRIPT))
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["brick_vs_cpu"] == 0.0, (

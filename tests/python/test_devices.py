@@ -2,18 +2,26 @@
 synchronize, lazy runtime creation; and their misuse, each giving the documented error, never
 undefined behaviour, with the device usable afterwards."""
 
+import multiprocessing
 import os
-import subprocess
-import sys
 import threading
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+import torch.nn as nn
 
 import torch_brickdev
 from device_helpers import COUNT, assert_device_still_works
+from helpers import no_autoload_env, run_python
 
 MISSING = COUNT  # the first index that does not exist
+COMMON_DTYPES = {
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
+    torch.int16, torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128,
+}
 
 
 def test_registration_names_the_device_brick():
@@ -26,24 +34,19 @@ def test_registration_names_the_device_brick():
 
 def test_plain_import_torch_loads_brick_under_brick_autoload():
     code = "import torch; print(torch.ones(2, device='brick').device, torch.brick.device_count())"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         timeout=120, env=dict(os.environ, BRICK_AUTOLOAD="1"))
+    out = run_python("-c", code, check=True, env=dict(os.environ, BRICK_AUTOLOAD="1"))
     assert out.stdout.split() == ["brick:0", "2"]
 
 
 def test_host_device_count_comes_from_the_environment():
     code = "import torch_brickdev, torch; print(torch.brick.device_count())"
-    env = dict(os.environ, BRICK_HOST_DEVICES="5")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         timeout=120)
+    out = run_python("-c", code, env=dict(os.environ, BRICK_HOST_DEVICES="5"))
     assert out.stdout.strip() == "5", out.stderr
 
 
 def test_invalid_host_device_count_is_a_clear_import_error():
     code = "import torch_brickdev"
-    env = dict(os.environ, BRICK_HOST_DEVICES="zero", TORCH_DEVICE_BACKEND_AUTOLOAD="0")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         timeout=120)
+    out = run_python("-c", code, env=no_autoload_env(BRICK_HOST_DEVICES="zero"))
     assert out.returncode != 0
     assert "BRICK_HOST_DEVICES='zero'" in out.stderr
     assert "1 to 64" in out.stderr
@@ -125,8 +128,7 @@ def test_importing_brick_creates_no_runtime_until_first_use():
         "torch.ones(1, device='brick')\n"
         "print(before, _C._runtime_created_in_pid() == os.getpid())\n"
     )
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         check=True, timeout=120)
+    out = run_python("-c", script, check=True)
     assert out.stdout.split() == ["-1", "True"]
 
 
@@ -226,3 +228,309 @@ def test_errors_leave_the_device_usable():
             torch.ones(1, device="brick:8")
         assert torch.brick.current_device() == 1
     assert torch.equal((a * 2).cpu(), torch.full((4,), 2.0))
+
+
+# ---- torch_openreg's test_device.py, for brick -----------------------------------------------
+
+
+def test_accelerator_device_count_and_switching():
+    assert torch.accelerator.device_count() == 2
+    assert torch.accelerator.current_accelerator() == torch.device("brick")
+    for index in range(torch.accelerator.device_count()):
+        torch.accelerator.set_device_index(index)
+        assert torch.accelerator.current_device_index() == index
+        assert torch.brick.current_device() == index
+        assert torch.randn(2, 3, device="brick").device == torch.device("brick", index)
+    torch.accelerator.set_device_index(0)
+    assert torch.accelerator.current_device_index() == 0
+
+
+def test_accelerator_device_index_context_restores_even_after_exceptions():
+    with torch.accelerator.device_index(None):
+        assert torch.accelerator.current_device_index() == 0
+    with pytest.raises(ValueError, match="boom"):
+        with torch.accelerator.device_index(1):
+            assert torch.randn(2, 2, device="brick").device.index == 1
+            raise ValueError("boom")
+    assert torch.accelerator.current_device_index() == 0
+    with pytest.raises(RuntimeError, match="nested"):
+        with torch.accelerator.device_index(1):
+            with torch.accelerator.device_index(0):
+                assert torch.accelerator.current_device_index() == 0
+                raise RuntimeError("nested")
+    assert torch.accelerator.current_device_index() == 0
+
+
+def test_invalid_device_index_through_the_accelerator_api():
+    with pytest.raises(RuntimeError, match=r"brick.*out of range"):
+        torch.accelerator.set_device_index(2)
+    assert torch.accelerator.current_device_index() == 0
+
+
+def test_tensors_follow_the_current_device_and_ops_do_not_move_it():
+    torch.accelerator.set_device_index(1)
+    a = torch.randn(5, 5, device="brick")
+    b = torch.matmul(a, a)
+    s = (a + b).sum()
+    assert (a.device.index, b.device.index, s.device.index) == (1, 1, 1)
+    torch.testing.assert_close(b.cpu(), a.cpu() @ a.cpu())
+    assert torch.accelerator.current_device_index() == 1
+    torch.accelerator.set_device_index(0)
+    assert torch.randn(1, device="brick").device.index == 0
+
+
+def test_concurrent_device_switching_in_threads():
+    threads, rounds = 4, 20
+    barrier = threading.Barrier(threads, timeout=60)
+
+    def work(thread_id):
+        index = thread_id % 2
+        barrier.wait()
+        problems = []
+        for i in range(rounds):
+            torch.accelerator.set_device_index(index)
+            x = torch.full((8, 8), float(i), device="brick")
+            y = torch.matmul(x, torch.eye(8, device="brick"))
+            total = y.sum()
+            if torch.accelerator.current_device_index() != index:
+                problems.append(f"thread {thread_id}: current device moved")
+            if {x.device.index, y.device.index, total.device.index} != {index}:
+                problems.append(f"thread {thread_id}: result on the wrong device")
+            if total.item() != 64.0 * i:
+                problems.append(f"thread {thread_id}: sum {total.item()} != {64.0 * i}")
+        return problems
+
+    pool = ThreadPoolExecutor(max_workers=threads)
+    try:
+        futures = [pool.submit(work, i) for i in range(threads)]
+        problems = [p for f in futures for p in f.result(timeout=120)]
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)  # never wait without a deadline
+    assert problems == []
+    assert torch.accelerator.current_device_index() == 0  # other threads' devices are their own
+
+
+def test_device_usable_after_an_op_error():
+    x, y = torch.randn(5, 5, device="brick"), torch.randn(3, 3, device="brick")
+    with pytest.raises(RuntimeError):
+        torch.matmul(x, y)
+    assert torch.accelerator.current_device_index() == 0
+    z = torch.randn(5, 5, device="brick")
+    torch.testing.assert_close(torch.matmul(x, z).cpu(), x.cpu() @ z.cpu())
+
+
+def _spawned_worker(device_index, results):
+    # Runs in a spawned interpreter (module level so that spawn can find it).
+    try:
+        import torch_brickdev  # noqa: F401
+
+        torch.accelerator.set_device_index(device_index)
+        x = torch.arange(16.0, device="brick").view(4, 4)
+        y = torch.matmul(x, x)
+        results.put(("ok", str(y.device), y.sum().item()))
+    except Exception as error:  # pragma: no cover - reported to the parent
+        results.put(("error", type(error).__name__, str(error)))
+
+
+def test_spawned_process_computes_on_brick():
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    process = ctx.Process(target=_spawned_worker, args=(1, results))
+    process.start()
+    try:
+        status = results.get(timeout=180)
+    finally:
+        process.join(timeout=60)
+        if process.is_alive():
+            process.kill()
+            process.join(timeout=10)
+    expected = (torch.arange(16.0).view(4, 4) @ torch.arange(16.0).view(4, 4)).sum().item()
+    assert status == ("ok", "brick:1", expected)
+    assert process.exitcode == 0
+
+
+@pytest.mark.skipif(not hasattr(os, "fork") or torch_brickdev.runtime_name() != "host",
+                    reason="the host runtime survives fork(); CUDA backing refuses forked children")
+def test_forked_child_computes_on_brick():
+    torch.brick.synchronize()  # the runtime exists in the parent before the fork
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: report and leave without running any Python clean-up
+        code = 1
+        try:
+            os.close(read_end)
+            x = torch.arange(4.0, device="brick")
+            os.write(write_end, f"{(x * 2).sum().item()} {x.device}".encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    deadline = time.monotonic() + 120
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung")
+        time.sleep(0.02)
+    with os.fdopen(read_end) as pipe:
+        said = pipe.read()
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert said == "12.0 brick:0"
+
+
+# ---- spec: torch.brick.init and the device queries (torch.cuda semantics) --------------------
+
+
+def test_brick_init_initializes_and_is_idempotent():
+    torch.brick.init()
+    assert torch.brick.is_initialized()
+    torch.brick.init()  # a second call is a no-op, as torch.cuda.init()
+    assert torch.brick.is_initialized()
+    assert torch.accelerator.device_count() == 2
+
+
+def test_brick_get_device_name_and_properties():
+    for index in range(2):
+        name = torch.brick.get_device_name(index)
+        assert isinstance(name, str) and name
+        assert torch.brick.get_device_name(f"brick:{index}") == name
+        assert torch.brick.get_device_name(torch.device("brick", index)) == name
+        props = torch.brick.get_device_properties(index)
+        assert props.name == name
+        assert isinstance(props.total_memory, int) and props.total_memory > 0
+        assert torch.brick.get_device_capability(index) == (props.major, props.minor)
+    assert torch.brick.get_device_name() == torch.brick.get_device_name(0)
+    with torch.brick.device(1):
+        assert torch.brick.get_device_name() == torch.brick.get_device_name(1)
+    with pytest.raises((RuntimeError, ValueError, IndexError), match="brick"):
+        torch.brick.get_device_properties(2)
+
+
+def test_brick_get_device_capability_is_a_major_minor_pair():
+    capability = torch.brick.get_device_capability()
+    assert isinstance(capability, tuple) and len(capability) == 2
+    assert all(isinstance(part, int) for part in capability)
+    assert torch.brick.get_device_capability(1) == capability  # identical virtual devices
+
+
+def test_brick_is_bf16_supported():
+    assert torch.brick.is_bf16_supported() is True
+    x = torch.ones(4, dtype=torch.bfloat16, device="brick")
+    assert (x + x).dtype == torch.bfloat16
+
+
+# ---- spec: torch.accelerator for brick -------------------------------------------------------
+
+
+def test_accelerator_get_device_capability_lists_supported_dtypes():
+    capability = torch.accelerator.get_device_capability("brick:0")
+    assert isinstance(capability, dict)
+    supported = capability["supported_dtypes"]
+    assert isinstance(supported, set)
+    assert COMMON_DTYPES <= supported, COMMON_DTYPES - supported
+    assert torch.accelerator.get_device_capability("brick:1")["supported_dtypes"] == supported
+    assert torch.accelerator.get_device_capability()["supported_dtypes"] == supported
+
+
+# ---- torch_openreg's test_misc.py: the backend's name, module and generated methods ----------
+
+
+def test_backend_name_and_rename():
+    assert torch._C._get_privateuse1_backend_name() == "brick"
+    torch.utils.rename_privateuse1_backend("brick")  # the same name again is fine
+    with pytest.raises(RuntimeError, match="has already been set"):
+        torch.utils.rename_privateuse1_backend("dev")
+    assert torch._C._get_privateuse1_backend_name() == "brick"
+
+
+def test_device_module_registration_errors_and_lookup():
+    import types
+
+    with pytest.raises(RuntimeError, match="Expected one of cpu"):
+        torch._register_device_module("dev", types.ModuleType("fake"))
+    with pytest.raises(RuntimeError, match="The runtime module of"):
+        torch._register_device_module("brick", types.ModuleType("fake"))
+    assert torch.brick is torch_brickdev.brick
+    get = torch.utils.backend_registration._get_custom_mod_func
+    with pytest.raises(RuntimeError, match=r"Try to call torch\.brick\.func_name_"):
+        get("func_name_")
+    assert get("device_count")() == 2
+
+
+def test_generated_methods_exist_and_cannot_be_generated_twice():
+    with pytest.raises(RuntimeError, match="The custom device module of"):
+        torch.utils.generate_methods_for_privateuse1_backend()
+    for cls in (torch.Tensor, torch.TypedStorage, torch.UntypedStorage,
+                torch.nn.utils.rnn.PackedSequence):
+        assert hasattr(cls, "is_brick") and hasattr(cls, "brick"), cls
+    assert hasattr(torch.nn.Module, "brick")
+
+
+def test_generated_methods_move_tensors_storages_modules_and_packed_sequences():
+    x = torch.arange(16.0).view(4, 4)
+    assert not x.is_brick
+    for arg, index in ((torch.device("brick"), 0), (torch.device("brick:0"), 0), (0, 0), (1, 1)):
+        y = x.brick(arg)
+        assert y.is_brick and y.device.index == index and torch.equal(y.cpu(), x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        typed = x.storage()
+        assert not typed.is_brick and typed.brick().is_brick
+    untyped = x.untyped_storage()
+    assert not untyped.is_brick and untyped.brick().is_brick
+
+    class Holder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.p = nn.Parameter(torch.randn(3, 3))
+            self.register_buffer("b", torch.ones(2))
+
+    m = Holder()
+    assert m.p.device.type == "cpu"
+    m.brick()
+    assert m.p.is_brick and m.b.is_brick and isinstance(m.p, nn.Parameter)
+    packed = nn.utils.rnn.PackedSequence(torch.rand(5, 3), torch.tensor([1, 1, 1, 1, 1]))
+    assert not packed.is_brick
+    moved = packed.brick()
+    assert moved.is_brick and moved.data.is_brick
+    assert torch.equal(moved.data.cpu(), packed.data)
+    assert moved.batch_sizes.device.type == "cpu"  # batch sizes always stay on the CPU
+
+
+def test_legacy_type_strings(monkeypatch):
+    names = {
+        torch.bool: "BoolTensor", torch.double: "DoubleTensor", torch.float32: "FloatTensor",
+        torch.half: "HalfTensor", torch.int32: "IntTensor", torch.int64: "LongTensor",
+        torch.int8: "CharTensor", torch.short: "ShortTensor", torch.uint8: "ByteTensor",
+    }
+    for dtype, name in names.items():
+        assert torch.empty(4, 4, dtype=dtype, device="brick").type() == f"torch.brick.{name}"
+    cpu = torch.randn(8)
+    assert cpu.type() == "torch.FloatTensor"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        assert cpu.storage().type() == "torch.FloatStorage"
+        storage = cpu.brick().storage()
+        assert storage.type() == "torch.storage.TypedStorage"
+
+        class CustomFloatStorage:
+            __module__ = "torch.brick"
+            __name__ = "FloatStorage"
+
+        monkeypatch.setattr(torch.brick, "FloatStorage", CustomFloatStorage(), raising=False)
+        assert storage.type() == "torch.brick.FloatStorage"
+        assert cpu.int().brick().storage().type() == "torch.storage.TypedStorage"
+
+
+def test_profiler_and_device_type_aliases():
+    from torch._C._autograd import DeviceType
+    from torch._C._profiler import ProfilerActivity
+
+    assert ProfilerActivity.BRICK == ProfilerActivity.PrivateUse1
+    assert ProfilerActivity.BRICK.name == "BRICK"
+    assert str(ProfilerActivity.BRICK) == "ProfilerActivity.BRICK"
+    assert DeviceType.BRICK == DeviceType.PrivateUse1
+    assert DeviceType.BRICK.name == "BRICK" and str(DeviceType.BRICK) == "DeviceType.BRICK"

@@ -7,16 +7,15 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from contract_fixtures import decode_report
+from helpers import child_env, run_cli, run_python
 from torch_brickdev.profiler import diff_reports, load_report
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+pytestmark = pytest.mark.timing
+
 TIMES = ("total_ns", "min_ns", "max_ns", "last_ns", "p50_ns", "p90_ns", "p99_ns")
 
 
@@ -65,8 +64,7 @@ def _diff(tmp_path, base, new, *args):
         path = tmp_path / f"{label}.json"
         path.write_text(json.dumps(d))
         paths.append(str(path))
-    return subprocess.run([sys.executable, "-m", "torch_brickdev", "diff", *paths, *args],
-                          capture_output=True, text=True, timeout=120)
+    return run_cli("diff", *paths, *args)
 
 
 def test_an_identical_rerun_passes(base_dict, tmp_path):
@@ -416,16 +414,13 @@ def test_bad_arguments_are_named(base_dict, tmp_path):
         diff_reports(r, r, by="op")
     done = _diff(tmp_path, base_dict, base_dict, "--threshold", "ten")
     assert done.returncode == 2 and "expected a number >= 0" in done.stderr
-    missing = subprocess.run([sys.executable, "-m", "torch_brickdev", "diff",
-                              str(tmp_path / "none.json"), str(tmp_path / "none.json")],
-                             capture_output=True, text=True, timeout=120)
+    missing = run_cli("diff", str(tmp_path / "none.json"), str(tmp_path / "none.json"))
     assert missing.returncode == 2 and "none.json" in missing.stderr
 
 
 def _demo_report(out):
-    done = subprocess.run([sys.executable, "-m", "torch_brickdev", "demo", "--no-progress",
-                           "--tokens", "16", "--runs", "2", "-o", str(out)],
-                          capture_output=True, text=True, timeout=180)
+    done = run_cli("demo", "--no-progress", "--tokens", "16", "--runs", "2", "-o", str(out),
+                   timeout=180)
     assert (out / "report.json").exists(), done.stdout + done.stderr
     return str(out / "report.json")
 
@@ -440,9 +435,7 @@ def test_two_real_demo_runs_do_not_regress(tmp_path):
     failed = []
     for attempt in range(2):
         reports = [_demo_report(tmp_path / f"{attempt}{run}") for run in ("a", "b")]
-        done = subprocess.run([sys.executable, "-m", "torch_brickdev", "diff", *reports,
-                               "--threshold", "0.5"],
-                              capture_output=True, text=True, timeout=120)
+        done = run_cli("diff", *reports, "--threshold", "0.5")
         if done.returncode in (0, 3):  # 3: the second run was slowed by the machine
             break
         failed.append(done.stdout + done.stderr)
@@ -453,11 +446,9 @@ def test_two_real_demo_runs_do_not_regress(tmp_path):
 
 
 def _pytest(folder, *args):
-    env = dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
-               PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "-p", "pytest_torch_brickdev", *args], cwd=folder, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return run_python("-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "pytest_torch_brickdev",
+                      *args, cwd=folder, env=child_env(PYTEST_DISABLE_PLUGIN_AUTOLOAD="1"),
+                      timeout=300)
 
 
 @pytest.mark.timeout(300)

@@ -7,8 +7,6 @@ and the worker's process groups by a 20-30 s collective timeout, so a hang fails
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -16,6 +14,7 @@ import torch.distributed as dist
 
 import torch_brickdev
 import torch_brickdev.profiler as bp
+from helpers import run_cli, run_torchrun
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
 
@@ -28,13 +27,7 @@ host_only = pytest.mark.skipif(torch_brickdev.backing_device_type() != "cpu",
 
 def torchrun(*args, timeout=180, nproc=2):
     """``torchrun --standalone --nproc-per-node 2 *args``; the completed process."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", str(nproc), *args]
-    try:
-        return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as expired:
-        pytest.fail(f"torchrun {' '.join(args)} ran past {timeout} s: "
-                    f"{(expired.stderr or b'')[-2000:]!r}")
+    return run_torchrun(nproc, *args, timeout=timeout)
 
 
 def scenario(name, tmp_path, expect_rc=0, *args, nproc=2):
@@ -162,8 +155,7 @@ def test_profile_under_torchrun_then_merge_across_ranks(tmp_path):
         trace = json.loads((path.parent / "trace.json").read_text())
         assert trace["distributedInfo"]["rank"] == rank
         assert trace["distributedInfo"]["world_size"] == 2
-    merged = subprocess.run([sys.executable, "-m", "torch_brickdev", "merge", *map(str, reports)],
-                            capture_output=True, text=True, timeout=120)
+    merged = run_cli("merge", *map(str, reports))
     assert merged.returncode == 0, merged.stderr
     assert "2 ranks (0, 1) of world size 2" in merged.stdout
     data = json.loads((tmp_path / "out" / "merged_report.json").read_text())
@@ -199,9 +191,7 @@ def test_merge_reports_lines_ranks_up_and_refuses_bad_sets(tmp_path):
         bp.merge_reports([])
     with pytest.raises(TypeError, match="list of report paths"):
         bp.merge_reports(str(path))
-    bad = subprocess.run([sys.executable, "-m", "torch_brickdev", "merge",
-                          str(tmp_path / "absent.json")], capture_output=True, text=True,
-                         timeout=120)
+    bad = run_cli("merge", str(tmp_path / "absent.json"))
     assert bad.returncode == 2 and "absent.json" in bad.stderr
 
 
@@ -273,10 +263,8 @@ def test_late_collective_stragglers_compares_the_ranks_at_one_collective():
 @host_only
 def test_train_nproc_runs_ddp_on_brick_beside_the_cpu_and_merges_the_profiles(tmp_path):
     out = tmp_path / "train"
-    done = subprocess.run([sys.executable, "-m", "torch_brickdev", "train", "--nproc", "2",
-                           "--steps", "3", "--width", "64", "--depth", "1", "--batch", "16",
-                           "-o", str(out), "--timeout", "240"],
-                          capture_output=True, text=True, timeout=300)
+    done = run_cli("train", "--nproc", "2", "--steps", "3", "--width", "64", "--depth", "1",
+                   "--batch", "16", "-o", str(out), "--timeout", "240", timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
     # DDP on brick equals DDP on the CPU exactly, on every rank.
     assert "largest difference brick vs cpu over all ranks: loss 0.00e+00, parameters 0.00e+00" \
@@ -291,8 +279,7 @@ def test_train_nproc_runs_ddp_on_brick_beside_the_cpu_and_merges_the_profiles(tm
         report = bp.load_report(str(out / f"rank{rank}" / "report.json"))
         assert report.metadata["distributed"]["rank"] == rank
         assert report.brick("gloo:all_reduce").count == report.metadata["collectives"]["all_reduce"]["calls"]
-    bad = subprocess.run([sys.executable, "-m", "torch_brickdev", "train", "--nproc", "0"],
-                         capture_output=True, text=True, timeout=120)
+    bad = run_cli("train", "--nproc", "0")
     assert bad.returncode == 2 and "--nproc: expected a positive integer, got 0" in bad.stderr
 
 

@@ -20,6 +20,8 @@ from typing import Optional
 
 import pytest
 
+from helpers import child_env, run_python
+
 REPO = Path(__file__).resolve().parents[2]
 RUNNER = Path(__file__).with_name("doc_blocks_runner.py")
 # Every markdown page: the README, docs/ and its folders (docs/history/ included: a block moved
@@ -109,10 +111,9 @@ def doc_environment(tmp: Path):
         # interpreter resolves it to the base interpreter and leaves the environment.
         python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
         python.chmod(0o755)
-    env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0", PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-               PATH=f"{shims}{os.pathsep}{os.environ.get('PATH', '')}",
-               BRICK_ROOFLINE_CACHE=str(tmp / "roofline.json"))
+    env = child_env(TORCH_DEVICE_BACKEND_AUTOLOAD="0", PYTHONUNBUFFERED="1",
+                    PATH=f"{shims}{os.pathsep}{os.environ.get('PATH', '')}",
+                    BRICK_ROOFLINE_CACHE=str(tmp / "roofline.json"))
     env.pop("BRICK_LIVE", None)
     return env
 
@@ -123,9 +124,8 @@ def run_python_blocks(doc: str, blocks, workdir: Path):
     results = workdir / ".results.json"
     spec.write_text(json.dumps({"doc": doc, "blocks": [
         {"line": b.line, "source": b.source} for b in blocks]}), encoding="utf-8")
-    proc = subprocess.run([sys.executable, str(RUNNER), str(spec), str(results)], cwd=workdir,
-                          env=doc_environment(workdir), capture_output=True, text=True,
-                          timeout=DOC_TIMEOUT_S)
+    proc = run_python(str(RUNNER), str(spec), str(results), cwd=workdir,
+                      env=doc_environment(workdir), timeout=DOC_TIMEOUT_S)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0 and results.exists(), (
         f"{doc}: the blocks' interpreter ended with status {proc.returncode}:\n{output[-4000:]}")

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import pytest
+
+from helpers import busy_loops, run_python, start_python
 
 TRAIN = """
 import torch, torch_brickdev
@@ -29,8 +30,7 @@ def test_the_device_threads_are_seen_once_backward_started_them():
             "x = torch.ones(2, device='brick', requires_grad=True)\n"
             "x.sum().backward()\n"
             "print(before, running())\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
+    done = run_python("-c", code)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "True"]
 
@@ -39,16 +39,14 @@ def test_the_device_threads_are_seen_once_backward_started_them():
 def test_training_scripts_exit_cleanly_on_a_busy_machine(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
-    busy = "import time\nend = time.time() + 200\nwhile time.time() < end: pass\n"
-    loops = [subprocess.Popen([sys.executable, "-c", busy])
-             for _ in range(len(os.sched_getaffinity(0)))]
+    loops = busy_loops(len(os.sched_getaffinity(0)), seconds=200)
     # 12 scripts, 4 at a time: each exits while the loops and the other scripts want the CPUs
     # (busier than one at a time), in about a third of the wall time.
     codes, batch = [], []
     try:
         for _ in range(3):
-            batch = [subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True) for _ in range(4)]
+            batch = [start_python(str(script), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True) for _ in range(4)]
             for run in batch:
                 try:
                     _, stderr = run.communicate(timeout=120)

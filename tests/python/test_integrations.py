@@ -17,8 +17,6 @@
 
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import warnings
 
@@ -26,6 +24,7 @@ import pytest
 import torch
 
 import torch_brickdev  # noqa: F401
+from helpers import run_torchrun
 
 transformers = pytest.importorskip("transformers")
 SCRIPT = os.path.join(os.path.dirname(__file__), "accelerate_trainer_script.py")
@@ -37,13 +36,7 @@ def _torchrun(device):
     env["OMP_NUM_THREADS"] = "1"
     if device == "brick":
         env["ACCELERATE_TORCH_DEVICE"] = "brick"  # the recipe
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-               "2", SCRIPT, device]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=180, env=env)
-    except subprocess.TimeoutExpired as expired:
-        pytest.fail(f"torchrun {SCRIPT} {device} ran past 180 s: {str(expired.stdout)[-2000:]}"
-                    f"\n{str(expired.stderr)[-2000:]}")
+    done = run_torchrun(2, SCRIPT, device, timeout=180, env=env)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, (
         f"torchrun {SCRIPT} {device} exited with {done.returncode}:\n{done.stdout[-3000:]}\n"

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import run_python
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -83,9 +85,8 @@ def test_a_build_killed_mid_compile_is_completed_by_the_next(tmp_path):
         "assert y.sum().item() == 6.0\n"
         "print('loaded', empty_callback.library_path())\n"
     )
-    run = subprocess.run([sys.executable, "-c", check, str(ROOT / "benchmarks")],
-                         env={**env, "BRICK_BUILD_DIR": str(build_dir)},
-                         capture_output=True, text=True, timeout=300)
+    run = run_python("-c", check, str(ROOT / "benchmarks"),
+                     env={**env, "BRICK_BUILD_DIR": str(build_dir)}, timeout=300)
     assert run.returncode == 0, run.stderr
     assert str(library) in run.stdout
 
@@ -110,9 +111,8 @@ def test_a_missing_helper_is_named_with_the_way_to_build_it(tmp_path):
         "try:\n    empty_callback.load()\n"
         "except FileNotFoundError as error:\n    print(error)\n"
     )
-    run = subprocess.run([sys.executable, "-c", check, str(ROOT / "benchmarks")],
-                         env={**os.environ, "BRICK_BUILD_DIR": str(tmp_path)},
-                         capture_output=True, text=True, timeout=120)
+    run = run_python("-c", check, str(ROOT / "benchmarks"),
+                     env=dict(os.environ, BRICK_BUILD_DIR=str(tmp_path)))
     assert run.returncode == 0, run.stderr
     assert "libbrick_bench_empty_callback.so is missing" in run.stdout
     assert "BRICK_BUILD_BENCHMARKS=ON" in run.stdout

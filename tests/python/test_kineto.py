@@ -15,7 +15,10 @@ from torch.profiler import ProfilerActivity, profile, record_function, schedule
 import torch_brickdev
 import torch_brickdev.profiler as bp
 from torch_brickdev.profiler import _kineto
+from helpers import run_python
 from profiler_helpers import spin_cpu_op
+
+pytestmark = pytest.mark.timing
 
 needs_plugin = pytest.mark.skipif(
     not bp.kineto_available(),
@@ -364,9 +367,6 @@ def test_pytorch_without_the_registry_warns_once_naming_the_way_that_works():
 def test_asynchronous_device_times_come_from_events_resolved_after_the_work():
     # The host runtime with deferred completion behaves as an asynchronous device: launches are
     # timed by runtime events, resolved when the trace is processed.
-    import subprocess
-    import sys
-
     script = (
         "import torch, torch_brickdev, torch_brickdev.profiler as bp\n"
         "from torch.profiler import profile, ProfilerActivity as A\n"
@@ -380,6 +380,5 @@ def test_asynchronous_device_times_come_from_events_resolved_after_the_work():
         "s = bp.kineto_stats(); assert s['failed'] == 0 and s['activities_emitted'] == 4, s\n"
         "print('ok')\n")
     env = dict(os.environ, BRICK_HOST_COMPLETION="deferred")
-    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                            text=True, timeout=180)
+    result = run_python("-c", script, env=env, timeout=180)
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-2000:]

@@ -10,12 +10,12 @@ import functools
 import json
 import os
 import re
-import subprocess
-import sys
 import tempfile
 import textwrap
 
 import pytest
+
+from helpers import run_python
 
 pytest.importorskip("lightning", reason="Lightning is not installed")
 
@@ -32,9 +32,8 @@ def _clean_env():
 
 def train(accelerator, devices=1, strategy="auto", precision="32-true", *extra, timeout=240):
     with tempfile.TemporaryDirectory() as cwd:  # Lightning's profiler writes its traces there
-        done = subprocess.run([sys.executable, SCRIPT, accelerator, str(devices), strategy,
-                               precision, *extra], capture_output=True, text=True,
-                              timeout=timeout, env=_clean_env(), cwd=cwd)
+        done = run_python(SCRIPT, accelerator, str(devices), strategy, precision, *extra,
+                          timeout=timeout, env=_clean_env(), cwd=cwd)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, (
         f"lightning_script.py {accelerator} {devices} {strategy} {precision} exited with "
@@ -102,8 +101,7 @@ print(json.dumps(chosen))
 
 
 def test_other_trainers_are_left_as_lightning_makes_them():
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(_OTHER_TRAINERS)],
-                          capture_output=True, text=True, timeout=120, env=_clean_env())
+    done = run_python("-c", textwrap.dedent(_OTHER_TRAINERS), env=_clean_env())
     assert done.returncode == 0, done.stderr[-2000:]
     chosen = json.loads(done.stdout.strip().splitlines()[-1])
     assert chosen == {"auto": ["CPUAccelerator", "cpu"], "cpu": ["CPUAccelerator", "cpu"],
@@ -125,8 +123,7 @@ for devices in (0, 3, [0, 0], [5], "x", True):
 
 
 def test_bad_devices_are_refused_with_what_was_expected():
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(_BAD_DEVICES)],
-                          capture_output=True, text=True, timeout=120, env=_clean_env())
+    done = run_python("-c", textwrap.dedent(_BAD_DEVICES), env=_clean_env())
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.strip().splitlines()
     assert len(lines) == 6 and not any("accepted" in line for line in lines), done.stdout
@@ -152,7 +149,6 @@ except ImportError as error:
 
 
 def test_brick_imports_without_lightning():
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(_WITHOUT_LIGHTNING)],
-                          capture_output=True, text=True, timeout=120, env=_clean_env())
+    done = run_python("-c", textwrap.dedent(_WITHOUT_LIGHTNING), env=_clean_env())
     assert done.returncode == 0, done.stderr[-2000:]
     assert "brick 2.0" in done.stdout and "integration: No module named 'lightning'" in done.stdout

@@ -9,19 +9,18 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import unicodedata
 import warnings
 
 import pytest
+
+from helpers import child_env, ended_pid, imported, run_cli, run_importtime
 
 import torch
 import torch_brickdev  # noqa: F401
 from torch_brickdev import profiler as bp
 from torch_brickdev.profiler import live
 from torch_brickdev.tools import top
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture
@@ -141,9 +140,7 @@ def test_a_good_snapshot_beside_bad_ones_is_read(directory, tmp_path, other_pids
 
 
 def test_what_an_ended_process_left_is_removed_unread(directory):
-    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                           capture_output=True, text=True, timeout=60)
-    pid = int(ended.stdout)
+    pid = ended_pid()
     plant(directory, "{truncated", name=f"{pid}.json")
     plant(directory, "{", name=f"{pid}.json.3.tmp")
     os.mkfifo(os.path.join(directory, f"{pid}.json.4.tmp"))
@@ -163,10 +160,8 @@ def test_an_oversized_snapshot_is_skipped_unread(directory, monkeypatch):
 def test_a_fifo_is_skipped_without_hanging(directory, tmp_path):
     fifo = os.path.join(directory, f"{os.getpid()}.json")
     os.mkfifo(fifo, 0o600)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
     try:  # a reader that opens the FIFO blocks until a writer comes: the timeout ends it
-        listed = subprocess.run([sys.executable, "-m", "torch_brickdev", "top", "--list"],
-                                env=env, capture_output=True, text=True, timeout=90)
+        listed = run_cli("top", "--list", env=child_env(), timeout=90)
     except subprocess.TimeoutExpired:
         pytest.fail("top --list hung on a FIFO in the live directory")
     assert listed.returncode == 1
@@ -178,15 +173,12 @@ def test_top_list_reads_without_torch(directory):
     """--list shows no percentiles: it leaves the histograms' buckets unchecked, which would load
     torch, and starts at once."""
     plant(directory, snapshot())
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
-    listed = subprocess.run([sys.executable, "-X", "importtime", "-m", "torch_brickdev", "top",
-                             "--list"], env=env, capture_output=True, text=True, timeout=120)
+    listed = run_importtime("-m", "torch_brickdev", "top", "--list", env=child_env())
     assert listed.returncode == 0, listed.stderr[-2000:]
     assert f"{os.getpid():>8}  rank    -  train.py --epochs 3" in listed.stdout
-    imported = [line.rsplit("|", 1)[-1].strip() for line in listed.stderr.splitlines()
-                if line.startswith("import time:")]
-    assert "torch_brickdev.tools.top" in imported  # the measurement saw the command's imports
-    assert "torch" not in imported and "torch_brickdev._C" not in imported
+    modules = imported(listed.stderr)
+    assert "torch_brickdev.tools.top" in modules  # the measurement saw the command's imports
+    assert "torch" not in modules and "torch_brickdev._C" not in modules
 
 
 def test_top_notes_each_bad_file_once_and_goes_on(directory, capsys, monkeypatch, other_pids):

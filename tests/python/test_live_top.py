@@ -16,12 +16,12 @@ import time
 
 import pytest
 
+from helpers import child_env, ended_pid, run_cli, start_python
+
 import torch
 import torch_brickdev  # noqa: F401
 from torch_brickdev import profiler as bp
 from torch_brickdev.profiler import live
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Publishes for argv[1] seconds, or until the file argv[2] (if given) exists. The tests give 600 s
 # and end it themselves: a loaded machine's slow starts must not end a publisher a test still reads.
@@ -45,22 +45,20 @@ with bp.profile(live=True):
 def env(tmp_path):
     directory = tmp_path / "live"
     # COLUMNS wide enough for a whole argv: top fits its lines to COLUMNS where it is set.
-    return dict(os.environ, BRICK_LIVE_DIR=str(directory), COLUMNS="400",
-                PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+    return child_env(BRICK_LIVE_DIR=str(directory), COLUMNS="400")
 
 
 def start(env, seconds, tmp_path, stop=None):
     script = tmp_path / "loop.py"
     script.write_text(LOOP)
-    args = [sys.executable, str(script), str(seconds)] + ([str(stop)] if stop else [])
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, text=True)
+    args = [str(script), str(seconds)] + ([str(stop)] if stop else [])
+    proc = start_python(*args, env=env, stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "publishing"
     return proc
 
 
 def top(env, *args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "torch_brickdev", "top", *args], env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return run_cli("top", *args, env=env, timeout=timeout)
 
 
 @pytest.mark.timeout(200)
@@ -115,9 +113,9 @@ def test_two_processes_merged_or_one_view_each(env, tmp_path):
 def test_top_says_when_the_watched_process_ends(env, tmp_path):
     stop = tmp_path / "stop"
     proc = start(env, 600, tmp_path, stop)  # ends once top has shown it (the stop file)
-    view = subprocess.Popen([sys.executable, "-m", "torch_brickdev", "top", "--pid", str(proc.pid),
-                             "--rows", "3"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # not a terminal: a stream
+    view = start_python("-m", "torch_brickdev", "top", "--pid", str(proc.pid), "--rows", "3",
+                        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                        text=True)  # not a terminal: a stream
     try:
         seen = []
         for line in view.stdout:  # bounded by the test's timeout; ends if top does
@@ -144,10 +142,9 @@ def test_top_says_when_the_watched_process_ends(env, tmp_path):
 def test_the_terminal_view_runs_and_quits(env, tmp_path):
     proc = start(env, 600, tmp_path)
     main, child = pty.openpty()
-    view = subprocess.Popen([sys.executable, "-m", "torch_brickdev", "top", "--pid",
-                             str(proc.pid)], env=dict(env, TERM="xterm", COLUMNS="160",
-                                                      LINES="40"),
-                            stdin=child, stdout=child, stderr=child)
+    view = start_python("-m", "torch_brickdev", "top", "--pid", str(proc.pid),
+                        env=dict(env, TERM="xterm", COLUMNS="160", LINES="40"),
+                        stdin=child, stdout=child, stderr=child)
     os.close(child)
     seen = b""
     try:
@@ -174,9 +171,7 @@ def test_the_terminal_view_runs_and_quits(env, tmp_path):
 def test_a_dead_publisher_leaves_nothing_behind(env, monkeypatch):
     monkeypatch.setenv("BRICK_LIVE_DIR", env["BRICK_LIVE_DIR"])
     directory = live.live_dir(create=True)
-    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                              capture_output=True, text=True, timeout=60)
-    dead = int(finished.stdout)
+    dead = ended_pid()
     with open(os.path.join(directory, f"{dead}.json"), "w") as f:
         json.dump({"format": live.FORMAT, "version": live.VERSION, "pid": dead,
                    "start_time": None, "bricks": []}, f)
@@ -229,9 +224,7 @@ def test_the_live_view_in_a_real_terminal(tmp_path):
 
     if shutil.which("tmux") is None:
         pytest.skip("tmux is not installed (scripts/run.sh installs it)")
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, BRICK_LIVE_DIR=str(tmp_path / "live"),
-               PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]))
+    env = child_env(BRICK_LIVE_DIR=str(tmp_path / "live"))
     script = tmp_path / "model.py"
     script.write_text(
         "import time, torch, torch_brickdev\n"
@@ -245,8 +238,7 @@ def test_the_live_view_in_a_real_terminal(tmp_path):
         "    while time.time() < end:\n"
         "        model(x)\n"
         "        time.sleep(0.002)\n")
-    proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
-                            text=True)
+    proc = start_python(str(script), env=env, stdout=subprocess.PIPE, text=True)
 
     def tmux(*args):
         return subprocess.run(["tmux", *args], capture_output=True, text=True, timeout=30,

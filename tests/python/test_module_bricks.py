@@ -16,6 +16,8 @@ from torch_brickdev import profiler as bp
 
 from profiler_helpers import load_benchmark
 
+pytestmark = pytest.mark.timing
+
 
 class Block(nn.Module):
     def __init__(self, channels):

@@ -7,10 +7,11 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from helpers import run_python
 
 STATE = """
 import json, sys, torch
@@ -25,8 +26,7 @@ def python(script: str, timeout: float = 120.0, **env_changes) -> subprocess.Com
     env = {k: v for k, v in os.environ.items() if k not in ("BRICK_AUTOLOAD",
                                                             "TORCH_DEVICE_BACKEND_AUTOLOAD")}
     env.update(env_changes)
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return run_python("-c", textwrap.dedent(script), env=env, timeout=timeout)
 
 
 def state(prefix: str = "", **env_changes) -> dict:

@@ -3,13 +3,12 @@ RecordFunction) or at brick's kernels (``profile(ops="kernels")``, the ops that 
 work, without RecordFunction on the op path). Ranges and autograd nodes are bricks either way."""
 
 import json
-import subprocess
-import sys
 import time
 
 import pytest
 import torch
 
+from helpers import run_cli
 from profiler_helpers import TwoLayer, by_name, clean_profiler, spin_cpu_op  # noqa: F401
 from torch_brickdev import _C
 from torch_brickdev import profiler as bp
@@ -133,17 +132,15 @@ def test_the_profile_command_times_a_scripts_kernels(tmp_path):
     script.write_text("import torch\nx = torch.randn(16, 16, device='brick')\n"
                       "for _ in range(3):\n    with torch.profiler.record_function('Step'):\n"
                       "        x = torch.tanh(x @ x)\n")
-    command = [sys.executable, "-m", "torch_brickdev", "profile", "--no-trace", "--ops"]
-    out = subprocess.run([*command, "kernels", "-o", str(tmp_path), str(script)],
-                         capture_output=True, text=True, timeout=120)
+    command = ["profile", "--no-trace", "--ops"]
+    out = run_cli(*command, "kernels", "-o", str(tmp_path), str(script))
     assert out.returncode == 0, out.stderr
     report = json.loads((tmp_path / "report.json").read_text())
     paths = {b["path"]: b["count"] for b in report["paths"]}
     assert paths["Step/aten::mm"] == 3 and paths["Step/aten::tanh"] == 3, paths
     assert not any(path.endswith("aten::matmul") for path in paths), paths
     assert report["metadata"]["ops"] == "kernels"
-    out = subprocess.run([*command, "kernels", "--record-shapes", str(script)],
-                         capture_output=True, text=True, timeout=120)
+    out = run_cli(*command, "kernels", "--record-shapes", str(script))
     assert out.returncode == 2 and "--ops kernels records no input shapes" in out.stderr
 
 
@@ -186,6 +183,5 @@ def test_the_demo_takes_the_setting_and_refuses_what_it_cannot_compare(tmp_path)
     with pytest.raises(ValueError, match=r"legacy=True compares the registry's ops"):
         demo.run_demo(ops="kernels", legacy=True, out_dir=tmp_path / "never")
     assert not (tmp_path / "never").exists()  # refused before any work
-    command = [sys.executable, "-m", "torch_brickdev", "demo", "--ops", "kernels", "--legacy"]
-    out = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    out = run_cli("demo", "--ops", "kernels", "--legacy")
     assert out.returncode == 2 and "drop --ops kernels" in out.stderr

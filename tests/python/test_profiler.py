@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
 
 import pytest
 import torch
+import torch.nn as nn
 
 import torch_brickdev
 
+from helpers import no_autoload_env, run_python
 from profiler_helpers import (  # noqa: F401  (clean_profiler is a fixture)
     SPIN_TRUTH_NS,
     TwoLayer,
@@ -65,6 +65,7 @@ def assert_invariants(bricks):
 # =============================================================================================
 
 
+@pytest.mark.timing
 def test_counts_are_exact(x):
     n = 37
     with bp.profile() as p:
@@ -86,6 +87,7 @@ def test_counts_are_exact(x):
     assert {b.name: b.count for b in p.report.bricks} == {b.name: b.count for b in bp.stats()}
 
 
+@pytest.mark.timing
 def test_nested_ranges_keep_their_parent_path(x):
     with bp.profile():
         for _ in range(3):
@@ -102,6 +104,7 @@ def test_nested_ranges_keep_their_parent_path(x):
     assert outer.total_ns >= inner.total_ns >= paths["Outer/Inner/aten::relu"].total_ns
 
 
+@pytest.mark.timing
 def test_same_op_under_two_ranges_is_two_paths_and_one_name(x):
     with bp.profile():
         for _ in range(3):
@@ -123,6 +126,7 @@ def test_same_op_under_two_ranges_is_two_paths_and_one_name(x):
     assert m.max_ns == max(a.max_ns, b.max_ns)
 
 
+@pytest.mark.timing
 def test_reset_false_accumulates(x):
     with bp.profile():
         torch.relu(x)
@@ -135,6 +139,7 @@ def test_reset_false_accumulates(x):
     assert by_name(bp.stats())["aten::relu"].count == 1
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
 def test_a_brick_open_across_a_reset_is_recorded_whole_after_it(mode, x):
     # The observer keeps the stack of open bricks; a reset zeroes only completed figures.
@@ -170,6 +175,7 @@ def test_a_brick_open_across_a_reset_is_recorded_whole_after_it(mode, x):
 # =============================================================================================
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
 def test_known_duration_is_measured(mode):
     """``brick_test::spin(x, 2000)`` busy-waits 2000 µs (20 calls). The registry's per-call avg,
@@ -206,6 +212,7 @@ def test_known_duration_is_measured(mode):
     assert by_path(p.report.paths)["brick_test::spin/aten::clone"].count == calls
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
 def test_range_around_sleep_is_measured(mode):
     """A range around ``time.sleep(0.01)`` measures at least the 10 ms (or what the sleep really
@@ -237,6 +244,7 @@ def _mixed_workload(model, inp):
             out.sum().backward()
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
 def test_figures_are_consistent(mode):
     model = TwoLayer().to("brick")
@@ -251,6 +259,7 @@ def test_figures_are_consistent(mode):
         assert_invariants(bricks)
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
 def test_top_level_time_within_wall_time_forward(mode):
     model = TwoLayer().to("brick")
@@ -265,6 +274,7 @@ def test_top_level_time_within_wall_time_forward(mode):
     assert p.report.top_level_ns() == sum(b.total_ns for b in p.report.paths if b.depth == 0)
 
 
+@pytest.mark.timing
 def test_top_level_time_within_wall_time_with_backward():
     model = TwoLayer().to("brick")
     inp = torch.randn(256, 32, device="brick")
@@ -276,6 +286,7 @@ def test_top_level_time_within_wall_time_with_backward():
     assert p.report.top_level_ns() <= p.report.wall_ns
 
 
+@pytest.mark.timing
 def test_single_call_figures_coincide(x):
     with bp.profile() as p:
         with record_function("Once"):
@@ -286,6 +297,7 @@ def test_single_call_figures_coincide(x):
     assert s.p50_ns == s.p90_ns == s.p99_ns == s.total_ns
 
 
+@pytest.mark.timing
 def test_last_ns_is_the_last_call():
     spin = spin_op()
     t = torch.ones(4, device="brick")
@@ -303,6 +315,7 @@ def test_last_ns_is_the_last_call():
         assert s.last_ns == s.min_ns
 
 
+@pytest.mark.timing
 def test_last_ns_by_name_is_the_last_completed_call_across_paths():
     # The path interned first (A) completes the last call: the by-name entry takes its figure,
     # not the figure of the node that comes last in node order (B).
@@ -330,6 +343,7 @@ def test_last_ns_by_name_is_the_last_completed_call_across_paths():
 # =============================================================================================
 
 
+@pytest.mark.timing
 def test_stats_hold_every_brick_that_ran(x):
     with bp.profile() as p:
         with record_function("Outer"):
@@ -344,6 +358,7 @@ def test_stats_hold_every_brick_that_ran(x):
     assert [b.name for b in p.report.bricks] == names
 
 
+@pytest.mark.timing
 def test_names_match_legacy_key_averages_forward():
     model = TwoLayer().to("brick")
     inp = torch.randn(16, 32, device="brick")
@@ -360,6 +375,7 @@ def test_names_match_legacy_key_averages_forward():
     assert bricks == legacy
 
 
+@pytest.mark.timing
 def test_names_match_legacy_key_averages_backward():
     leaf = torch.randn(4, device="brick", requires_grad=True)
     with legacy_profile() as prof:
@@ -375,6 +391,7 @@ def test_names_match_legacy_key_averages_backward():
     assert bricks == expected
 
 
+@pytest.mark.timing
 def test_report_created_is_when_the_profile_ended_in_utc(x):
     """``created`` is formatted when first read, from the time the report was captured."""
     import datetime
@@ -389,6 +406,7 @@ def test_report_created_is_when_the_profile_ended_in_utc(x):
     assert json.loads(p.report.to_json())["created"] == p.report.created
 
 
+@pytest.mark.timing
 def test_report_json_has_one_entry_per_brick_and_round_trips(tmp_path, x):
     with bp.profile(metadata={"model": "relu"}) as p:
         with record_function("R"):
@@ -426,6 +444,7 @@ def test_report_json_has_one_entry_per_brick_and_round_trips(tmp_path, x):
 # =============================================================================================
 
 
+@pytest.mark.timing
 def test_is_enabled_is_exact(x):
     assert bp.is_enabled() is False
     with bp.profile():
@@ -439,6 +458,7 @@ def test_is_enabled_is_exact(x):
     assert bp.is_enabled() is False
 
 
+@pytest.mark.timing
 def test_exception_in_profile_block(x):
     with pytest.raises(ValueError, match="boom"):
         with bp.profile() as p:
@@ -455,6 +475,7 @@ def test_exception_in_profile_block(x):
     assert by_name(bp.stats())["aten::relu"].count == 1
 
 
+@pytest.mark.timing
 def test_range_stack_is_unwound_after_an_exception(x):
     before = bp.health()
     bp.reset()
@@ -476,6 +497,7 @@ def test_range_stack_is_unwound_after_an_exception(x):
     assert health_delta(before) == {"unbalanced_exits": 0, "timing_failures": 0}
 
 
+@pytest.mark.timing
 def test_failing_op_keeps_the_stack_balanced(x):
     before = bp.health()
     with bp.profile():
@@ -494,13 +516,14 @@ def test_failing_op_keeps_the_stack_balanced(x):
 # =============================================================================================
 
 
+@pytest.mark.timing
 def test_default_sync_mode_is_event():
     code = "import torch_brickdev.profiler as p; print(p.sync_mode().value)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         timeout=120)
+    out = run_python("-c", code, check=True)
     assert out.stdout.strip() == "event"
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize(
     "given, expected",
     [
@@ -519,6 +542,7 @@ def test_set_sync_mode_accepts_members_and_case_insensitive_strings(given, expec
     assert bp.sync_mode().value == expected
 
 
+@pytest.mark.timing
 def test_unknown_sync_mode_names_the_valid_ones():
     with pytest.raises(ValueError) as err:
         bp.set_sync_mode("async")
@@ -532,6 +556,7 @@ def test_unknown_sync_mode_names_the_valid_ones():
         bp.set_sync_mode(1)
 
 
+@pytest.mark.timing
 def test_set_sync_mode_while_enabled_is_refused():
     bp.enable()
     try:
@@ -543,6 +568,7 @@ def test_set_sync_mode_while_enabled_is_refused():
         bp.disable()
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
 def test_profile_sets_and_restores_the_mode(mode, x):
     bp.set_sync_mode("deferred" if mode is not bp.SyncMode.DEFERRED else "immediate")
@@ -560,6 +586,7 @@ def test_profile_sets_and_restores_the_mode(mode, x):
     assert bp.sync_mode() is previous
 
 
+@pytest.mark.timing
 def test_profile_without_mode_reports_the_current_one(x):
     bp.set_sync_mode("immediate")
     with bp.profile() as p:
@@ -568,6 +595,7 @@ def test_profile_without_mode_reports_the_current_one(x):
     assert bp.sync_mode() is bp.SyncMode.IMMEDIATE
 
 
+@pytest.mark.timing
 def test_enable_with_sync_mode(x):
     bp.enable(sync_mode="deferred")
     try:
@@ -581,11 +609,13 @@ def test_enable_with_sync_mode(x):
 # =============================================================================================
 
 
+@pytest.mark.timing
 def test_range_pop_without_push():
     with pytest.raises(RuntimeError, match="range_push"):
         bp.range_pop()
 
 
+@pytest.mark.timing
 def test_mark_and_range_push_need_a_name():
     with pytest.raises(ValueError):
         bp.mark("")
@@ -601,6 +631,7 @@ def test_mark_and_range_push_need_a_name():
         bp.range_pop()
 
 
+@pytest.mark.timing
 def test_enable_twice_and_disable_when_off():
     bp.enable()
     try:
@@ -618,6 +649,7 @@ def test_enable_twice_and_disable_when_off():
     assert not bp.is_enabled()
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("where", ["missing_dir", "proc"])
 def test_write_json_to_an_unwritable_path(where, tmp_path, x):
     with bp.profile() as p:
@@ -640,6 +672,7 @@ def _good_report_dict(x):
     return json.loads(p.report.to_json())
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize(
     "case, field",
     [
@@ -683,12 +716,14 @@ def test_load_report_rejects_bad_files(case, field, tmp_path, x):
     assert isinstance(err.value, ValueError)
 
 
+@pytest.mark.timing
 def test_load_report_missing_file(tmp_path):
     path = tmp_path / "absent.json"
     with pytest.raises(ReportError, match="absent.json"):
         bp.load_report(path)
 
 
+@pytest.mark.timing
 def test_bad_stats_and_table_arguments(x):
     with pytest.raises(ValueError, match="bogus"):
         bp.stats(by="bogus")
@@ -702,6 +737,7 @@ def test_bad_stats_and_table_arguments(x):
         p.report.brick("no such brick")
 
 
+@pytest.mark.timing
 def test_native_snapshot_names_an_unknown_view():
     from torch_brickdev import _C
 
@@ -714,6 +750,7 @@ def test_native_snapshot_names_an_unknown_view():
         _C._profiler.report_rows(["bogus"])
 
 
+@pytest.mark.timing
 def test_a_report_holds_the_snapshot_taken_at_exit(clean_profiler):
     """The report's entries (made when first read, from rows in BrickStats' field order) are the
     registry's figures at the profile's exit, field by field, whatever ran after it."""
@@ -741,6 +778,7 @@ def test_a_report_holds_the_snapshot_taken_at_exit(clean_profiler):
 # =============================================================================================
 
 
+@pytest.mark.timing
 def test_concurrent_threads_are_counted_exactly():
     threads_n, iters = 8, 500
     tensors = [torch.ones(4, device="brick") for _ in range(threads_n)]
@@ -775,6 +813,7 @@ def test_concurrent_threads_are_counted_exactly():
     assert health_delta(before) == {"unbalanced_exits": 0, "timing_failures": 0}
 
 
+@pytest.mark.timing
 def test_captured_report_views_agree_while_threads_record():
     # A report's two views come from one snapshot: for every name, the by-name figures are the
     # sums of its by-path figures, however many calls other threads complete meanwhile.
@@ -847,6 +886,7 @@ def _legacy_totals(prof):
     return out
 
 
+@pytest.mark.timing
 def test_legacy_profiler_gets_device_time():
     a = torch.randn(256, 256, device="brick")
     torch.mm(a, a)
@@ -867,6 +907,7 @@ def test_legacy_profiler_gets_device_time():
     assert "aten::mm" in table
 
 
+@pytest.mark.timing
 @pytest.mark.skipif(torch_brickdev.backing_device_type() != "cpu"
                     or os.environ.get("BRICK_HOST_COMPLETION") == "deferred",
                     reason="a synchronous runtime's stub events are the record's time itself")
@@ -898,6 +939,7 @@ def test_legacy_profiler_device_time_is_the_cpu_interval_on_a_synchronous_runtim
                                             if e.name == "aten::mm")
 
 
+@pytest.mark.timing
 def test_legacy_profiler_with_all_options():
     a = torch.randn(256, 256, device="brick")
     with legacy_profile(record_shapes=True, profile_memory=True, with_stack=True) as prof:
@@ -914,6 +956,7 @@ def test_legacy_profiler_with_all_options():
     assert "Self BRICK" in table and "BRICK Mem" in table
 
 
+@pytest.mark.timing
 def test_legacy_profiler_repeated():
     a = torch.randn(128, 128, device="brick")
     for n in (1, 2, 3):
@@ -927,6 +970,7 @@ def test_legacy_profiler_repeated():
         assert totals["aten::mm"][1] > 0
 
 
+@pytest.mark.timing
 def test_brick_profile_inside_legacy_profile():
     a = torch.randn(128, 128, device="brick")
     with legacy_profile() as prof:
@@ -941,6 +985,7 @@ def test_brick_profile_inside_legacy_profile():
     assert totals["Inside"][0] == 4
 
 
+@pytest.mark.timing
 def test_legacy_profile_inside_brick_profile():
     a = torch.randn(128, 128, device="brick")
     with bp.profile() as p:
@@ -955,6 +1000,7 @@ def test_legacy_profile_inside_brick_profile():
     assert totals["aten::mm"][0] == 4 and totals["aten::mm"][1] > 0
 
 
+@pytest.mark.timing
 def test_legacy_profiler_on_second_device_and_side_stream():
     assert torch.brick.device_count() >= 2
     a1 = torch.randn(256, 256, device="brick:1")
@@ -970,6 +1016,7 @@ def test_legacy_profiler_on_second_device_and_side_stream():
     assert totals["aten::add"][0] == 1 and totals["aten::add"][1] > 0
 
 
+@pytest.mark.timing
 def test_compare_with_key_averages():
     a = torch.randn(128, 128, device="brick")
     with legacy_profile() as prof:
@@ -982,6 +1029,7 @@ def test_compare_with_key_averages():
     assert row.split()[1] == "1" and row.split()[3] == "1"  # legacy calls, brick calls
 
 
+@pytest.mark.timing
 def test_path_table_is_a_tree_whatever_order_paths_were_first_seen(x):
     # The registry keeps call-path nodes across profiles: a child first seen later must still
     # be listed under its parent, not where its node was created.
@@ -1012,6 +1060,7 @@ def test_path_table_is_a_tree_whatever_order_paths_were_first_seen(x):
 # =============================================================================================
 
 
+@pytest.mark.timing
 def test_report_table_text(x):
     with bp.profile(sync_mode="deferred") as p:
         with record_function("Outer"):
@@ -1040,6 +1089,7 @@ def test_report_table_text(x):
 # =============================================================================================
 
 
+@pytest.mark.timing
 def test_op_on_two_devices_is_reported_as_several():
     b0 = torch.ones(16, device="brick:0")
     b1 = torch.ones(16, device="brick:1")
@@ -1050,6 +1100,7 @@ def test_op_on_two_devices_is_reported_as_several():
     assert by_name(bp.stats("name"))["aten::sub"].device == -1
 
 
+@pytest.mark.timing
 @pytest.mark.xfail(
     strict=True,
     reason="known limitation: the observer takes the brick device from the current device at "
@@ -1065,6 +1116,7 @@ def test_op_on_second_device_is_attributed_to_it():
     assert by_name(bp.stats("name"))["aten::atan2"].device == 1
 
 
+@pytest.mark.timing
 def test_compare_with_key_averages_one_row_per_name():
     # resolve_conj of a conjugated complex tensor copies (device time >= 1 µs); of a real
     # tensor it returns at once (device time truncates to 0 µs): PyTorch splits the key.
@@ -1085,6 +1137,7 @@ def test_compare_with_key_averages_one_row_per_name():
     assert legacy_calls["aten::resolve_conj"] == p.report.brick("aten::resolve_conj").count == 6
 
 
+@pytest.mark.timing
 def test_table_warns_about_what_the_profiler_could_not_time():
     x = torch.ones(4, device="brick")
     with bp.profile() as session:
@@ -1093,3 +1146,51 @@ def test_table_warns_about_what_the_profiler_could_not_time():
     session.report.health["capture_skipped"] = 3
     assert ("warning: 3 bricks skipped: their stream was being captured into a CUDA graph"
             in session.report.table())
+
+
+# =============================================================================================
+# torch_openreg's test_profiler.py, for brick
+# =============================================================================================
+
+
+def test_legacy_profiler_records_ranges_forward_and_backward(tmp_path):
+    model = nn.Sequential(nn.Linear(10, 20), nn.ReLU(), nn.Linear(20, 10)).to("brick")
+    x = torch.randn(8, 10, device="brick")
+    with torch.autograd.profiler.profile(use_device="brick", record_shapes=True) as prof:
+        with torch.profiler.record_function("outer"):
+            with torch.profiler.record_function("forward"):
+                loss = model(x).pow(2).mean()
+            with torch.profiler.record_function("backward"):
+                loss.backward()
+        for index in (0, 1):  # both devices
+            on_device = torch.randn(4, 4, device=f"brick:{index}")
+            torch.add(on_device, on_device)
+    names = [e.name for e in prof.function_events]
+    for expected in ("outer", "forward", "backward", "aten::addmm", "aten::mm", "aten::relu"):
+        assert expected in names, expected
+    assert any("AddmmBackward" in n for n in names)  # the autograd engine's events
+    assert names.count("aten::add") >= 2
+    # Every row: which rows make a top ten by measured time depends on the machine's load.
+    table = prof.key_averages(group_by_input_shape=True).table(sort_by="cpu_time_total",
+                                                               row_limit=-1)
+    assert "aten::addmm" in table
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    trace = json.loads(path.read_text())
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    assert any(e.get("name") == "outer" for e in events)
+
+
+def test_profiler_subpackage_is_reachable_from_the_package():
+    # `import torch_brickdev` alone (a fresh interpreter, nothing else imported) must make
+    # torch_brickdev.profiler usable, as torch.cuda's submodules are.
+    code = (
+        "import torch_brickdev, torch\n"
+        "torch_brickdev.profiler.enable()\n"
+        "x = torch.ones(4, device='brick'); y = x + x\n"
+        "torch_brickdev.profiler.disable()\n"
+        "print(sorted(s.name for s in torch_brickdev.profiler.stats()))\n"
+    )
+    out = run_python("-c", code, env=no_autoload_env())
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "aten::add" in out.stdout

@@ -5,17 +5,16 @@ it. Checked in fresh pytest processes that load only this plugin. (The fixture's
 tested in test_contract.py and test_contract_on_demo.py.)"""
 
 import os
-import subprocess
-import sys
 
 import pytest
+
+from helpers import REPO, child_env, run_python
 
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
     tomllib = None
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PLUGIN = "pytest_torch_brickdev"
 
 
@@ -31,11 +30,8 @@ def test_the_entry_point_names_the_plugin_and_the_package_installs_it():
 def _pytest(folder, test_file: str):
     """A pytest session in ``folder`` with the plugin and no other (the installed entry point
     may name another version of it)."""
-    env = dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
-               PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "-p", PLUGIN, test_file], cwd=folder, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return run_python("-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", PLUGIN, test_file,
+                      cwd=folder, env=child_env(PYTEST_DISABLE_PLUGIN_AUTOLOAD="1"), timeout=300)
 
 
 def test_loading_the_plugin_imports_neither_torch_nor_torch_brickdev(tmp_path):

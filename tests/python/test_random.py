@@ -37,3 +37,29 @@ def test_explicit_generator_on_brick():
     g.manual_seed(3)
     b = torch.rand(4, device="brick", generator=g)
     assert torch.equal(a.cpu(), b.cpu())
+
+
+# ---- torch_openreg's test_rng.py, for brick --------------------------------------------------
+
+
+def test_generators_and_seeds():
+    g = torch.Generator(device="brick:1")
+    assert g.device == torch.device("brick:1")
+    g.manual_seed(42)
+    assert g.initial_seed() == 42
+    a = torch.rand(4, device="brick:1", generator=g)
+    g.manual_seed(42)
+    assert torch.equal(torch.rand(4, device="brick:1", generator=g).cpu(), a.cpu())
+    state = torch.brick.get_rng_state(0)
+    first = torch.rand(4, device="brick")
+    torch.brick.set_rng_state(state, 0)
+    assert torch.equal(torch.rand(4, device="brick").cpu(), first.cpu())
+    states = torch.brick.get_rng_state_all()
+    torch.brick.set_rng_state_all(states)
+    torch.brick.manual_seed_all(42)
+    assert torch.brick.initial_seed() == 42
+    assert [gen.initial_seed() for gen in torch.brick.default_generators] == [42, 42]
+    torch.brick.seed_all()
+    seed1 = torch.brick.initial_seed()
+    torch.brick.seed_all()
+    assert torch.brick.initial_seed() != seed1

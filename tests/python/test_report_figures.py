@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import subprocess
 import sys
 import time
 
@@ -15,12 +13,12 @@ import pytest
 import torch
 
 import torch_brickdev  # noqa: F401  (registers brick)
+from helpers import child_env, run_cli
 from profiler_helpers import clean_profiler  # noqa: F401  (a fixture)
 from torch_brickdev import profiler as bp
 from torch_brickdev.profiler import ReportError
 
 record_function = torch.profiler.record_function
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(autouse=True)
@@ -132,10 +130,8 @@ def test_the_cli_profiles_share_leaves_the_scripts_start_up_out(tmp_path):
         "with torch.profiler.record_function('Work'):\n"
         "    for _ in range(20):\n"
         "        x = x + 1\n")
-    done = subprocess.run(
-        [sys.executable, "-m", "torch_brickdev", "profile", "--no-trace", "-o", str(tmp_path),
-         str(script)], capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PYTHONPATH": REPO})
+    done = run_cli("profile", "--no-trace", "-o", str(tmp_path), str(script), timeout=300,
+                   env=child_env())
     assert done.returncode == 0, done.stderr
     report = bp.load_report(tmp_path / "report.json")
     assert 0 < report.bricks_span_ns <= report.wall_ns - 500_000_000

@@ -13,6 +13,8 @@ from torch_brickdev.profiler import roofline, roofline_peaks
 
 from profiler_helpers import load_benchmark
 
+pytestmark = pytest.mark.timing
+
 
 @pytest.fixture(scope="module")
 def peaks_file(tmp_path_factory):

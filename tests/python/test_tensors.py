@@ -1,9 +1,13 @@
 """Tensor semantics on brick: zero-copy execution, views, in-place, out=, dtypes, copies, I/O."""
 
 import io
+import unittest.mock
+import warnings
 
+import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 import torch_brickdev
 
@@ -350,3 +354,269 @@ def test_factories_name_a_bad_device_and_the_failing_op():
     # The backing device's own checks, with the op and the brick device named.
     with pytest.raises(RuntimeError, match=r"(?s)step must be nonzero.*aten::arange.*brick:0"):
         torch.arange(0, 3, 0, device="brick")
+
+
+# ---- torch_openreg's test_storage.py: serialization, for brick -------------------------------
+
+
+def test_serialization_location_tags_and_restore_location():
+    assert torch.serialization.location_tag(torch.UntypedStorage(4, device="brick")) == "brick:0"
+    assert torch.serialization.location_tag(torch.UntypedStorage(4, device="brick:1")) == "brick:1"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        cpu_storage = torch.arange(16.0).storage()
+    for index in (0, 1):
+        restored = torch.serialization.default_restore_location(cpu_storage, f"brick:{index}")
+        assert restored.is_brick and restored.device.index == index
+        assert torch.equal(torch.tensor(restored.tolist()), torch.arange(16.0))
+
+
+def test_save_load_map_location_between_brick_devices(tmp_path):
+    t = torch.randn(3, 3, device="brick:0")
+    path = tmp_path / "t.pt"
+    torch.save(t, path)
+    on1 = torch.load(path, map_location="brick:1")
+    assert on1.device == torch.device("brick:1") and torch.equal(on1.cpu(), t.cpu())
+    on_cpu = torch.load(path, map_location="cpu")
+    assert on_cpu.is_cpu and torch.equal(on_cpu, t.cpu())
+
+
+def test_legacy_numpy_rebuild_lands_on_brick():
+    data = np.arange(1, 7, dtype=np.float32).reshape(2, 3)
+    rebuilt = torch._utils._rebuild_device_tensor_from_numpy(data, torch.float32, "brick:1", False)
+    assert rebuilt.device == torch.device("brick:1")
+    assert torch.equal(rebuilt.cpu(), torch.tensor([[1.0, 2, 3], [4, 5, 6]]))
+
+
+def test_storage_free_serialization_path():
+    # The path PyTorch takes for backends without storage: through a CPU copy.
+    x = torch.randn(2, 3)
+    with unittest.mock.patch.object(torch._C, "_has_storage", return_value=False):
+        xb = x.to("brick")
+        rebuild = xb._reduce_ex_internal(torch.serialization.DEFAULT_PROTOCOL)[0]
+        assert rebuild is torch._utils._rebuild_device_tensor_from_cpu_tensor
+        buffer = io.BytesIO()
+        torch.save({"x": xb}, buffer)
+        buffer.seek(0)
+        loaded = torch.load(buffer, weights_only=True)
+        buffer.seek(0)
+        loaded_cpu = torch.load(buffer, weights_only=True, map_location="cpu")
+        with pytest.raises(RuntimeError,
+                           match="Cannot serialize tensors on backends with no storage"):
+            with torch.serialization.skip_data():
+                torch.save({"x": xb}, io.BytesIO())
+    assert loaded["x"].device.type == "brick" and torch.equal(loaded["x"].cpu(), x)
+    assert loaded_cpu["x"].is_cpu and torch.equal(loaded_cpu["x"], x)
+
+
+# ---- torch_openreg's test_utils.py: DLPack, for brick ----------------------------------------
+
+
+def test_dlpack_round_trip():
+    x = torch.randn(2, 3).to("brick:1")
+    y = torch.from_dlpack(torch.utils.dlpack.to_dlpack(x))
+    assert y.device == x.device
+    assert y.data_ptr() == x.data_ptr()  # zero copy
+    assert torch.equal(y.cpu(), x.cpu())
+
+
+# ---- torch_openreg's test_ops.py and test_device_type.py, for brick --------------------------
+
+
+def _close(actual, expected, **kw):
+    assert actual.device.type == "brick", actual.device
+    torch.testing.assert_close(actual.cpu(), expected, **kw)
+
+
+def test_factories_fill_the_right_values():
+    assert torch.zeros(3, device="brick").cpu().tolist() == [0.0, 0.0, 0.0]
+    assert torch.tensor((), device="brick").shape == (0,)
+    assert torch.equal(torch.ones(3, 4, device="brick").cpu(), torch.ones(3, 4))
+    like = torch.ones_like(torch.randn(3, 4, device="brick:1"))
+    assert like.device == torch.device("brick:1") and torch.equal(like.cpu(), torch.ones(3, 4))
+    assert torch.equal(torch.full((3, 4), 5.0, device="brick").cpu(), torch.full((3, 4), 5.0))
+    strided = torch.empty_strided((3, 4), (4, 1), device="brick")
+    assert strided.shape == (3, 4) and strided.stride() == (4, 1)
+    torch.manual_seed(5)
+    r = torch.randn(3, 4, device="brick")
+    torch.manual_seed(5)
+    assert torch.equal(r.cpu(), torch.randn(3, 4))
+    assert torch.equal(torch.triu_indices(3, 3, device="brick").cpu(),
+                       torch.tensor([[0, 0, 0, 1, 1, 2], [0, 1, 2, 1, 2, 2]]))
+
+
+def test_copies_between_devices_dtypes_and_non_blocking():
+    a = torch.rand(10)
+    assert torch.equal(a.to("brick").add(2).to("cpu"), a + 2)
+    assert torch.equal(torch.ones(10, device="brick:0").to("brick:1").cpu(), torch.ones(10))
+    x = torch.randn(3, 4, device="brick")
+    y = torch.empty(3, 4, dtype=torch.float64, device="brick")
+    y.copy_(x)
+    assert y.dtype == torch.float64 and torch.equal(y.cpu(), x.cpu().double())
+    c = x.clone()
+    assert c.data_ptr() != x.data_ptr() and torch.equal(c.cpu(), x.cpu())
+    nb = torch.empty(3, 4, device="brick")
+    nb.copy_(x, non_blocking=True)
+    torch.brick.synchronize()
+    assert torch.equal(nb.cpu(), x.cpu())
+    host = torch.randn(3, 4)
+    dev = torch.empty(3, 4, device="brick")
+    dev.copy_(host)
+    back = torch.empty(3, 4)
+    back.copy_(dev)
+    assert torch.equal(back, host)
+
+
+def test_to_same_device_aliases_and_copy_true_copies():
+    x = torch.randn(3, 4, device="brick")
+    assert x.to(device="brick") is x
+    assert x.to("brick:0").data_ptr() == x.data_ptr()
+    z = x.to(device="brick", copy=True)
+    assert z.data_ptr() != x.data_ptr() and torch.equal(z.cpu(), x.cpu())
+
+
+def test_dtype_propagation():
+    x = torch.randn(3, 4, device="brick")
+    assert (x + x).dtype == torch.float32
+    d = torch.randn(3, 4, device="brick", dtype=torch.float64)
+    assert (d * 2).dtype == torch.float64
+    z = x.to(dtype=torch.float64)
+    assert z.dtype == torch.float64 and z.device.type == "brick"
+    assert torch.equal(z.cpu(), x.cpu().double())
+    i = torch.randint(0, 100, (3, 4), device="brick")
+    assert i.dtype == torch.int64 and 0 <= int(i.min()) and int(i.max()) < 100
+    b = torch.zeros(3, 4, device="brick", dtype=torch.bool)
+    assert b.dtype == torch.bool and bool(torch.all(~b))
+
+
+def test_fallback_ops_match_cpu():
+    t = torch.randn(10)
+    tb = t.to("brick")
+    assert torch.equal(torch.masked_select(tb, tb.gt(0)).cpu(), t.masked_select(t.gt(0)))
+    x = torch.tensor([[1.0, 2, 3], [2, 3, 4]], device="brick")
+    y = torch.tensor([1.0, 0, 2], device="brick")
+    assert torch.equal(torch.sub(x, y).cpu(), torch.tensor([[0.0, 2, 1], [1, 3, 2]]))
+    idx = torch.tensor([1, 0], device="brick")
+    assert torch.equal(x[idx, idx].cpu(), torch.tensor([3.0, 1.0]))
+    v = torch.tensor([1.0, 2, 3], device="brick")
+    out = torch._foreach_add((v, v), (v, v))
+    assert all(o.device.type == "brick" and torch.equal(o.cpu(), torch.tensor([2.0, 4, 6]))
+               for o in out)
+    s = torch.randn(3, 4, device="brick")
+    _close(s + 1.0, s.cpu() + 1.0)
+    _close(s * 2.0, s.cpu() * 2.0)
+    _close(torch.abs(s.t()), torch.abs(s.cpu().t()))
+
+
+def test_out_into_strided_views_matches_cpu():
+    # out= views of a larger tensor: one the kernel writes in place, one it must resize/copy.
+    x = torch.randn(2, 2, 3)
+    o = torch.randn(2, 2, 6)
+    xb, ob = x.to("brick"), o.to("brick")
+    torch.abs(x, out=o[:, :, 0:6:2])
+    torch.abs(xb, out=ob[:, :, 0:6:2])
+    assert torch.equal(ob.cpu(), o)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "An output with one or more elements was resized")
+        torch.abs(x, out=o[:, :, 0:6:3])
+        torch.abs(xb, out=ob[:, :, 0:6:3])
+    assert torch.equal(ob.cpu(), o)
+    out = torch.empty_like(xb)
+    ptr = out.data_ptr()
+    assert torch.abs(xb, out=out) is out and out.data_ptr() == ptr
+    assert torch.equal(out.cpu(), x.abs())
+
+
+def test_view_ops_alias_and_item():
+    x = torch.tensor([[1], [2], [3]], device="brick")
+    e = x.expand(3, 2)
+    assert e.data_ptr() == x.data_ptr()
+    assert torch.equal(e.cpu(), torch.tensor([[1, 1], [2, 2], [3, 3]]))
+    r = torch.randn(2, 3, 4, device="brick")
+    assert r.view(6, 4).data_ptr() == r.data_ptr()
+    assert torch.equal(r.reshape(6, 4).cpu(), r.cpu().reshape(6, 4))
+    a = torch.arange(12.0, device="brick").view(3, 4)
+    strided = torch.as_strided(a, (2, 2), (4, 1), 1)
+    assert strided.data_ptr() == a.data_ptr() + 4
+    assert torch.equal(strided.cpu(), torch.tensor([[1.0, 2], [5, 6]]))
+    assert torch.tensor([5.0], device="brick").item() == 5.0
+
+
+def test_set_from_tensor_and_storage():
+    x = torch.randn(3, 4, device="brick")
+    y = torch.empty(3, 4, device="brick").set_(x)
+    assert y.data_ptr() == x.data_ptr() and torch.equal(y.cpu(), x.cpu())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        z = torch.empty(3, 4, device="brick")
+        z.set_(x.storage(), 0, z.size())
+    assert torch.equal(z.cpu(), x.cpu())
+
+
+def test_maximum_minimum_and_out():
+    x = torch.tensor([1.0, 5.0, 3.0], device="brick")
+    y = torch.tensor([4.0, 2.0, 6.0], device="brick")
+    assert torch.maximum(x, y).cpu().tolist() == [4.0, 5.0, 6.0]
+    assert torch.minimum(x, y).cpu().tolist() == [1.0, 2.0, 3.0]
+    out = torch.empty(3, device="brick")
+    assert torch.maximum(x, y, out=out) is out and out.cpu().tolist() == [4.0, 5.0, 6.0]
+    assert torch.minimum(x, y, out=out) is out and out.cpu().tolist() == [1.0, 2.0, 3.0]
+
+
+# ---- spec: SDPA equal to the CPU's flash kernel ----------------------------------------------
+
+
+def _qkv(dtype=torch.bfloat16, shape=(2, 4, 64, 32), seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(shape, generator=g, dtype=dtype) for _ in range(3))
+
+
+def _cpu_flash(q, k, v, **kw):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        return F.scaled_dot_product_attention(q, k, v, **kw)
+
+
+def test_sdpa_backend_choice_is_the_cpus():
+    q, k, v = _qkv()
+    qb, kb, vb = (t.to("brick") for t in (q, k, v))
+    assert torch._fused_sdp_choice(qb, kb, vb) == torch._fused_sdp_choice(q, k, v)
+    mask = torch.rand(2, 4, 64, 64, dtype=torch.bfloat16)
+    assert (torch._fused_sdp_choice(qb, kb, vb, mask.to("brick"))
+            == torch._fused_sdp_choice(q, k, v, mask))
+
+
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_sdpa_bf16_equals_cpu_flash_kernel(is_causal):
+    q, k, v = _qkv()
+    expected = _cpu_flash(q, k, v, is_causal=is_causal)
+    out = F.scaled_dot_product_attention(q.to("brick"), k.to("brick"), v.to("brick"),
+                                         is_causal=is_causal)
+    assert out.device.type == "brick" and out.dtype == torch.bfloat16
+    diff = (out.cpu().float() - expected.float()).abs().max().item()
+    assert torch.equal(out.cpu(), expected), f"max difference {diff}"
+
+
+def test_sdpa_bf16_backward_equals_cpu_flash_kernel():
+    q, k, v = _qkv(seed=1)
+    leaves_cpu = [t.clone().requires_grad_() for t in (q, k, v)]
+    expected = _cpu_flash(*leaves_cpu, is_causal=True)
+    expected.backward(torch.ones_like(expected))
+    leaves = [t.to("brick").requires_grad_() for t in (q, k, v)]
+    out = F.scaled_dot_product_attention(*leaves, is_causal=True)
+    out.backward(torch.ones_like(out))
+    assert torch.equal(out.detach().cpu(), expected.detach())
+    for name, ours, theirs in zip("qkv", leaves, leaves_cpu):
+        assert torch.equal(ours.grad.cpu(), theirs.grad), name
+
+
+def test_sdpa_with_dropout_is_reproducible_under_a_seed():
+    q, k, v = (t.to("brick") for t in _qkv(dtype=torch.float32, shape=(2, 2, 16, 8)))
+    torch.manual_seed(3)
+    a = F.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+    torch.manual_seed(3)
+    b = F.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+    assert a.device.type == "brick" and a.shape == (2, 2, 16, 8)
+    assert torch.equal(a.cpu(), b.cpu())
+    assert not torch.equal(a.cpu(), F.scaled_dot_product_attention(q, k, v).cpu())

@@ -13,6 +13,8 @@ import torch
 from profiler_helpers import TwoLayer, clean_profiler, legacy_profile  # noqa: F401
 from torch_brickdev import profiler as bp
 
+pytestmark = pytest.mark.timing
+
 record_function = torch.profiler.record_function
 
 CPU_CATS = ("cpu_op", "user_annotation")
