@@ -135,7 +135,8 @@ def train_distributed(args) -> int:
 
 
 def decode_demo(args) -> int:
-    from torch_brickdev.tools.demo.config import DecodeConfig
+    from torch_brickdev.tools.demo.config import (LEGACY_NEEDS_DISPATCHER, DecodeConfig,
+                                                  legacy_refused)
 
     config = DecodeConfig(
         layers=args.layers, hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads,
@@ -146,9 +147,8 @@ def decode_demo(args) -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    if args.legacy and args.ops == "kernels":
-        print("error: --legacy compares the registry's ops with key_averages(), which names "
-              "them at the dispatcher: drop --ops kernels", file=sys.stderr)
+    if legacy_refused(args.ops, args.legacy):
+        print(f"error: --legacy {LEGACY_NEEDS_DISPATCHER}: drop --ops kernels", file=sys.stderr)
         return 2
     _load_torch()
     import torch

@@ -108,3 +108,14 @@ def _check_device(device, where: str) -> torch.device:
             f"brick device(s), valid device indices are 0..{count - 1} (BRICK_HOST_DEVICES sets "
             "the count for the host runtime)")
     return device
+
+
+#: Why the decode demo's legacy comparison needs ``ops="dispatcher"``: it compares the registry's
+#: ops with ``key_averages()``, which names ops at the dispatcher.
+LEGACY_NEEDS_DISPATCHER = ("compares the registry's ops with key_averages(), which names them at "
+                           "the dispatcher")
+
+
+def legacy_refused(ops: str, legacy: bool) -> bool:
+    """Whether the demo must refuse ``legacy`` with these ``ops`` (see LEGACY_NEEDS_DISPATCHER)."""
+    return bool(legacy) and ops == "kernels"

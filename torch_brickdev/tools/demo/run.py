@@ -14,7 +14,8 @@ import torch_brickdev  # noqa: F401  (registers brick)
 from torch_brickdev import profiler as bp
 from torch_brickdev.argcheck import check_bool, check_int, check_path, describe
 from torch_brickdev.profiler.session import check_ops
-from torch_brickdev.tools.demo.config import DecodeConfig, _check_config, _check_device
+from torch_brickdev.tools.demo.config import (LEGACY_NEEDS_DISPATCHER, DecodeConfig, _check_config,
+                                              _check_device, legacy_refused)
 from torch_brickdev.tools.demo.decoding import _decode, _percentile
 from torch_brickdev.tools.demo.model import build_model
 from torch_brickdev.tools.quiet_kineto import QuietProfile
@@ -105,9 +106,8 @@ def run_demo(config: Optional[DecodeConfig] = None, device: Union[str, torch.dev
     check_bool(legacy, "legacy", f"decode demo: {where}")
     check_bool(progress, "progress", f"decode demo: {where}")
     check_bool(compile, "compile", f"decode demo: {where}")
-    if check_ops(ops, f"decode demo: {where}") == "kernels" and legacy:
-        raise ValueError(f"decode demo: {where}: legacy=True compares the registry's ops with "
-                         f"key_averages(), which names them at the dispatcher: use "
+    if legacy_refused(check_ops(ops, f"decode demo: {where}"), legacy):
+        raise ValueError(f"decode demo: {where}: legacy=True {LEGACY_NEEDS_DISPATCHER}: use "
                          f"ops='dispatcher'")
     # As key_averages().table(row_limit=...): a positive count, or <= 0 for every row.
     check_int(legacy_rows, "legacy_rows", f"decode demo: {where}")
