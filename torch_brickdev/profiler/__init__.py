@@ -28,7 +28,7 @@ collective of brick's c10d backend is one on the device's ``collectives`` track,
 :func:`trace_analysis` runs HolisticTraceAnalysis over the ranks' traces.
 """
 
-import importlib
+from torch_brickdev._lazy import lazy_exports
 
 # Where each name of the API lives; a submodule loads when one of its names is first used (PEP
 # 562). Reading a report (report, diff, merge) then needs neither torch nor the native module: the
@@ -53,18 +53,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-        globals()[name] = value  # later reads find it without this function
-        return value
-    try:  # a submodule not yet imported (``profiler.roofline.peaks()``)
-        return importlib.import_module(f".{name}", __name__)
-    except ModuleNotFoundError as error:
-        if error.name != f"{__name__}.{name}":
-            raise
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -7,7 +7,7 @@ decode (:mod:`.decoding`) and the run and its summary (:mod:`.run`); their publi
 importable from here too.
 """
 
-import importlib
+from torch_brickdev._lazy import lazy_exports
 
 # Where each public name lives; a part loads when one of its names is first used (PEP 562). The
 # configuration needs no torch: the command line reads the demo's defaults, and checks a
@@ -23,18 +23,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-        globals()[name] = value  # later reads find it without this function
-        return value
-    try:  # a part not yet imported (``demo.run``)
-        return importlib.import_module(f".{name}", __name__)
-    except ModuleNotFoundError as error:
-        if error.name != f"{__name__}.{name}":
-            raise
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
