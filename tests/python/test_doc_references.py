@@ -28,7 +28,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Set
+from typing import Callable, Dict, List, Set
 
 import pytest
 
@@ -359,14 +359,22 @@ def cross_includes(root: Path) -> Dict[str, Dict[str, Set[str]]]:
     return found
 
 
-def layer_problems(table: Dict[str, Set[str]], includes: Dict[str, Dict[str, Set[str]]]):
-    problems = [f"csrc/{f}/ has no row" for f in sorted(includes) if f not in table]
-    for folder, used in sorted(includes.items()):
+def table_problems(rows: Dict[str, Set[str]], uses: Dict[str, Dict[str, Set[str]]],
+                   place: Callable[[str], str], use: Callable[[str], str], refusal: str):
+    """What a layer table misses: a folder without a row, or a use (an include, an import) that
+    its row does not list. ``place`` names a folder, ``use`` what it uses."""
+    problems = [f"{place(f)} has no row" for f in sorted(uses) if f not in rows]
+    for folder, used in sorted(uses.items()):
         for other, files in sorted(used.items()):
-            if folder in table and other not in table[folder]:
-                problems.append(f"csrc/{folder}/ includes {other}/ ({', '.join(sorted(files))}), "
-                                f"which its row does not allow")
+            if folder in rows and other not in rows[folder]:
+                problems.append(f"{place(folder)} {use(other)} ({', '.join(sorted(files))}), "
+                                f"which its row does not {refusal}")
     return problems
+
+
+def layer_problems(table: Dict[str, Set[str]], includes: Dict[str, Dict[str, Set[str]]]):
+    return table_problems(table, includes, lambda f: f"csrc/{f}/", lambda o: f"includes {o}/",
+                          "allow")
 
 
 def python_rows(text: str) -> Dict[str, Set[str]]:
@@ -424,13 +432,8 @@ def package_imports(root: Path) -> Dict[str, Dict[str, Set[str]]]:
 
 
 def import_problems(rows: Dict[str, Set[str]], imports: Dict[str, Dict[str, Set[str]]]):
-    problems = [f"torch_brickdev/{s}/ has no row" for s in sorted(imports) if s not in rows]
-    for sub, used in sorted(imports.items()):
-        for name, files in sorted(used.items()):
-            if sub in rows and name not in rows[sub]:
-                problems.append(f"torch_brickdev/{sub}/ imports {name or 'the package'} "
-                                f"({', '.join(sorted(files))}), which its row does not list")
-    return problems
+    return table_problems(rows, imports, lambda s: f"torch_brickdev/{s}/",
+                          lambda name: f"imports {name or 'the package'}", "list")
 
 
 # ---- the tests ----
