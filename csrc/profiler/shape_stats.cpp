@@ -14,17 +14,19 @@ std::vector<ShapeRow> shape_rows() {
   const registry::Snapshot figures = snapshot();  // resolves outstanding pairs first
   std::unordered_map<registry::NodeId, const registry::BrickStats*> by_node;
   for (const registry::BrickStats& stats : figures.nodes) by_node.emplace(stats.node, &stats);
-  std::vector<detail::RecordedShape> recorded = detail::recorded_shapes();
-  std::vector<ShapeRow> out;
-  out.reserve(recorded.size());
-  for (detail::RecordedShape& row : recorded) {
+  std::vector<ShapeRow> rows = detail::recorded_shapes();
+  size_t kept = 0;
+  for (ShapeRow& row : rows) {
     const auto stats = by_node.find(row.node);
     if (stats == by_node.end()) continue;  // recorded after the snapshot: the next one has it
-    out.push_back({row.node, stats->second->name, std::move(row.overload), stats->second->path,
-                   stats->second->device, std::move(row.shapes), std::move(row.dtypes),
-                   std::move(row.values), row.calls, row.total_ns, row.min_ns, row.max_ns});
+    row.name = stats->second->name;
+    row.path = stats->second->path;
+    row.device = stats->second->device;
+    if (&rows[kept] != &row) rows[kept] = std::move(row);
+    ++kept;
   }
-  return out;
+  rows.resize(kept);
+  return rows;
 }
 
 }  // namespace brick::profiler

@@ -298,21 +298,28 @@ void reset_shapes() {
   shapes_table.rows.clear();
 }
 
-std::vector<RecordedShape> recorded_shapes() {
+std::vector<ShapeRow> recorded_shapes() {
   ShapeTable& shapes_table = table();
   std::vector<std::pair<uint64_t, ShapeFigures>> rows;
   {
     std::lock_guard<std::mutex> lock(shapes_table.figures_mutex);
     rows = shapes_table.rows;
   }
-  std::vector<RecordedShape> out;
+  std::vector<ShapeRow> out;
   out.reserve(rows.size());
   std::lock_guard<std::mutex> lock(shapes_table.signatures_mutex);
   for (const auto& [key, figures] : rows) {
     const Signature& signature = shapes_table.signatures[key & 0xffffffffu];
-    out.push_back({static_cast<registry::NodeId>(key >> 32), signature.overload, signature.shapes,
-                   signature.dtypes, signature.values, figures.calls, figures.total_ns,
-                   figures.min_ns, figures.max_ns});
+    ShapeRow& row = out.emplace_back();
+    row.node = static_cast<registry::NodeId>(key >> 32);
+    row.overload = signature.overload;
+    row.shapes = signature.shapes;
+    row.dtypes = signature.dtypes;
+    row.values = signature.values;
+    row.calls = figures.calls;
+    row.total_ns = figures.total_ns;
+    row.min_ns = figures.min_ns;
+    row.max_ns = figures.max_ns;
   }
   return out;
 }

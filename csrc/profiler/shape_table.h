@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "profiler/shape_stats.h"
 #include "registry/registry.h"
 
 namespace brick::profiler::detail {
@@ -25,22 +26,10 @@ bool record_shape(registry::NodeId node, uint32_t signature, int64_t ns) noexcep
 // Forgets every row (the registry's reset()).
 void reset_shapes();
 
-// One (op brick, signature) with its figures: the fields of ShapeRow the table holds.
-struct RecordedShape {
-  registry::NodeId node;
-  std::string overload;
-  std::string shapes;
-  std::string dtypes;
-  std::string values;
-  uint64_t calls;
-  int64_t total_ns;
-  int64_t min_ns;
-  int64_t max_ns;
-};
-
 // Every (op brick, signature) recorded since the last reset_shapes(), in order of first
-// appearance.
-std::vector<RecordedShape> recorded_shapes();
+// appearance: each row's node, signature and figures (its brick's name, path and device are
+// the registry's, filled in by shape_rows()).
+std::vector<ShapeRow> recorded_shapes();
 
 #pragma GCC visibility pop
 
