@@ -401,10 +401,10 @@ class FallbackCall {
 
   at::Tensor to_brick(const at::Tensor& result) {
     if (!result.defined() || result.device().type() != backing_device_type()) return result;
-    if (is_sparse_layout(result) || result.is_nested()) [[unlikely]]
+    if (is_sparse_nested_or_quantized(result)) [[unlikely]] {
+      if (result.is_quantized()) refuse_quantized_result(result, schema_.name().c_str());
       return layout_to_brick(result);
-    if (result.is_quantized()) [[unlikely]]
-      refuse_quantized_result(result, schema_.name().c_str());
+    }
     c10::TensorImpl* impl = result.unsafeGetTensorImpl();
     for (const Alias& alias : aliases_) {
       if (alias.backing.unsafeGetTensorImpl() == impl) return alias.brick;

@@ -25,6 +25,14 @@ inline bool is_sparse_layout(const at::Tensor& tensor) {
       c10::DispatchKeySet({c10::DispatchKey::Sparse, c10::DispatchKey::SparseCsr}));
 }
 
+// Whether `tensor` is anything but a plain dense tensor (sparse, nested or quantized): one test of
+// its key set, for the op path's results.
+inline bool is_sparse_nested_or_quantized(const at::Tensor& tensor) {
+  return tensor.key_set().has_any(
+      c10::DispatchKeySet({c10::DispatchKey::Sparse, c10::DispatchKey::SparseCsr,
+                           c10::DispatchKey::NestedTensor, c10::DispatchKey::Quantized}));
+}
+
 // The member tensors of sparse tensor `sparse`, read without dispatch: COO's indices and values;
 // a compressed layout's compressed indices, plain indices and values.
 c10::SmallVector<at::Tensor, 3> sparse_members(const at::Tensor& sparse);
