@@ -200,13 +200,28 @@ sanitize() {
   TSAN_OPTIONS=halt_on_error=1 ctest --test-dir "$tsan" --output-on-failure -j 2
 }
 
+# The Python tests a torch lane runs: the files whose subject is where brick meets PyTorch's
+# internals, which change between releases: the op and module databases, dispatch and tensors,
+# autocast, random streams, PyTorch's device branches, the compiler, the profilers (legacy and
+# Kineto), streams, memory, sparse layouts, transformers' models, torchvision (whose wheels are
+# installed in the 2.14 lane only). Left out: brick's own tools on brick's data (reports,
+# contracts, diff, the command line, top, docs, the test command itself) and the third-party
+# programs run in child processes (Lightning, torchrun, accelerate, DDP, exit paths), which
+# the main run covers; and the tests marked `model`. `scripts/run.sh torch-lane VERSION
+# tests/python` runs everything there.
+LANE_TESTS=(test_op_sweep.py test_module_db.py test_devices.py test_tensors.py test_op_errors.py
+  test_autocast.py test_random.py test_random_streams.py test_device_branches.py test_compile.py
+  test_profiler.py test_kineto.py test_streams_events.py test_memory.py test_host_ops.py
+  test_backing_records.py test_record_shapes.py test_roofline_peaks.py test_sparse.py
+  test_training.py test_transformers_models.py test_torchvision.py)
+
 # Another PyTorch release, in its own virtual environment and its own copy of the working tree
 # (build/torch-VERSION/src: the built module sits beside the sources, so two builds of one tree
-# would overwrite each other): the extension is built against that release and every C++ and
-# Python suite runs there. The release is pinned: pip never chooses a torch. The environment is
-# kept outside the tree ($BRICK_CACHE_DIR, default ~/.cache/torch_brickdev/venv-torch-VERSION),
-# so a fresh clone reuses it (installing it is over a minute); it is made again when its
-# Python or its torch is not the one asked for.
+# would overwrite each other): the extension is built against that release, and GoogleTest and
+# the Python tests of LANE_TESTS run there. The release is pinned: pip never chooses a torch.
+# The environment is kept outside the tree ($BRICK_CACHE_DIR, default
+# ~/.cache/torch_brickdev/venv-torch-VERSION), so a fresh clone reuses it (installing it is over
+# a minute); it is made again when its Python or its torch is not the one asked for.
 torch_lane() {
   local version=$1 lane="$PWD/build/torch-$1"
   local venv="$CACHE_ROOT/venv-torch-$1"
@@ -229,7 +244,11 @@ torch_lane() {
     log "GoogleTest (CTest), torch==$version"
     ctest --test-dir "$BRICK_BUILD_DIR" --output-on-failure -j 2
     log "pytest, torch==$version"
-    PYTHON="$venv/bin/python" run_pytest "${@:2}"
+    if [ $# -gt 1 ]; then
+      PYTHON="$venv/bin/python" run_pytest "${@:2}"
+    else
+      PYTHON="$venv/bin/python" run_suite "not model" "${LANE_TESTS[@]/#/tests/python/}"
+    fi
   )
 }
 
@@ -293,20 +312,31 @@ build() {
 # in their files) alone, so no other test's work lands inside their measurements.
 # With arguments (a selection, options) everything runs in one process, as asked.
 run_pytest() {
-  local workers=${BRICK_TEST_WORKERS:-$(nproc)}
-  if [ $# -gt 0 ] || [ "$workers" -le 1 ] ||
-    ! TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PYTHON" -c "import xdist" 2>/dev/null; then
+  if [ $# -gt 0 ]; then
     (trap '' INT; exec "$PYTHON" -m pytest tests/python -q "$@")
+  else
+    run_suite "" tests/python
+  fi
+}
+
+# `run_suite MARKS PATH...`: the tests under the paths whose marks match MARKS (a -m expression
+# joined to the timing split with "and"; empty: all), in the two phases above.
+run_suite() {
+  local marks=${1:+ and ($1)} workers=${BRICK_TEST_WORKERS:-$(nproc)}
+  shift
+  if [ "$workers" -le 1 ] || ! TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PYTHON" -c "import xdist" 2>/dev/null; then
+    (trap '' INT; exec "$PYTHON" -m pytest "$@" -q -m "${marks# and }")
     return
   fi
   local parallel=0 alone=0
   # --durations: the slowest tests of each phase close its output, so a run shows where its
   # time went (docs/benchmarks.md, the test command stage by stage).
-  (trap '' INT; exec "$PYTHON" -m pytest tests/python -q -n "$workers" -m "not timing" --durations=40) ||
+  (trap '' INT; exec "$PYTHON" -m pytest "$@" -q -n "$workers" -m "not timing$marks" --durations=40) ||
     parallel=$?
   log "pytest: the timing tests, alone"
-  (trap '' INT; exec "$PYTHON" -m pytest tests/python -q -m timing --durations=25) || alone=$?
-  [ "$parallel" = 0 ] && [ "$alone" = 0 ]
+  (trap '' INT; exec "$PYTHON" -m pytest "$@" -q -m "timing$marks" --durations=25) || alone=$?
+  # (pytest's 5: no test matched, not a failure)
+  [[ "$parallel" =~ ^[05]$ ]] && [[ "$alone" =~ ^[05]$ ]]
 }
 
 # The GPU machine's job: gpu_prepare, gpu (sourced: it uses the helpers above).

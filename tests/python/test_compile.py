@@ -331,6 +331,7 @@ def test_reduce_overhead_runs_compiled_code_without_cuda_graphs():
 
 
 @host_only
+@pytest.mark.model
 def test_qwen2_greedy_generation_matches_eager():
     transformers = pytest.importorskip("transformers")
     transformers.logging.set_verbosity_error()
@@ -587,6 +588,7 @@ def test_compiled_cpu_code_keeps_pytorchs_handling_of_ranges():
 
 @host_only
 @pytest.mark.timing
+@pytest.mark.model
 @pytest.mark.timeout(400)  # compiles the forward for the prefill and for decode steps
 def test_compiled_decode_demo_keeps_its_bricks_and_passes_the_contract(tmp_path):
     from contract_fixtures import MACHINE_TIMED, assert_contract_holds
@@ -726,6 +728,7 @@ def _resnet_style():
                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
 
 
+@pytest.mark.model
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("make", [_resnet_style, _TinyViT], ids=["resnet-style", "vit-style"])
 def test_compiled_convolution_networks_equal_eager_forward_and_training_step(make):
