@@ -179,11 +179,47 @@ def test_a_report_carries_what_the_machine_denied(one_thread):
     for m in (quiet, busy):
         assert 0 < m["thread_cpu_ns"] <= m["wall_ns"] * 1.05
         assert 0 <= m["denied_share"] <= 1 and m["denied_source"] in ("runqueue", "off-cpu")
+        if m["denied_source"] == "runqueue":  # one thread: the pool is the profiling thread
+            assert m["kernel_thread_runqueue_wait_ns"] == m["runqueue_wait_ns"], m
     # Sharing the CPUs with more busy threads than there are CPUs, the thread waited for one.
     assert busy["denied_share"] > 0.1, (quiet, busy)
     # And the loops' CPU time shows as the rest of the machine's: at least half a CPU's worth.
     assert busy["others_cpu_ns"] >= 0.5 * busy["wall_ns"], (quiet, busy)
     assert busy["others_share"] > quiet["others_share"], (quiet, busy)
+
+
+def test_the_intra_op_pool_is_every_thread_a_parallel_kernel_runs_on():
+    import threading
+
+    from torch_brickdev.profiler import machine
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        pool = machine.kernel_thread_ids()
+        assert len(pool) == 2 and threading.get_native_id() in pool, pool
+        torch.set_num_threads(1)
+        assert machine.kernel_thread_ids() == (threading.get_native_id(),)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_an_intra_op_threads_wait_is_the_evidence_where_longer_than_the_profiling_threads():
+    """A parallel op ends with its slowest thread: a pool thread kept from a CPU delays it while
+    the profiling thread, its share done, waits at the barrier without queueing for a CPU."""
+    from torch_brickdev.profiler import machine
+
+    figures = {"denied_share": 0.1, "denied_source": "runqueue", "wall_ns": 1_000_000,
+               "kernel_thread_runqueue_wait_ns": 600_000}
+    got = machine.denied(figures, 1_000_000)
+    assert (got.runqueue_ns, got.kernel_thread) == (600_000, True)
+    assert got.text() == "run-queue wait of an intra-op thread 0.6 ms"
+    figures["kernel_thread_runqueue_wait_ns"] = 50_000  # shorter: the profiling thread's counts
+    got = machine.denied(figures, 1_000_000)
+    assert (got.runqueue_ns, got.kernel_thread) == (100_000, False)
+    for odd in (True, -5, "600000", 1e9):  # never more evidence than a measured int
+        figures["kernel_thread_runqueue_wait_ns"] = odd
+        assert machine.denied(figures, 1_000_000).runqueue_ns <= 1_000_000
 
 
 @pytest.mark.timeout(300)

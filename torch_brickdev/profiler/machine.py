@@ -6,7 +6,11 @@ processes ran, so that a verdict can tell a busy machine from a slow program.
 * ``wall_ns``, ``thread_cpu_ns`` (the profiling thread's CPU time), ``process_cpu_ns``;
 * ``runqueue_wait_ns``: the time the profiling thread was runnable but waiting for a CPU
   (Linux schedstat, ``/proc/self/task/TID/schedstat``), ``process_runqueue_wait_ns`` summed over
-  the process's threads (the backing kernels' own threads among them);
+  the process's threads, and ``kernel_thread_runqueue_wait_ns`` the longest of one thread of the
+  intra-op pool (``kernel_thread_ids()``: the threads a parallel kernel's work runs on, the
+  profiling thread among them). A parallel op ends when its slowest thread does: a pool thread
+  kept waiting delays it while the profiling thread, finished with its share, waits at the
+  barrier without queueing for a CPU;
 * ``involuntary_switches``: times the process was preempted (``getrusage``);
 * ``steal_ns``: CPU time the hypervisor gave other guests, all CPUs together (``/proc/stat``),
   and ``steal_share``, that over ``wall_ns * cpus``: the share of each CPU's time stolen;
@@ -23,8 +27,8 @@ processes ran, so that a verdict can tell a busy machine from a slow program.
   ``"off-cpu"`` (``1 - thread_cpu_ns / wall_ns``) where schedstat is not available: an upper
   bound, since it also counts the thread's own waits (I/O, a device).
 
-``denied(figures, wall_ns)`` reads them back as evidence for a verdict: the run-queue wait plus
-the stolen share of the wall. Only a measured wait counts: idle time, sleep, I/O and locks are
+``denied(figures, wall_ns)`` reads them back as evidence for a verdict: the run-queue wait (the
+profiling thread's, or an intra-op thread's where longer) plus the stolen share of the wall. Only a measured wait counts: idle time, sleep, I/O and locks are
 the program's own, and other processes busy on CPUs of their own did not make it wait.
 
 Nothing here runs on the op path: two samples per profiled region.
@@ -34,10 +38,10 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Dict, NamedTuple, Optional, Tuple
+from typing import Dict, Iterable, NamedTuple, Optional, Tuple
 
-__all__ = ["DENIED_COVER", "Denied", "Sample", "TICKED_WALL_NS", "denied", "machine_figures",
-           "sample", "spans_enough_ticks"]
+__all__ = ["DENIED_COVER", "Denied", "Sample", "TICKED_WALL_NS", "denied", "kernel_thread_ids",
+           "machine_figures", "sample", "spans_enough_ticks"]
 
 _TICK_NS = 1e9 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 1e7
 # The figures /proc/stat counts in ticks (others_*, steal_ns) need the region to span this many
@@ -86,9 +90,17 @@ def sample(ticks: bool = True) -> Sample:
     return tuple.__new__(Sample, _C._profiler.machine_sample(ticks))
 
 
-def machine_figures(before: Sample, after: Sample) -> dict:
+def kernel_thread_ids() -> Tuple[int, ...]:
+    """The Linux thread ids of the intra-op pool (at::parallel_for's threads, the calling one
+    among them); starts the pool where it had not started."""
+    from .. import _C
+
+    return tuple(_C._profiler.intra_op_thread_ids())
+
+
+def machine_figures(before: Sample, after: Sample, kernel_threads: Iterable[int] = ()) -> dict:
     """The region's figures (see the module's doc), JSON-ready. Call from the thread that took
-    ``before``."""
+    ``before``; ``kernel_threads``: the intra-op pool's thread ids (``kernel_thread_ids()``)."""
     wall = max(after.wall_ns - before.wall_ns, 1)
     thread_cpu = after.thread_cpu_ns - before.thread_cpu_ns
     figures = {
@@ -106,6 +118,10 @@ def machine_figures(before: Sample, after: Sample) -> dict:
         earlier = dict(before.thread_waits)
         figures["process_runqueue_wait_ns"] = sum(
             w - earlier.get(tid, 0) for tid, w in after.thread_waits)
+        waits = {tid: w - earlier[tid] for tid, w in after.thread_waits if tid in earlier}
+        pool = [waits[tid] for tid in kernel_threads if tid in waits]
+        if pool:
+            figures["kernel_thread_runqueue_wait_ns"] = max(pool)
         figures["denied_share"] = min(1.0, wait / wall)
         figures["denied_source"] = "runqueue"
     else:
@@ -143,6 +159,7 @@ class Denied(NamedTuple):
 
     runqueue_ns: float  # runnable, waiting for a CPU while other processes ran
     steal_ns: float  # its share of the time the hypervisor gave other guests
+    kernel_thread: bool = False  # the wait is an intra-op thread's, longer than the region's own
 
     @property
     def ns(self) -> float:
@@ -150,7 +167,8 @@ class Denied(NamedTuple):
 
     def text(self) -> str:
         stolen = f" + steal {self.steal_ns / 1e6:.1f} ms" if self.steal_ns else ""
-        return f"run-queue wait {self.runqueue_ns / 1e6:.1f} ms{stolen}"
+        whose = " of an intra-op thread" if self.kernel_thread else ""
+        return f"run-queue wait{whose} {self.runqueue_ns / 1e6:.1f} ms{stolen}"
 
 
 def _fraction(value) -> Optional[float]:
@@ -174,4 +192,7 @@ def denied(figures: dict, wall_ns: float) -> Optional[Denied]:
     if waited is None or not wall_ns > 0:
         return None
     stolen = _fraction(figures.get("steal_share")) or 0.0
-    return Denied(waited * wall_ns, stolen * wall_ns)
+    runqueue, kernel = waited * wall_ns, figures.get("kernel_thread_runqueue_wait_ns")
+    if isinstance(kernel, int) and not isinstance(kernel, bool) and kernel > runqueue:
+        return Denied(min(float(kernel), wall_ns), stolen * wall_ns, kernel_thread=True)
+    return Denied(runqueue, stolen * wall_ns)

@@ -124,6 +124,7 @@ class profile:
         if self._modules is not None:
             self._modules.__enter__()
         try:
+            self._kernel_threads = machine.kernel_thread_ids()
             # resets, waits for the devices, samples the machine, enables (nothing left if it fails)
             sample, self._start, self._registry_start = _native.begin_region(
                 self._reset, self._record_shapes, self._ops)
@@ -171,6 +172,7 @@ class profile:
             # the counters since the figures' reset: a report holds its own losses only
             health=dict(_native.health(since_reset=True)),
             machine=(self._machine_before, tuple.__new__(machine.Sample, machine_after)),
+            kernel_threads=self._kernel_threads,
             group_info=info,
             collectives=(self._collectives_before,
                          distributed.collective_counters() if info is not None else {}),
@@ -217,7 +219,8 @@ class profile:
             metadata.setdefault("ops", "kernels")
         report = Report.capture(wall_ns=captured.wall_ns, sync_mode=captured.sync_mode,
                                 metadata=metadata or None,
-                                machine=machine.machine_figures(*captured.machine),
+                                machine=machine.machine_figures(
+                                    *captured.machine, kernel_threads=captured.kernel_threads),
                                 rows=captured.rows, health=captured.health,
                                 created_ns=captured.created_ns,
                                 bricks_span_ns=captured.bricks_span_ns)
@@ -264,6 +267,7 @@ class _Captured(NamedTuple):
     rows: object  # _C._profiler.CapturedRows
     health: dict
     machine: Tuple[machine.Sample, machine.Sample]
+    kernel_threads: Tuple[int, ...]  # the intra-op pool's thread ids (machine.kernel_thread_ids)
     group_info: Optional[dict]
     collectives: Tuple[dict, dict]  # counters before and after the region
     shapes: Optional[list]
