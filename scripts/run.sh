@@ -6,8 +6,9 @@
 #   scripts/run.sh bench   set up, build, run the benchmarks
 #   scripts/run.sh sanitize  build and run the C++ suites under ASan+UBSan and TSan (also part of
 #                            `test`; BRICK_SKIP_SANITIZERS=1 skips them there)
-#   scripts/run.sh torch-lane VERSION  build and run GoogleTest and pytest against another PyTorch
-#                            release in its own virtual environment (`test` runs it for
+#   scripts/run.sh torch-lane VERSION [pytest args]  build against another PyTorch release in its
+#                            own virtual environment, run GoogleTest and the Python tests of
+#                            LANE_TESTS there (or those the arguments select) (`test` runs it for
 #                            $BRICK_TORCH_LANES, default 2.14.1; BRICK_TORCH_LANES= skips it)
 #   scripts/run.sh gpu       the GPU machine's job (docs/gpu-job.md), one command within 8 minutes,
 #                            no network: preflight, build with every core, a smoke step, the
