@@ -331,10 +331,8 @@ run_suite() {
   fi
   local parallel=0 alone=0
   # --durations: the slowest tests of each phase close its output, so a run shows where its
-  # time went (docs/benchmarks.md, the test command stage by stage). worksteal: a worker that
-  # runs out of tests takes queued ones from the other, where xdist's default hands each worker
-  # its share up front and one can end minutes after the other.
-  (trap '' INT; exec "$PYTHON" -m pytest "$@" -q -n "$workers" --dist worksteal -m "not timing$marks" --durations=40) ||
+  # time went (docs/benchmarks.md, the test command stage by stage).
+  (trap '' INT; exec "$PYTHON" -m pytest "$@" -q -n "$workers" -m "not timing$marks" --durations=40) ||
     parallel=$?
   log "pytest: the timing tests, alone"
   (trap '' INT; exec "$PYTHON" -m pytest "$@" -q -m "timing$marks" --durations=25) || alone=$?

@@ -1,5 +1,6 @@
 // torch_brickdev._C._profiler: the Python view of the registry, the observer and the timeline.
 #include <ATen/Parallel.h>
+#include <pthread.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <sys/syscall.h>
@@ -7,6 +8,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <ctime>
@@ -42,10 +44,21 @@ void GOMP_parallel(void (*fn)(void*), void* data, unsigned num_threads, unsigned
 int omp_get_thread_num() __attribute__((weak));
 }
 
+// A forked child's OpenMP runtime still thinks it has the parent's team, whose threads did
+// not survive the fork: a parallel region there never ends. A child asks for none.
+std::atomic<bool> g_forked{false};
+const bool g_fork_watch = [] {
+  ::pthread_atfork(nullptr, nullptr, [] { g_forked.store(true, std::memory_order_relaxed); });
+  return true;
+}();
+
 std::vector<int64_t> intra_op_thread_ids() {
   const auto self = static_cast<int64_t>(::syscall(SYS_gettid));
   const int threads = at::get_num_threads();
-  if (GOMP_parallel == nullptr || omp_get_thread_num == nullptr || threads <= 1) return {self};
+  if (GOMP_parallel == nullptr || omp_get_thread_num == nullptr || threads <= 1 ||
+      g_forked.load(std::memory_order_relaxed)) {
+    return {self};
+  }
   std::vector<int64_t> ids(static_cast<size_t>(threads), -1);
   GOMP_parallel(
       [](void* data) {
