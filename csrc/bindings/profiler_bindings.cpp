@@ -1,14 +1,10 @@
 // torch_brickdev._C._profiler: the Python view of the registry, the observer and the timeline.
 #include <ATen/Parallel.h>
-#include <pthread.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <ctime>
@@ -35,46 +31,6 @@ namespace brick::bindings {
 namespace {
 
 using registry::BrickStats;
-
-// libgomp's entry points, from the OpenMP runtime PyTorch loaded (this module is built without
-// OpenMP: at::parallel_for's pragmas compile to nothing here). Weak: null where it is absent.
-extern "C" {
-void GOMP_parallel(void (*fn)(void*), void* data, unsigned num_threads, unsigned flags)
-    __attribute__((weak));
-int omp_get_thread_num() __attribute__((weak));
-}
-
-// A forked child's OpenMP runtime still thinks it has the parent's team, whose threads did
-// not survive the fork: a parallel region there never ends. A child asks for none.
-std::atomic<bool> g_forked{false};
-const bool g_fork_watch = [] {
-  ::pthread_atfork(nullptr, nullptr, [] { g_forked.store(true, std::memory_order_relaxed); });
-  return true;
-}();
-
-std::vector<int64_t> intra_op_thread_ids() {
-  const auto self = static_cast<int64_t>(::syscall(SYS_gettid));
-  const int threads = at::get_num_threads();
-  if (GOMP_parallel == nullptr || omp_get_thread_num == nullptr || threads <= 1 ||
-      g_forked.load(std::memory_order_relaxed)) {
-    return {self};
-  }
-  std::vector<int64_t> ids(static_cast<size_t>(threads), -1);
-  GOMP_parallel(
-      [](void* data) {
-        auto& slots = *static_cast<std::vector<int64_t>*>(data);
-        const int index = omp_get_thread_num();
-        if (index >= 0 && static_cast<size_t>(index) < slots.size()) {
-          slots[static_cast<size_t>(index)] = static_cast<int64_t>(::syscall(SYS_gettid));
-        }
-      },
-      &ids, static_cast<unsigned>(threads), 0);
-  ids.push_back(self);
-  std::sort(ids.begin(), ids.end());
-  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-  ids.erase(std::remove(ids.begin(), ids.end(), int64_t{-1}), ids.end());
-  return ids;
-}
 
 // p50, p90, p99: the percentiles every report entry carries, taken in one pass.
 constexpr std::array<double, 3> kReportPercentiles = {0.50, 0.90, 0.99};
@@ -448,7 +404,7 @@ void bind_profiler(py::module_& parent) {
   // caller among them): the threads a parallel kernel's work waits on, whose run-queue waits
   // delay an op as the calling thread's own do. Only the caller where PyTorch's OpenMP runtime
   // is not GNU's (or compatible).
-  m.def("intra_op_thread_ids", [] { return intra_op_thread_ids(); });
+  m.def("intra_op_thread_ids", [] { return profiler::intra_op_thread_ids(at::get_num_threads()); });
   // How often this process's samples read /proc/stat and listed its threads, and the thread
   // files they hold open: what tests check the samples' savings with.
   m.def("machine_sample_reads", [] {

@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -11,6 +12,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <mutex>
@@ -233,5 +235,48 @@ MachineSample sample_machine(bool ticks) { return proc_files().sample(ticks); }
 MachineSampleReads machine_sample_reads() { return proc_files().reads(); }
 
 int machine_sample_open_thread_files() { return proc_files().open_thread_files(); }
+
+namespace {
+
+// libgomp's entry points, from the OpenMP runtime PyTorch loaded (this module is built without
+// OpenMP: at::parallel_for's pragmas would compile to nothing here). Weak: null where it is absent.
+extern "C" {
+void GOMP_parallel(void (*fn)(void*), void* data, unsigned num_threads, unsigned flags)
+    __attribute__((weak));
+int omp_get_thread_num() __attribute__((weak));
+}
+
+// A forked child's OpenMP runtime still thinks it has the parent's team, whose threads did
+// not survive the fork: a parallel region there never ends. A child asks for none.
+std::atomic<bool> g_forked{false};
+const bool g_fork_watch = [] {
+  ::pthread_atfork(nullptr, nullptr, [] { g_forked.store(true, std::memory_order_relaxed); });
+  return true;
+}();
+
+}  // namespace
+
+std::vector<int64_t> intra_op_thread_ids(int threads) {
+  const auto self = static_cast<int64_t>(::syscall(SYS_gettid));
+  if (GOMP_parallel == nullptr || omp_get_thread_num == nullptr || threads <= 1 ||
+      g_forked.load(std::memory_order_relaxed)) {
+    return {self};
+  }
+  std::vector<int64_t> ids(static_cast<size_t>(threads), -1);
+  GOMP_parallel(
+      [](void* data) {
+        auto& slots = *static_cast<std::vector<int64_t>*>(data);
+        const int index = omp_get_thread_num();
+        if (index >= 0 && static_cast<size_t>(index) < slots.size()) {
+          slots[static_cast<size_t>(index)] = static_cast<int64_t>(::syscall(SYS_gettid));
+        }
+      },
+      &ids, static_cast<unsigned>(threads), 0);
+  ids.push_back(self);
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  ids.erase(std::remove(ids.begin(), ids.end(), int64_t{-1}), ids.end());
+  return ids;
+}
 
 }  // namespace brick::profiler

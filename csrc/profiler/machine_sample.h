@@ -50,4 +50,10 @@ MachineSampleReads machine_sample_reads();
 // The /proc/self/task/*/schedstat files the samples hold open (one per live thread listed).
 int machine_sample_open_thread_files();
 
+// The Linux thread ids of the intra-op pool of `threads` threads (the OpenMP team a parallel
+// kernel runs on, the caller among them), sorted: the threads whose run-queue waits delay a
+// parallel op as the caller's own do. Only the caller where PyTorch's OpenMP runtime is not
+// GNU's (or compatible), in a forked child, or for one thread.
+std::vector<int64_t> intra_op_thread_ids(int threads);
+
 }  // namespace brick::profiler

@@ -28,8 +28,9 @@ processes ran, so that a verdict can tell a busy machine from a slow program.
   bound, since it also counts the thread's own waits (I/O, a device).
 
 ``denied(figures, wall_ns)`` reads them back as evidence for a verdict: the run-queue wait (the
-profiling thread's, or an intra-op thread's where longer) plus the stolen share of the wall. Only a measured wait counts: idle time, sleep, I/O and locks are
-the program's own, and other processes busy on CPUs of their own did not make it wait.
+profiling thread's, or an intra-op thread's where longer) plus the stolen share of the wall.
+Only a measured wait counts: idle time, sleep, I/O and locks are the program's own, and other
+processes busy on CPUs of their own did not make it wait.
 
 Nothing here runs on the op path: two samples per profiled region.
 """
