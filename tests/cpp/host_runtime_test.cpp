@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/steady_clock.h"
 #include "runtime/runtime.h"
 #include "runtime_test_util.h"
 #include "test_util.h"
@@ -394,15 +395,38 @@ TEST_F(DeferredHostTest, IsAsynchronousUnlikeTheDefault) {
   EXPECT_FALSE(make_host_runtime(1)->asynchronous());
 }
 
+// What is seen right after a record holds only while the deferral has not passed. A check is
+// judged only when the clock proves it ran inside that window (a busy machine or a sanitizer can
+// stretch any call past 20 µs): it retries until one attempt does, and skips if none ever can.
 TEST_F(DeferredHostTest, EventsCompleteAfterTheirRecordAndSynchronizeWaits) {
   EXPECT_TRUE(rt->query_event(start));  // never recorded: nothing to wait for, as on CUDA
-  rt->record_event(start, 0, kDefaultStream);
-  rt->record_event(end, 0, kDefaultStream);
-  EXPECT_FALSE(rt->query_event(end));
-  EXPECT_EQ(rt->event_host_time_ns(end), -1);
-  EXPECT_FALSE(rt->query_stream(0, kDefaultStream));
-  EXPECT_CONTAINS(brick::test::thrown_message<Error>([&] { rt->elapsed_ms(start, end); }, "Error"),
-                  "to have completed");
+  struct Seen {
+    bool event_done, stream_done, elapsed_refused;
+    int64_t host_time;
+    std::string refusal;
+  };
+  std::optional<Seen> in_window;
+  for (int attempt = 0; attempt < 1000 && !in_window; ++attempt) {
+    const int64_t before_record = steady_ns();
+    rt->record_event(start, 0, kDefaultStream);
+    rt->record_event(end, 0, kDefaultStream);
+    Seen seen{rt->query_event(end), rt->query_stream(0, kDefaultStream), false,
+              rt->event_host_time_ns(end), ""};
+    try {
+      rt->elapsed_ms(start, end);
+    } catch (const Error& e) {
+      seen.elapsed_refused = true;
+      seen.refusal = e.what();
+    }
+    if (steady_ns() < before_record + kDeferredCompletionNs) in_window = seen;
+  }
+  if (!in_window) GTEST_SKIP() << "no attempt ran within the deferral: the machine is too busy";
+  EXPECT_FALSE(in_window->event_done);
+  EXPECT_EQ(in_window->host_time, -1);
+  EXPECT_FALSE(in_window->stream_done);
+  EXPECT_TRUE(in_window->elapsed_refused);
+  EXPECT_CONTAINS(in_window->refusal, "to have completed");
+
   rt->synchronize_event(end);
   EXPECT_TRUE(rt->query_event(end));
   EXPECT_GE(rt->event_host_time_ns(end), 0);
