@@ -14,6 +14,7 @@ Its parts, one job each:
 * :mod:`.convolution`: FakeTensor's convolution layouts predicted as the backing device's;
 * :mod:`.ranges`: ``record_function`` ranges kept as bricks through Inductor's passes;
 * :mod:`.scheduling`: Inductor's C++ kernels generated for brick (the CPU's code);
+* :mod:`.cpu_branches`: the CPU's branches of Inductor's lowerings taken for brick;
 * :mod:`.wrapper`: the generated Python wrapper, which marks compiled code and its ranges for
   brick's profilers;
 * :mod:`.backend`: the backend's registration with Inductor (its custom pass among it).
@@ -42,9 +43,10 @@ generated with the CPU as Inductor's current device (so its ``get_current_backen
 not the "triton" it assumes for other devices), and Inductor's two ``is_cpu()`` tests — which
 mean "code from the C++ backend": the scheduler skips loop transformations that assume Triton's
 loop groups, and buffers are realized by the CPU's heuristics — are extended to brick (the only
-changes to Inductor here). Lowering still sees brick as a device other than the CPU: where it
-lowers differently for the CPU, brick takes the generic way (e.g. division by a constant becomes
-multiplication by its reciprocal), which can differ from the CPU in the last bit.
+changes to Inductor's code generation). Where lowerings and decompositions test
+``device.type == "cpu"`` to pick the C++ backend's numerics (two-pass variance, division by a
+constant, small matmuls' decompositions, argmax's logical index), brick takes the CPU's branch
+(:mod:`.cpu_branches`), so compiled brick code computes what compiled CPU code does, to the bit.
 
 **Ranges in compiled code.** With ``torch._dynamo.config.capture_profiler_record_function``
 on, dynamo keeps a region's ``record_function`` ranges as graph nodes; Inductor would fuse across

@@ -1,6 +1,7 @@
 """Brick's Inductor backend, registered (:func:`register`): its scheduling and wrappers, its custom
 pass (:class:`BrickPass`), the device-op overrides, the range passes, dynamo's device interface,
-and Inductor's two ``is_cpu()`` tests extended to brick. Imported by
+Inductor's two ``is_cpu()`` tests extended to brick, and the CPU's branches of its lowerings
+(:mod:`.cpu_branches`). Imported by
 :func:`torch_brickdev._compile.register`, the first time Inductor sets up its backends."""
 
 import hashlib
@@ -17,6 +18,7 @@ from torch._inductor.scheduler import BaseSchedulerNode
 
 from .. import BACKEND_NAME
 from . import backing_for_cache_key, decline_on_cuda_backing, device_interface, ranges
+from .cpu_branches import take_the_cpus_branches
 from .scheduling import BrickScheduling
 from .wrapper import BrickCppWrapper, BrickDeviceOpOverrides, BrickWrapperCodegen
 
@@ -95,4 +97,5 @@ def register() -> bool:
         **{key: value for key, value in optional.items() if key in accepted})
     BaseSchedulerNode.is_cpu = _node_is_cpu_or_brick
     ir.is_cpu = _ir_is_cpu_or_brick
+    take_the_cpus_branches()
     return ranges_hooked
