@@ -102,6 +102,12 @@ use_compiler_cache() {
   export CMAKE_CUDA_COMPILER_LAUNCHER=ccache
 }
 
+# Whether $PYTHON has MODULE, found without importing it (importing each client library, torch
+# with it, cost a torch lane's set-up most of a minute); a dotted name's parents are imported.
+installed() {
+  "$PYTHON" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec(sys.argv[1]) is None)" "$1" 2>/dev/null
+}
+
 # Python packages, by what the job needs: `build` (torch and setuptools: the main job), `test`
 # (also pytest and its plugins, and the libraries the tests run on brick).
 setup_python() {
@@ -117,31 +123,31 @@ setup_python() {
   [ "$1" = test ] || return 0
   local wanted=()
   for module in pytest pytest_timeout numpy expecttest hypothesis; do
-    TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PYTHON" -c "import $module" 2>/dev/null || wanted+=("${module//_/-}")
+    installed "$module" || wanted+=("${module//_/-}")
   done
   # pytest-xdist: run_pytest runs the tests that measure no time in parallel.
-  TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PYTHON" -c "import xdist" 2>/dev/null || wanted+=(pytest-xdist)
+  installed xdist || wanted+=(pytest-xdist)
   if [ ${#wanted[@]} -gt 0 ]; then
     log "installing ${wanted[*]}"
     "$PYTHON" -m pip install -q "${wanted[@]}" || echo "could not install ${wanted[*]}; continuing" >&2
   fi
   # transformers models run on brick in the tests (small random configs, no downloads). Pinned:
   # its dependencies never include torch.
-  if ! TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PYTHON" -c "import transformers" 2>/dev/null; then
+  if ! installed transformers; then
     log "installing transformers"
     "$PYTHON" -m pip install -q "transformers==5.24.0" ||
       echo "could not install transformers; its tests will skip" >&2
   fi
   # accelerate runs transformers' Trainer. It declares torch: installed without its
   # dependencies (psutil, pyyaml, safetensors, huggingface_hub come with the packages above).
-  if ! TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PYTHON" -c "import accelerate" 2>/dev/null; then
+  if ! installed accelerate; then
     log "installing accelerate"
     "$PYTHON" -m pip install -q psutil pyyaml && "$PYTHON" -m pip install -q --no-deps "accelerate==1.15.0" ||
       echo "could not install accelerate; the Trainer tests will skip" >&2
   fi
   # PyTorch Lightning trains on brick in the tests (Trainer(accelerator="brick")). Lightning
   # and torchmetrics declare torch: installed without their dependencies, which come first.
-  if ! TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PYTHON" -c "import lightning.pytorch" 2>/dev/null; then
+  if ! installed lightning || ! installed torchmetrics; then
     log "installing lightning"
     "$PYTHON" -m pip install -q fsspec tqdm packaging pyyaml typing-extensions \
       "lightning-utilities==0.15.3" &&
@@ -151,15 +157,15 @@ setup_python() {
   # torchvision's models train on brick in the tests. Its wheels are built for one torch release
   # each (and against CUDA): the 2.14 lane's torch is such a build, so it gets the matching
   # release, pinned, without dependencies (pillow pinned beside it). Elsewhere its tests skip.
-  if TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PYTHON" -c "import sys, torch; sys.exit(not torch.__version__.startswith('2.14.'))" 2>/dev/null &&
-    ! TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PYTHON" -c "import torchvision" 2>/dev/null; then
+  if "$PYTHON" -c "import sys; from importlib.metadata import version; sys.exit(not version('torch').startswith('2.14.'))" 2>/dev/null &&
+    ! installed torchvision; then
     log "installing torchvision"
     "$PYTHON" -m pip install -q --no-deps "torchvision==0.29.1" "pillow==11.3.0" ||
       echo "could not install torchvision; its tests will skip" >&2
   fi
   # HolisticTraceAnalysis loads brick's traces in the tests. Its declared dependencies pull in
   # jupyterlab; it imports only these, so it is installed without them.
-  if ! TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PYTHON" -c "import hta.trace_analysis" 2>/dev/null; then
+  if ! installed hta; then
     log "installing HolisticTraceAnalysis"
     "$PYTHON" -m pip install -q pandas plotly networkx pydot psutil pyyaml &&
       "$PYTHON" -m pip install -q --no-deps HolisticTraceAnalysis ||
@@ -168,7 +174,7 @@ setup_python() {
   # torch-geometric's sparse adjacency paths run on brick in the tests (test_sparse.py). It
   # declares torch-related extras it does not import: installed without its dependencies, the
   # ones it imports first.
-  if ! TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PYTHON" -c "import torch_geometric" 2>/dev/null; then
+  if ! installed torch_geometric; then
     log "installing torch-geometric"
     "$PYTHON" -m pip install -q fsspec jinja2 numpy psutil pyparsing requests tqdm xxhash &&
       "$PYTHON" -m pip install -q --no-deps "torch-geometric==2.8.1" ||
@@ -325,7 +331,7 @@ run_pytest() {
 run_suite() {
   local marks=${1:+ and ($1)} workers=${BRICK_TEST_WORKERS:-$(nproc)}
   shift
-  if [ "$workers" -le 1 ] || ! TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PYTHON" -c "import xdist" 2>/dev/null; then
+  if [ "$workers" -le 1 ] || ! installed xdist; then
     (trap '' INT; exec "$PYTHON" -m pytest "$@" -q -m "${marks# and }")
     return
   fi
@@ -367,7 +373,7 @@ case "$job" in
     run_pytest "${@:2}"
     log "the GPU job, rehearsed on the host runtime"
     # (In a subshell: the rehearsal's environment, its runtime and event completion, ends there.)
-    (BRICK_REHEARSAL_BUILD_DIR="$BRICK_BUILD_DIR" gpu --rehearse)
+    (BRICK_REHEARSAL_BUILD_DIR="$BRICK_BUILD_DIR" BRICK_REHEARSAL_GTEST_PASSED=1 gpu --rehearse)
     if [ "${BRICK_SKIP_SANITIZERS:-0}" != 1 ]; then sanitize; fi
     for version in ${BRICK_COMPILE_LANES-2.11.0}; do compile_lane "$version"; done
     for version in ${BRICK_TORCH_LANES-2.14.1}; do torch_lane "$version" "${@:2}"; done

@@ -8,6 +8,10 @@ allocate brick memory, are brick ops, not CPU work.
 
 from __future__ import annotations
 
+import functools
+import json
+import os
+
 import pytest
 import torch
 
@@ -132,3 +136,55 @@ def test_top_keeps_an_ops_host_row_apart_from_its_brick_row():
     assert merged["aten::mm"]["count"] == 6 and merged["aten::mm"]["total_ns"] == 6000
     assert merged["aten::mm [host]"]["count"] == 10
     assert merged["aten::mm [host]"]["kind"] == "host"
+
+
+_ASYNCHRONOUS = """
+import json, torch
+from torch_brickdev import profiler as bp
+from test_host_ops import CALLS, mixed_program
+seen = {}
+for mode in ("event", "deferred", "immediate"):
+    with bp.profile(sync_mode=mode) as prof:
+        mixed_program()
+    rows = {b.kind: b for b in prof.report.bricks if b.name == "aten::mm"}
+    seen[mode] = {"kinds": sorted(rows), "host_calls": rows["host"].count,
+                  "brick_calls": rows["op"].count,
+                  "host_ops": [r["name"] for r in prof.report.host_ops],
+                  "pending": bp.health()["pending_events"],
+                  "failures": bp.health()["timing_failures"]}
+a, b = torch.randn(256, 256), torch.randn(256, 256, device="brick")
+with torch.autograd.profiler.profile(use_device="brick") as legacy:
+    for _ in range(CALLS):
+        torch.mm(a, a)
+    torch.mm(b, b).cpu()
+seen["legacy"] = [e.self_device_time_total for e in legacy.function_events if e.name == "aten::mm"]
+print(json.dumps(seen))
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def _seen_on_an_asynchronous_device() -> dict:
+    """_ASYNCHRONOUS in a child on the host runtime with deferred completion (events complete
+    after they are recorded, as on a GPU), once for the tests below."""
+    from helpers import child_env, run_python
+
+    env = child_env(BRICK_HOST_COMPLETION="deferred", BRICK_RUNTIME="host")
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__), env["PYTHONPATH"]])
+    done = run_python("-c", _ASYNCHRONOUS, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("sync", ["event", "deferred", "immediate"])
+def test_on_an_asynchronous_device_a_cpu_op_is_still_a_host_row(sync):
+    """CPU ops stay host rows in every sync mode and owe no event pairs."""
+    mode = _seen_on_an_asynchronous_device()[sync]
+    assert mode["kinds"] == ["host", "op"], mode
+    assert mode["host_calls"] == CALLS and mode["brick_calls"] == CALLS, mode
+    assert "aten::mm" in mode["host_ops"], mode
+    assert mode["pending"] == 0 and mode["failures"] == 0, mode
+
+
+def test_on_an_asynchronous_device_the_legacy_profiler_gives_a_cpu_op_no_brick_time():
+    legacy = _seen_on_an_asynchronous_device()["legacy"]
+    assert legacy[:CALLS] == [0] * CALLS and legacy[CALLS] > 0, legacy
