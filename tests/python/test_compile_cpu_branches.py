@@ -102,6 +102,7 @@ def test_ops_with_device_type_branches_equal_compiled_cpu():
     _assert_bit_equal_to_compiled_cpu(_elementwise_and_reductions, x, w, b, m, v, k1)
 
 
+@pytest.mark.model
 @pytest.mark.timeout(300)
 def test_transformer_models_equal_compiled_cpu():
     """A ViT-style block and BERT (transformers): their LayerNorms and attention's scaling are
