@@ -423,7 +423,7 @@ void bind_profiler(py::module_& parent) {
     return profiler::op_timing() == profiler::OpTiming::Kernels ? "kernels" : "dispatcher";
   });
   // Per op brick and input signature: (path, name, overload, device, shapes, dtypes, values,
-  // calls, total_ns, min_ns, max_ns), the signature's last three parts as JSON text.
+  // calls, total_ns, min_ns, max_ns, kind), the signature's three parts as JSON text.
   m.def("shape_rows", [] {
     std::vector<profiler::ShapeRow> rows;
     {
@@ -434,7 +434,7 @@ void bind_profiler(py::module_& parent) {
     for (const profiler::ShapeRow& row : rows) {
       out.append(py::make_tuple(row.path, row.name, row.overload, row.device, row.shapes,
                                 row.dtypes, row.values, row.calls, row.total_ns, row.min_ns,
-                                row.max_ns));
+                                row.max_ns, registry::kind_name(row.kind)));
     }
     return out;
   });

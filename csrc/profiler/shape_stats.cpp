@@ -22,6 +22,7 @@ std::vector<ShapeRow> shape_rows() {
     row.name = stats->second->name;
     row.path = stats->second->path;
     row.device = stats->second->device;
+    row.kind = stats->second->kind;
     if (&rows[kept] != &row) rows[kept] = std::move(row);
     ++kept;
   }

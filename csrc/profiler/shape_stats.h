@@ -19,6 +19,9 @@ struct ShapeRow {
   std::string overload;  // the overload its call took ("Tensor" for aten::add.Tensor; "" for none)
   std::string path;      // its brick's call path, as the registry's path view names it
   int device;
+  // Op, or Host for the calls that ran no brick work (a CPU op's; see the observer): the same
+  // path's brick row and host row have their own signature rows.
+  registry::Kind kind = registry::Kind::Op;
   // JSON lists with one entry per input: a tensor's sizes, a tensor list's sizes (a list of
   // them), [] for anything else; its dtype ("Float", "BFloat16"), "TensorList", or the kind of
   // value ("int", "float", "bool", "int[]", "None", "str", "Device", ...); the value of an int,

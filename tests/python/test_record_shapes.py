@@ -18,27 +18,27 @@ from profiler_helpers import load_benchmark
 def _calls_by_op(rows):
     calls = collections.Counter()
     for r in rows:
-        calls[r.name] += r.calls
+        calls[r.name, r.kind] += r.calls
     return calls
 
 
 def _assert_rows_add_up(report):
-    """Every op's calls are its signature rows' calls, by name and per call path (its brick row
-    and its host row together: the signature rows do not tell them apart)."""
+    """Every op's calls are its signature rows' calls, by name and per call path and kind (an
+    op's brick row and its host row each)."""
     assert report.shape_stats(), "no shape rows"
     by_name = _calls_by_op(report.shape_stats())
     calls, path_calls = collections.Counter(), collections.Counter()
     for b in report.bricks:
         if b.kind in ("op", "host"):
-            calls[b.name] += b.count
+            calls[b.name, b.kind] += b.count
     for p in report.paths:
         if p.kind in ("op", "host"):
-            path_calls[p.path] += p.count
+            path_calls[p.path, p.kind] += p.count
     for name, count in calls.items():
         assert by_name[name] == count, (name, by_name[name], count)
     by_path = collections.Counter()
     for r in report.shape_stats(by="path"):
-        by_path[r.path] += r.calls
+        by_path[r.path, r.kind] += r.calls
     for path, count in path_calls.items():
         assert by_path[path] == count, (path, by_path[path], count)
 
@@ -116,6 +116,34 @@ def test_the_setting_cannot_change_while_profiling():
         bp.profile(record_shapes="yes")
 
 
+def test_a_cpu_ops_calls_are_host_rows_apart_from_its_brick_calls(tmp_path):
+    """A mixed program: the CPU's matmuls are the op's host rows (their host time), the brick's
+    its op rows; the table marks the host rows; a report file keeps the kind, and one written
+    before rows had a kind reads its rows as brick calls."""
+    a, b = torch.randn(64, 64), torch.randn(32, 32, device="brick")
+    with bp.profile(record_shapes=True) as p:
+        for _ in range(3):
+            torch.mm(a, a)
+        for _ in range(2):
+            torch.mm(b, b)
+    _assert_rows_add_up(p.report)
+    mm = {r.kind: r for r in p.report.shape_stats() if r.name == "aten::mm"}
+    assert set(mm) == {"op", "host"}
+    assert (mm["host"].calls, mm["host"].shapes) == (3, [[64, 64], [64, 64]])
+    assert (mm["op"].calls, mm["op"].shapes) == (2, [[32, 32], [32, 32]])
+    assert mm["host"].total_ns == {b.kind: b for b in p.report.bricks
+                                   if b.name == "aten::mm"}["host"].total_ns
+    table = p.report.table(by="shape", width=0).splitlines()
+    assert any(line.startswith("aten::mm [host] ") and "[64, 64]" in line for line in table)
+    assert any(line.startswith("aten::mm ") and "[32, 32]" in line for line in table)
+    back = bp.load_report(p.report.write_json(tmp_path / "report.json"))
+    assert back.shape_stats() == p.report.shape_stats()
+    older = p.report.to_dict()
+    for entry in older["metadata"]["shapes"]:
+        del entry["kind"]
+    assert {r.kind for r in bp.load_report(older).shape_stats()} == {"op"}
+
+
 def test_the_rows_survive_the_json_round_trip(tmp_path):
     x = torch.randn(4, 8, device="brick")
     with bp.profile(record_shapes=True) as p:
@@ -131,6 +159,9 @@ def test_the_rows_survive_the_json_round_trip(tmp_path):
     (["x"], r"metadata.shapes\[0\] must be an object"),
     ([{"name": "aten::mm"}], r"metadata.shapes\[0\].overload must be a str"),
     ([{"name": "aten::mm", "overload": ""}], r"metadata.shapes\[0\].path must be a str"),
+    ([{"name": "aten::mm", "overload": "", "path": "aten::mm", "device": 0, "shapes": [],
+       "dtypes": [], "values": [], "calls": 1, "total_ns": 1, "min_ns": 1, "max_ns": 1,
+       "kind": "range"}], r"metadata.shapes\[0\].kind must be one of 'op', 'host', got 'range'"),
 ])
 def test_a_malformed_shapes_entry_is_named(entry, problem):
     report = bp.Report(bricks=[], paths=[], wall_ns=1, sync_mode="event", device={},

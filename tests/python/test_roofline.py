@@ -49,6 +49,22 @@ def test_a_known_matmuls_work_is_exact(peaks_env):
     assert mm.unestimated_calls == 0 and mm.dtype == "float32"
 
 
+def test_a_cpu_ops_work_is_in_no_bricks_roofline(peaks_env):
+    """The same op on CPU tensors and on brick tensors, also inside one range: only the brick
+    calls' work is the brick's and the range's (the CPU's calls ran no brick work)."""
+    a, b = torch.randn(64, 64), torch.randn(32, 32, device="brick")
+    with bp.profile(roofline=True) as p:
+        with torch.profiler.record_function("Prep"):
+            for _ in range(3):
+                torch.mm(a, a)
+        for _ in range(2):
+            torch.mm(b, b)
+    rows = _rows(p.report)
+    assert rows["aten::mm"].flops == 2 * 2 * 32 ** 3
+    assert "Prep/aten::mm" not in rows, sorted(rows)
+    assert (rows["Prep"].flops, rows["Prep"].bytes) == (0, 0)  # (its matmuls' resolve_conj)
+
+
 def test_a_range_counts_its_outermost_ops_once(peaks_env):
     layer = torch.nn.Linear(128, 64).to("brick")
     x = torch.randn(32, 128, device="brick")

@@ -206,6 +206,8 @@ def compute(report_paths, shape_rows, measure=peaks) -> dict:
     unestimated: Dict[str, int] = {}
     dtype_flops: Dict[str, Dict[str, int]] = {}
     for row in shape_rows:
+        if row.kind != "op":  # calls that ran on the CPU: no brick work, in no brick's roofline
+            continue
         ancestors = row.path.split("/")[:-1]
         prefixes = ["/".join(ancestors[:i + 1]) for i in range(len(ancestors))]
         # The op's own brick, and the ranges it is the outermost op of: an enclosing op's work

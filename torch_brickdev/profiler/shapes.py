@@ -50,6 +50,14 @@ class ShapeStats:
     total_ns: int
     min_ns: int
     max_ns: int
+    # "op", or "host" for the calls that ran no brick work (a CPU op's: host time, no device
+    # time), kept apart from the op's brick calls as the report's bricks keep them. A report
+    # written before rows had a kind is read as "op".
+    kind: str = "op"
+
+    def label(self) -> str:
+        """The name as tables and diffs show it: a host row's with " [host]"."""
+        return self.name if self.kind == "op" else f"{self.name} [{self.kind}]"
 
     def avg_us(self) -> float:
         return self.total_ns / self.calls / 1000.0 if self.calls else 0.0
@@ -64,18 +72,19 @@ def capture() -> List[dict]:
     """The registry's rows of the region that recorded shapes, as the report's
     ``metadata["shapes"]`` holds them."""
     rows = []
-    for path, name, overload, device, shapes, dtypes, values, calls, total, low, high in \
+    for path, name, overload, device, shapes, dtypes, values, calls, total, low, high, kind in \
             _C._profiler.shape_rows():
         rows.append(dict(name=name, overload=overload, path=path, device=device,
                          shapes=json.loads(shapes),
                          dtypes=[_DTYPE_NAMES.get(d, d) for d in json.loads(dtypes)],
                          values=json.loads(values), calls=calls, total_ns=total, min_ns=low,
-                         max_ns=high))
+                         max_ns=high, kind=kind))
     return rows
 
 
 _FIELDS = {"name": str, "overload": str, "path": str, "device": int, "shapes": list, "dtypes": list,
            "values": list, "calls": int, "total_ns": int, "min_ns": int, "max_ns": int}
+_KINDS = ("op", "host")
 
 
 def _row(entry, index: int) -> ShapeStats:
@@ -87,7 +96,11 @@ def _row(entry, index: int) -> ShapeStats:
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise ValueError(f"brick report: metadata.shapes[{index}].{field} must be "
                              f"{'an' if kind is int else 'a'} {kind.__name__}, got {value!r}")
-    return ShapeStats(**{field: entry[field] for field in _FIELDS})
+    row_kind = entry.get("kind", "op")  # absent in reports written before rows had a kind
+    if row_kind not in _KINDS:
+        raise ValueError(f"brick report: metadata.shapes[{index}].kind must be one of "
+                         f"{', '.join(map(repr, _KINDS))}, got {row_kind!r}")
+    return ShapeStats(**{field: entry[field] for field in _FIELDS}, kind=row_kind)
 
 
 def shape_stats(metadata: dict, by: str = "name") -> List[ShapeStats]:
@@ -105,16 +118,17 @@ def shape_stats(metadata: dict, by: str = "name") -> List[ShapeStats]:
                          f"{type_name(entries)}")
     rows = [_row(entry, i) for i, entry in enumerate(entries)]
     if by == "name":
-        merged: Dict[Tuple[str, str, str, str], ShapeStats] = {}
+        merged: Dict[Tuple[str, ...], ShapeStats] = {}
         for r in rows:
             key = (r.name, r.overload, json.dumps(r.shapes), json.dumps(r.dtypes),
-                   json.dumps(r.values))
+                   json.dumps(r.values), r.kind)
             seen = merged.get(key)
             device = r.device if seen is None or seen.device == r.device else -1
             merged[key] = r if seen is None else ShapeStats(
                 name=r.name, overload=r.overload, path=r.name, device=device, shapes=r.shapes, dtypes=r.dtypes,
                 values=r.values, calls=seen.calls + r.calls, total_ns=seen.total_ns + r.total_ns,
-                min_ns=min(seen.min_ns, r.min_ns), max_ns=max(seen.max_ns, r.max_ns))
+                min_ns=min(seen.min_ns, r.min_ns), max_ns=max(seen.max_ns, r.max_ns),
+                kind=r.kind)
         rows = [r if r.path == r.name else ShapeStats(**{**r.__dict__, "path": r.name})
                 for r in merged.values()]
     rows.sort(key=lambda r: -r.total_ns)
@@ -144,7 +158,7 @@ def shape_table(rows: List[ShapeStats], wall_ns: int, row_limit: Optional[int]) 
         raise ValueError("brick report: no input shapes; profile with record_shapes=True "
                          "(python -m torch_brickdev profile --record-shapes) for table(by='shape')")
     shown = rows[:row_limit] if row_limit is not None else rows
-    width = max(len("Name"), *(len(r.name) for r in shown)) + 2
+    width = max(len("Name"), *(len(r.label()) for r in shown)) + 2
     inputs = [_signature_text(r) for r in shown]
     input_width = min(max(len("Inputs"), *(len(i) for i in inputs)), 70) + 2
     header = (f"{'Name':<{width}}{'Inputs':<{input_width}}{'Calls':>9}{'Total ms':>12}"
@@ -155,10 +169,11 @@ def shape_table(rows: List[ShapeStats], wall_ns: int, row_limit: Optional[int]) 
     for r, text in zip(shown, inputs):
         if len(text) > input_width - 2:
             text = text[:input_width - 5] + "..."
-        lines.append(f"{r.name:<{width}}{text:<{input_width}}{r.calls:>9}"
+        lines.append(f"{r.label():<{width}}{text:<{input_width}}{r.calls:>9}"
                      f"{r.total_ns / 1e6:>12.3f}{r.avg_us():>11.3f}{r.min_ns / 1e3:>11.3f}"
                      f"{r.max_ns / 1e3:>11.3f}{100 * r.total_ns / wall:>7.1f}%")
     lines.append(rule)
     lines.append(f"{len(rows)} (op, inputs) rows, slowest total first; the calls of an op's rows "
-                 "add up to its calls")
+                 "add up to its calls; [host]: calls that ran on the CPU, not on brick (no device "
+                 "time)")
     return "\n".join(lines)
