@@ -337,8 +337,11 @@ run_suite() {
   fi
   local parallel=0 alone=0
   # --durations: the slowest tests of each phase close its output, so a run shows where its
-  # time went (docs/benchmarks.md, the test command stage by stage).
-  (trap '' INT; exec "$PYTHON" -m pytest "$@" -q -n "$workers" -m "not timing$marks" --durations=40) ||
+  # time went (docs/benchmarks.md, the test command stage by stage). Worksteal: each worker
+  # starts on its own contiguous share of the tests (a module's fixtures set up once where it
+  # can), and one that runs out takes tests from the other's queue.
+  (trap '' INT; exec "$PYTHON" -m pytest "$@" -q -n "$workers" --dist worksteal \
+    -m "not timing$marks" --durations=40) ||
     parallel=$?
   log "pytest: the timing tests, alone"
   (trap '' INT; exec "$PYTHON" -m pytest "$@" -q -m "timing$marks" --durations=25) || alone=$?

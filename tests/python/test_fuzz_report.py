@@ -478,7 +478,10 @@ def test_a_top_level_that_is_not_an_object_is_rejected(top):
 
 # ---- 2. the reader on files: text and bytes -----------------------------------------------------
 
-FILES = tempfile.mkdtemp(prefix="fuzz_report_")
+# This process's folder of report files, made (with GOOD_FILE) by the module's fixture each time
+# it is set up, and removed at its teardown: a worker that steals this module's tests after it
+# tore the fixture down gets them again, and one that runs none of them leaves nothing behind.
+FILES = os.path.join(tempfile.gettempdir(), f"fuzz_report_{os.getpid()}")
 _counter = [0]
 
 
@@ -856,8 +859,6 @@ def _good_args(**override) -> dict:
 
 
 GOOD_FILE = os.path.join(FILES, "good.json")
-with open(GOOD_FILE, "w") as _f:
-    _f.write(BASE_TEXT)
 MISSING_FILE = os.path.join(FILES, "absent", "report.json")
 
 CASES: List[Case] = [
@@ -1079,6 +1080,17 @@ for _check_id, _fn in contract.CHECKS:
 
 
 @pytest.fixture(scope="module", autouse=True)
+def report_files():
+    """FILES with GOOD_FILE in it, for the module's tests (see FILES)."""
+    shutil.rmtree(FILES, ignore_errors=True)  # (left by an earlier process of the same id)
+    os.makedirs(FILES)
+    with open(GOOD_FILE, "w") as f:
+        f.write(BASE_TEXT)
+    yield
+    shutil.rmtree(FILES, ignore_errors=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
 def bad_input_count():
     yield
     clear = sum(TRIED.values())
@@ -1086,7 +1098,6 @@ def bad_input_count():
     unclear = sorted(case_id for case_id, ok in TRIED.items() if not ok)
     if unclear:
         print(f"unclear ({len(unclear)}): {', '.join(unclear)}")
-    shutil.rmtree(FILES, ignore_errors=True)
 
 
 def _unclear_reasons(case: Case) -> List[str]:
