@@ -1194,3 +1194,22 @@ def test_profiler_subpackage_is_reachable_from_the_package():
     out = run_python("-c", code, env=no_autoload_env())
     assert out.returncode == 0, out.stderr[-2000:]
     assert "aten::add" in out.stdout
+
+
+def test_torch_profilers_events_are_found_per_brick_path():
+    """bench_cuda.py's per-brick comparison (Event mode against CUPTI, on a GPU) reads
+    torch.profiler's events per brick path: every block of a decode is found there with brick's
+    own number of calls (run here on the CPU's events; a GPU adds their kernels' time)."""
+    from profiler_helpers import load_benchmark
+    from torch_brickdev.tools import demo
+
+    by_path = load_benchmark("bench_cuda").device_times_by_path
+    config = demo.DecodeConfig(tokens=3)
+    model = demo.build_model(config, "brick:0")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        with bp.profile(sync_mode="event") as session, torch.no_grad():
+            demo.decode(model, config, "brick:0")
+    blocks = {p.path: p.count for p in session.report.paths if p.kind == "range"}
+    assert {"RmsNorm", "AttentionScore", "LmHead", "Sampling"} <= set(blocks), sorted(blocks)
+    found = by_path(prof.events(), set(blocks))
+    assert {path: calls for path, (calls, _) in found.items()} == blocks
