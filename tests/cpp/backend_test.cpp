@@ -501,14 +501,17 @@ TEST_F(BackendTest, EventsMeasureElapsedTime) {
       c10::impl::VirtualGuardImpl(c10::DeviceType::PrivateUse1).getStream(brick(0));
   c10::Event start(c10::DeviceType::PrivateUse1, c10::EventFlag::BACKEND_DEFAULT);
   c10::Event end(c10::DeviceType::PrivateUse1, c10::EventFlag::BACKEND_DEFAULT);
+  const auto before = std::chrono::steady_clock::now();
   start.record(stream);
   std::this_thread::sleep_for(std::chrono::milliseconds(5));
   end.record(stream);
   EXPECT_TRUE(start.query());
   EXPECT_NO_THROW(end.synchronize());
+  const double wall_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - before).count();
   const double ms = start.elapsedTime(end);
   EXPECT_GE(ms, 4.5);
-  EXPECT_LE(ms, 50.0);
+  EXPECT_LE(ms, wall_ms + 1.0);  // inside the wall time around it, however busy the machine
 }
 
 TEST_F(BackendTest, ElapsedTimeOfUnrecordedEventsThrows) {

@@ -197,11 +197,15 @@ TEST_F(DeviceActivityTest, ARecordingStartsEmptyAndEventsAreReused) {
 
 TEST_F(DeviceActivityTest, TheClockOffsetMapsSteadyTimeOntoUnixTime) {
   const int64_t offset = brick::profiler::steady_to_unix_offset_ns();
+  // Unix time read before and after the steady reading: a thread preempted between two
+  // readings cannot widen the comparison.
+  const int64_t unix_before = brick::profiler::unix_time_ns();
   const int64_t steady = std::chrono::duration_cast<std::chrono::nanoseconds>(
                              std::chrono::steady_clock::now().time_since_epoch())
                              .count();
-  const int64_t unix_now = brick::profiler::unix_time_ns();
-  EXPECT_LT(std::llabs(steady + offset - unix_now), 1'000'000) << "within 1 ms";
+  const int64_t unix_after = brick::profiler::unix_time_ns();
+  EXPECT_GE(steady + offset, unix_before - 1'000'000) << "within 1 ms";
+  EXPECT_LE(steady + offset, unix_after + 1'000'000) << "within 1 ms";
   EXPECT_LT(std::llabs(brick::profiler::steady_to_unix_offset_ns() - offset), 100'000)
       << "stable between two measurements";
 }
