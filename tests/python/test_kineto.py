@@ -14,7 +14,7 @@ from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 import torch_brickdev
 import torch_brickdev.profiler as bp
-from torch_brickdev.profiler import _kineto
+from torch_brickdev.profiler import _kineto, machine
 from helpers import run_python
 from profiler_helpers import spin_cpu_op
 
@@ -106,9 +106,12 @@ def test_device_times_agree_with_the_registry_on_the_same_executions():
         for _ in range(calls):
             torch.mm(a, a)
 
-    kineto_calls = []
-    for _ in range(3):
-        # The registry records the very executions torch.profiler sees: per call, they agree.
+    # The registry records the very executions torch.profiler sees: per call, they agree, but
+    # where the machine kept this thread from a CPU for at least the difference (the registry
+    # times the op's call, the plugin its kernel: a preemption between the two lands in one
+    # only). Such a round is inconclusive, never a pass: three conclusive rounds are needed.
+    conclusive, inconclusive = 0, []
+    while conclusive < 3 and len(inconclusive) < 10:
         with profile(activities=ACTIVITIES) as prof:
             with bp.profile(sync_mode="event") as p:
                 work()
@@ -117,8 +120,16 @@ def test_device_times_agree_with_the_registry_on_the_same_executions():
         kineto_us = sum(mm) / calls
         registry_us = p.report.brick("aten::mm").total_ns / calls / 1e3
         assert kineto_us >= 20, "the agreement bound is for ops of 20 µs or more"
-        assert abs(kineto_us - registry_us) <= 0.10 * registry_us + 2, (kineto_us, registry_us)
-        kineto_calls += mm
+        if abs(kineto_us - registry_us) <= 0.10 * registry_us + 2:
+            conclusive += 1
+            continue
+        lost = machine.denied(p.report.machine, p.report.wall_ns)
+        differs_ns = abs(kineto_us - registry_us) * calls * 1e3
+        assert lost is not None and lost.ns >= differs_ns, (kineto_us, registry_us, lost)
+        inconclusive.append(f"{kineto_us:.0f} vs {registry_us:.0f} us ({lost.text()})")
+    if conclusive < 3:
+        pytest.skip(f"the machine was too busy: {len(inconclusive)} rounds lost their CPU: "
+                    + "; ".join(inconclusive))
     text = bp.compare_with_key_averages(prof, p.report)
     row = next(line for line in text.splitlines() if line.startswith("aten::mm"))
     assert row.split()[1] == str(calls) and row.split()[3] == str(calls)
