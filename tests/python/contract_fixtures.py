@@ -138,7 +138,8 @@ def undisturbed_dict(report) -> dict:
     d = json.loads(report.to_json())
     machine = d.setdefault("machine", {})
     machine["denied_share"] = 0.0
-    for key in ("runqueue_wait_ns", "others_share", "others_cpu_ns", "steal_ns", "steal_share"):
+    for key in ("runqueue_wait_ns", "process_runqueue_wait_ns", "kernel_thread_runqueue_wait_ns",
+                "others_share", "others_cpu_ns", "steal_ns", "steal_share"):
         if key in machine:
             machine[key] = 0
     decode = d.get("metadata", {}).get("decode", {})
