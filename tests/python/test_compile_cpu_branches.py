@@ -16,27 +16,19 @@ import torch.nn.functional as F
 import torch_brickdev
 from torch_brickdev._compile import cpu_branches
 
+# Inductor's caches in a temporary folder of this module (an autouse fixture), as test_compile's.
+from test_compile import _TinyViT, _fresh_inductor_cache  # noqa: F401,E402
+
 pytestmark = pytest.mark.skipif(torch_brickdev.backing_device_type() != "cpu",
                                 reason="Inductor compiles brick code on the host runtime only")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _fresh_inductor_cache(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("inductor_cache")))
-        from torch._inductor.utils import clear_caches
-
-        clear_caches()
-        yield
-        clear_caches()
 
 
 def _compiled_on(device, fn, *cpu_args):
     torch._dynamo.reset()
     args = [a.to(device) if isinstance(a, torch.Tensor) else a for a in cpu_args]
     out = torch.compile(fn, fullgraph=True)(*args)
-    return [o.cpu() for o in (out if isinstance(out, (tuple, list)) else [out])], \
-        [o.device.type for o in (out if isinstance(out, (tuple, list)) else [out])]
+    outputs = out if isinstance(out, (tuple, list)) else [out]
+    return [o.cpu() for o in outputs], [o.device.type for o in outputs]
 
 
 def _assert_bit_equal_to_compiled_cpu(fn, *args):
@@ -108,7 +100,6 @@ def test_transformer_models_equal_compiled_cpu():
     """A ViT-style block and BERT (transformers): their LayerNorms and attention's scaling are
     where compiled brick and compiled CPU differed."""
     transformers = pytest.importorskip("transformers")
-    from test_compile import _TinyViT
 
     torch.manual_seed(0)
     vit = _TinyViT().eval()
