@@ -31,11 +31,11 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "backend/allocator.h"
+#include "backend/autograd_node.h"
 #include "backend/backing.h"
 #include "backend/backing_alias.h"
 #include "backend/device_index.h"
@@ -182,17 +182,6 @@ bool drops_out(const c10::FunctionSchema& schema, const torch::jit::Stack& stack
     if (arguments[i].name() == "train") train = stack[first + i].toBool();
   }
   return dropout.value_or(0) > 0 && train.value_or(false);
-}
-
-// An autograd node held as PyTorch holds them: by c10::intrusive_ptr since PyTorch 2.13, by
-// std::shared_ptr before.
-template <typename T, typename... Args>
-auto make_node(Args&&... args) {
-  if constexpr (std::is_base_of_v<c10::intrusive_ptr_target, T>) {
-    return c10::make_intrusive<T>(std::forward<Args>(args)...);
-  } else {
-    return std::shared_ptr<T>(new T(std::forward<Args>(args)...));
-  }
 }
 
 // The boxed autograd kernel: every brick tensor argument (alone or in a list) becomes a CPU

@@ -76,6 +76,91 @@ def test_group_norm_double_backward_matches_the_cpu():
                                    msg=lambda m, name=name: f"{name}: {m}")
 
 
+def _group_norm_case(seed, memory_format=torch.channels_last):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, 32, 6, 6, generator=generator).contiguous(memory_format=memory_format)
+    return x, torch.randn(32, generator=generator), torch.randn(32, generator=generator)
+
+
+def test_channels_last_group_norm_backward_runs_the_cpus_ops():
+    # The CPU's backward hands its kernel the channels-last tensors as they are; brick's node does
+    # the same (PyTorch's formula would copy both to contiguous for a non-CPU device, and brick
+    # would copy them back). The profiles hold the same ops, no copies.
+    x, weight, bias = _group_norm_case(6)
+    counts = {}
+    for device in ("cpu", "brick"):
+        leaves = _leaves((x, weight, bias), device)
+        grad = x.to(device)
+        with torch.autograd.profiler.profile() as prof:
+            F.group_norm(leaves[0], 8, leaves[1], leaves[2]).backward(grad)
+        names = [event.name for event in prof.function_events if event.name.startswith("aten::")]
+        counts[device] = {name: names.count(name) for name in names}
+    assert counts["brick"] == counts["cpu"]
+    assert "aten::clone" not in counts["brick"]
+
+
+def test_group_norm_mean_and_rstd_gradients_match_the_cpu():
+    # Gradients through native_group_norm's mean and rstd take the formula's differentiable path.
+    x, weight, bias = _group_norm_case(7)
+    results = {}
+    for device in ("cpu", "brick"):
+        leaves = _leaves((x, weight, bias), device)
+        out, mean, rstd = torch.native_group_norm(*leaves, 2, 32, 36, 8, 1e-5)
+        (out.square().sum() + mean.sum() * 3 + rstd.sum()).backward()
+        results[device] = [leaf.grad for leaf in leaves]
+    for name, actual, expected in zip(("dx", "dweight", "dbias"), results["brick"],
+                                      results["cpu"]):
+        _assert_bit_equal(actual, expected, name)
+
+
+def test_group_norm_input_changed_in_place_is_refused_as_on_the_cpu():
+    x, weight, bias = _group_norm_case(8)
+    for device in ("cpu", "brick"):
+        leaves = _leaves((x, weight, bias), device)
+        source = leaves[0] * 1  # a non-leaf, so it can change in place
+        out = F.group_norm(source, 8, leaves[1], leaves[2])
+        source.add_(1)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            out.sum().backward()
+
+
+def test_group_norm_retain_graph_matches_the_cpu():
+    x, weight, bias = _group_norm_case(9)
+    results = {}
+    for device in ("cpu", "brick"):
+        leaves = _leaves((x, weight, bias), device)
+        out = F.group_norm(leaves[0], 8, leaves[1], leaves[2])
+        out.sum().backward(retain_graph=True)
+        out.square().sum().backward()
+        results[device] = [leaf.grad for leaf in leaves]
+    for name, actual, expected in zip(("dx", "dweight", "dbias"), results["brick"],
+                                      results["cpu"]):
+        _assert_bit_equal(actual, expected, name)
+
+
+@pytest.mark.parametrize("memory_format", [torch.channels_last, torch.contiguous_format])
+def test_group_norm_forward_ad_is_the_cpus(memory_format):
+    # Forward AD takes PyTorch's own autograd kernel on brick too: the same tangent, or the same
+    # error (torch 2.13's formula cannot view a channels-last input).
+    import torch.autograd.forward_ad as forward_ad
+    x, weight, _ = _group_norm_case(10, memory_format)
+    tangent = torch.randn(x.shape, generator=torch.Generator().manual_seed(11))
+    tangent = tangent.contiguous(memory_format=memory_format)
+    outcomes = {}
+    for device in ("cpu", "brick"):
+        try:
+            with forward_ad.dual_level():
+                dual = forward_ad.make_dual(x.to(device), tangent.to(device))
+                out = F.group_norm(dual, 8, weight.to(device).requires_grad_())
+                outcomes[device] = forward_ad.unpack_dual(out).tangent.cpu()
+        except RuntimeError as error:
+            outcomes[device] = str(error)
+    if isinstance(outcomes["cpu"], str):
+        assert outcomes["brick"] == outcomes["cpu"]
+    else:
+        torch.testing.assert_close(outcomes["brick"], outcomes["cpu"], rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("activation", [F.silu, F.mish])
 def test_activation_backward_runs_the_cpu_kernel(activation):
     # silu_backward and mish_backward have a CPU kernel and a math formula for other devices.
