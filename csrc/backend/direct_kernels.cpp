@@ -13,10 +13,37 @@
 // an in-place op sharing memory, more tensors than the check holds) goes to the boxed fallback,
 // which handles every case and names every error. Only ops whose result is always a fresh
 // tensor (or, in place, self with its geometry unchanged) are listed.
+#include <ATen/EmptyTensor.h>
 #include <ATen/Operators.h>
+#include <ATen/TensorIterator.h>
 #include <ATen/core/boxing/impl/boxing.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/_to_copy_native.h>
+#include <ATen/ops/add_native.h>
+#include <ATen/ops/bitwise_and_native.h>
+#include <ATen/ops/bitwise_or_native.h>
+#include <ATen/ops/clamp_min_native.h>
+#include <ATen/ops/cos_native.h>
+#include <ATen/ops/div_native.h>
+#include <ATen/ops/eq_native.h>
+#include <ATen/ops/exp_native.h>
+#include <ATen/ops/ge_native.h>
+#include <ATen/ops/gt_native.h>
+#include <ATen/ops/le_native.h>
+#include <ATen/ops/log_native.h>
+#include <ATen/ops/lt_native.h>
+#include <ATen/ops/maximum_native.h>
+#include <ATen/ops/minimum_native.h>
+#include <ATen/ops/mul_native.h>
+#include <ATen/ops/ne_native.h>
+#include <ATen/ops/neg_native.h>
+#include <ATen/ops/rsqrt_native.h>
+#include <ATen/ops/sigmoid_native.h>
+#include <ATen/ops/silu_native.h>
+#include <ATen/ops/sin_native.h>
+#include <ATen/ops/sqrt_native.h>
+#include <ATen/ops/sub_native.h>
+#include <ATen/ops/tanh_native.h>
 #include <torch/library.h>
 
 #include <array>
@@ -27,7 +54,9 @@
 #include <utility>
 #include <vector>
 
+#include "backend/allocator.h"
 #include "backend/backing_call.h"
+#include "backend/cpu_stubs.h"
 #include "backend/device_index.h"
 #include "backend/fallback.h"
 
@@ -63,8 +92,10 @@ class ArgumentCheck {
     const c10::DeviceIndex index = tensor.device().index();
     if (device_ < 0) {
       device_ = index;
-    } else if (index != device_) {
-      usual_ = false;
+      dtype_ = tensor.scalar_type();
+    } else {
+      usual_ = usual_ && index == device_;
+      one_dtype_ = one_dtype_ && tensor.scalar_type() == dtype_;
     }
     c10::StorageImpl* storage =
         tensor.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
@@ -87,10 +118,14 @@ class ArgumentCheck {
     return usual_ && device_ >= 0 && !(in_place && shared_storage_);
   }
   c10::DeviceIndex device() const { return device_; }
+  // Whether every brick tensor has one dtype (CPU scalars aside).
+  bool one_dtype() const { return one_dtype_; }
 
  private:
   c10::DeviceIndex device_ = -1;
+  c10::ScalarType dtype_ = c10::ScalarType::Undefined;
   bool usual_ = true;
+  bool one_dtype_ = true;
   bool shared_storage_ = false;
   size_t count_ = 0;
   std::array<c10::StorageImpl*, kMaxTensors> storages_{};
@@ -154,7 +189,68 @@ Return call_boxed(Args... args) {
   return BoxedResults<Return>::take(stack);
 }
 
-template <typename Op, typename Schema = typename Op::schema>
+// On the host runtime, an op whose CPU kernel is structured (a TensorIterator and a stub) runs
+// the CPU's structured kernel on the brick tensors themselves, into a brick tensor allocated as
+// the CPU's functional kernel allocates its result: no aliases of the arguments, no result to
+// adopt. The iterator dispatches its stub by device type, and brick's entries of those stubs
+// are the CPU's own kernels (cpu_stubs.h). The iterator is the CPU's but for the casts its CPU
+// build makes to the common dtype: CPU scalars (Python numbers) are cast here as the CPU casts
+// them; an op that would cast a brick tensor runs with aliases instead.
+template <typename Native>
+class HostStructured final : public Native {
+ public:
+  void set_output_strided(int64_t index, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                          c10::TensorOptions options) override {
+    allocate(sizes, strides, options);
+    Native::set_output_raw_strided(index, sizes, strides, options);
+  }
+  void set_output_raw_strided(int64_t index, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                              c10::TensorOptions options) override {
+    allocate(sizes, strides, options);
+    Native::set_output_raw_strided(index, sizes, strides, options);
+  }
+  const at::Tensor& maybe_get_output(int64_t /*index*/) override { return output_; }
+
+  // After meta(): casts the CPU scalars whose dtype is not the common one, as the CPU's iterator
+  // does while it builds; false if a brick tensor would need a cast.
+  bool casts_as_the_cpu() {
+    const c10::ScalarType common = this->common_dtype_;
+    if (common == c10::ScalarType::Undefined) return true;
+    for (int64_t i = this->num_outputs_; i < this->ntensors(); ++i) {
+      at::OperandInfo& operand = this->operands_[i];
+      if (operand.current_dtype == common) continue;
+      if (!this->is_cpu_scalar(i)) return false;
+      operand.exchange_tensor(c10::MaybeOwned<at::TensorBase>::owned(operand.tensor().to(common)));
+      operand.current_dtype = common;
+      operand.target_dtype = common;
+      operand.data = const_cast<void*>(operand.tensor_base().const_data_ptr());
+    }
+    return true;
+  }
+
+  at::Tensor& output() { return output_; }
+
+ private:
+  void allocate(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::TensorOptions options) {
+    constexpr auto kKeys = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1);
+    const c10::ScalarType dtype = c10::typeMetaToScalarType(options.dtype());
+    output_ = strides.empty() ? at::detail::empty_generic(sizes, brick_allocator(), kKeys, dtype,
+                                                          options.memory_format_opt())
+                              : at::detail::empty_strided_generic(sizes, strides, brick_allocator(),
+                                                                  kKeys, dtype);
+  }
+
+  at::Tensor output_;
+};
+
+// Whether brick runs structured CPU kernels on brick tensors: the host runtime, where brick's
+// stub entries are the CPU's.
+inline bool host_structured_kernels() {
+  static const bool stubs = use_the_cpus_stubs();
+  return stubs && !cuda_backing();
+}
+
+template <typename Op, typename Native = void, typename Schema = typename Op::schema>
 struct Direct;
 
 // What a functional op may return: a fresh tensor, or a tuple of them (attention's output and
@@ -165,9 +261,10 @@ template <typename... Tensors>
 constexpr bool kIsFreshResults<std::tuple<Tensors...>> = (std::is_same_v<Tensors, at::Tensor> &&
                                                           ...);
 
-// A functional op: fresh results.
-template <typename Op, typename Return, typename... Args>
-struct Direct<Op, Return(Args...)> {
+// A functional op: fresh results; with `Native`, its CPU kernel's structured class, run as
+// HostStructured on the host runtime.
+template <typename Op, typename Native, typename Return, typename... Args>
+struct Direct<Op, Native, Return(Args...)> {
   static_assert(kIsFreshResults<Return>, "a result that is not a fresh tensor");
   static_assert(!(kIsUnsupportedTensorArgument<Args> || ...), "an argument kind not converted");
 
@@ -178,6 +275,18 @@ struct Direct<Op, Return(Args...)> {
       return call_boxed<Op, Return, Args...>(args...);
     }
     BackingCall call(Op::name, Op::overload_name, check.device());
+    if constexpr (!std::is_void_v<Native>) {
+      if (check.one_dtype() && host_structured_kernels()) {
+        std::optional<at::Tensor> result = call.run([&]() -> std::optional<at::Tensor> {
+          HostStructured<Native> op;
+          op.meta(args...);
+          if (!op.casts_as_the_cpu()) return std::nullopt;
+          op.impl(args..., op.output());
+          return std::move(op.output());
+        });
+        if (result.has_value()) return *std::move(result);
+      }
+    }
     return call.adopt(
         call.run([&] { return Op::redispatch(call.keys(), backing(call, args)...); }));
   }
@@ -185,7 +294,7 @@ struct Direct<Op, Return(Args...)> {
 
 // An in-place op: self, changed in place (its geometry untouched: these ops do not resize).
 template <typename Op, typename... Rest>
-struct Direct<Op, at::Tensor&(at::Tensor&, Rest...)> {
+struct Direct<Op, void, at::Tensor&(at::Tensor&, Rest...)> {
   static_assert(!(kIsUnsupportedTensorArgument<Rest> || ...), "an argument kind not converted");
 
   static at::Tensor& call(at::Tensor& self, Rest... rest) {
@@ -284,9 +393,9 @@ std::string registration_name() {
   return std::string(Op::name).substr(6) + (overload.empty() ? "" : "." + overload);
 }
 
-template <typename Op>
+template <typename Op, typename Native = void>
 void register_direct(torch::Library& library) {
-  library.impl(registration_name<Op>().c_str(), TORCH_FN(Direct<Op>::call));
+  library.impl(registration_name<Op>().c_str(), TORCH_FN((Direct<Op, Native>::call)));
 }
 
 template <typename Op>
@@ -298,43 +407,43 @@ void register_factory(torch::Library& library) {
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   // Elementwise arithmetic and activations of transformer blocks.
-  register_direct<at::_ops::add_Tensor>(m);
-  register_direct<at::_ops::sub_Tensor>(m);
-  register_direct<at::_ops::mul_Tensor>(m);
-  register_direct<at::_ops::div_Tensor>(m);
-  register_direct<at::_ops::neg>(m);
-  register_direct<at::_ops::rsqrt>(m);
+  register_direct<at::_ops::add_Tensor, at::native::structured_ufunc_add_CPU>(m);
+  register_direct<at::_ops::sub_Tensor, at::native::structured_sub_out>(m);
+  register_direct<at::_ops::mul_Tensor, at::native::structured_mul_out>(m);
+  register_direct<at::_ops::div_Tensor, at::native::structured_div_out>(m);
+  register_direct<at::_ops::neg, at::native::structured_neg_out>(m);
+  register_direct<at::_ops::rsqrt, at::native::structured_rsqrt_out>(m);
   register_direct<at::_ops::pow_Tensor_Scalar>(m);
-  register_direct<at::_ops::silu>(m);
+  register_direct<at::_ops::silu, at::native::structured_silu_out>(m);
   register_direct<at::_ops::relu>(m);
-  register_direct<at::_ops::sigmoid>(m);
-  register_direct<at::_ops::tanh>(m);
-  register_direct<at::_ops::exp>(m);
+  register_direct<at::_ops::sigmoid, at::native::structured_sigmoid_out>(m);
+  register_direct<at::_ops::tanh, at::native::structured_tanh_out>(m);
+  register_direct<at::_ops::exp, at::native::structured_exp_out>(m);
   register_direct<at::_ops::where_self>(m);
-  register_direct<at::_ops::bitwise_or_Tensor>(m);
+  register_direct<at::_ops::bitwise_or_Tensor, at::native::structured_bitwise_or_out>(m);
   register_direct<at::_ops::abs>(m);
-  register_direct<at::_ops::sqrt>(m);
-  register_direct<at::_ops::log>(m);
-  register_direct<at::_ops::sin>(m);
-  register_direct<at::_ops::cos>(m);
+  register_direct<at::_ops::sqrt, at::native::structured_sqrt_out>(m);
+  register_direct<at::_ops::log, at::native::structured_log_out>(m);
+  register_direct<at::_ops::sin, at::native::structured_sin_out>(m);
+  register_direct<at::_ops::cos, at::native::structured_cos_out>(m);
   register_direct<at::_ops::gelu>(m);
-  register_direct<at::_ops::clamp_min>(m);
-  register_direct<at::_ops::maximum>(m);
-  register_direct<at::_ops::minimum>(m);
+  register_direct<at::_ops::clamp_min, at::native::structured_clamp_min_out>(m);
+  register_direct<at::_ops::maximum, at::native::structured_maximum_out>(m);
+  register_direct<at::_ops::minimum, at::native::structured_minimum_out>(m);
   register_direct<at::_ops::masked_fill_Scalar>(m);
   // Comparisons (masks).
-  register_direct<at::_ops::eq_Scalar>(m);
-  register_direct<at::_ops::ne_Scalar>(m);
-  register_direct<at::_ops::gt_Scalar>(m);
-  register_direct<at::_ops::ge_Scalar>(m);
-  register_direct<at::_ops::lt_Scalar>(m);
-  register_direct<at::_ops::le_Scalar>(m);
-  register_direct<at::_ops::eq_Tensor>(m);
-  register_direct<at::_ops::ne_Tensor>(m);
-  register_direct<at::_ops::gt_Tensor>(m);
-  register_direct<at::_ops::ge_Tensor>(m);
-  register_direct<at::_ops::lt_Tensor>(m);
-  register_direct<at::_ops::le_Tensor>(m);
+  register_direct<at::_ops::eq_Scalar, at::native::structured_eq_Scalar_out>(m);
+  register_direct<at::_ops::ne_Scalar, at::native::structured_ne_Scalar_out>(m);
+  register_direct<at::_ops::gt_Scalar, at::native::structured_gt_Scalar_out>(m);
+  register_direct<at::_ops::ge_Scalar, at::native::structured_ge_Scalar_out>(m);
+  register_direct<at::_ops::lt_Scalar, at::native::structured_lt_Scalar_out>(m);
+  register_direct<at::_ops::le_Scalar, at::native::structured_le_Scalar_out>(m);
+  register_direct<at::_ops::eq_Tensor, at::native::structured_eq_Tensor_out>(m);
+  register_direct<at::_ops::ne_Tensor, at::native::structured_ne_Tensor_out>(m);
+  register_direct<at::_ops::gt_Tensor, at::native::structured_gt_Tensor_out>(m);
+  register_direct<at::_ops::ge_Tensor, at::native::structured_ge_Tensor_out>(m);
+  register_direct<at::_ops::lt_Tensor, at::native::structured_lt_Tensor_out>(m);
+  register_direct<at::_ops::le_Tensor, at::native::structured_le_Tensor_out>(m);
   // Reductions, matrix products, concatenation.
   register_direct<at::_ops::sum_dim_IntList>(m);
   register_direct<at::_ops::mean_dim>(m);
@@ -350,7 +459,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   register_direct<at::_ops::max>(m);
   register_direct<at::_ops::any>(m);
   register_direct<at::_ops::all>(m);
-  register_direct<at::_ops::bitwise_and_Tensor>(m);
+  register_direct<at::_ops::bitwise_and_Tensor, at::native::structured_bitwise_and_out>(m);
   // Copies and factories (clone, .to(dtype), positions, scalars for where()).
   register_direct<at::_ops::clone>(m);
   m.impl("_to_copy", TORCH_FN(to_copy));

@@ -6,6 +6,8 @@
 // ids, per-thread current streams and validation, so stream-aware code is exercised.
 #include <algorithm>
 #include <atomic>
+#include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -34,6 +36,7 @@ constexpr uint64_t kMagic = 0x6b63697262ULL;
 struct alignas(kAlignment) BlockHeader {
   uint64_t magic;
   uint64_t nbytes;
+  void* block;  // what malloc returned
   int32_t device;
 };
 static_assert(sizeof(BlockHeader) == kAlignment);
@@ -64,13 +67,21 @@ class HostRuntime final : public Runtime {
   void* allocate(DeviceIndex device, size_t nbytes) override {
     check_device(device);
     if (nbytes == 0) return nullptr;
-    const size_t total = kAlignment + ((nbytes + kAlignment - 1) / kAlignment) * kAlignment;
-    void* block = std::aligned_alloc(kAlignment, total);
+    // malloc, aligned here, rather than aligned_alloc: glibc serves small malloc requests from
+    // its per-thread cache, while every aligned allocation carves an aligned chunk out of a
+    // larger one (about 400 instructions more per op result).
+    constexpr size_t kMallocAlignment = alignof(std::max_align_t);
+    const size_t total = kAlignment + ((nbytes + kAlignment - 1) / kAlignment) * kAlignment +
+                         (kAlignment - kMallocAlignment);
+    void* block = std::malloc(total);
     if (block == nullptr) {
       throw Error("brick: out of memory on brick:" + std::to_string(device) +
                   " (host runtime) while allocating " + std::to_string(nbytes) + " bytes");
     }
-    auto* header = static_cast<BlockHeader*>(block);
+    const auto address = reinterpret_cast<uintptr_t>(block);
+    auto* header =
+        reinterpret_cast<BlockHeader*>((address + kAlignment - 1) & ~uintptr_t{kAlignment - 1});
+    header->block = block;
     header->magic = kMagic;
     header->nbytes = nbytes;
     header->device = device;
@@ -85,7 +96,7 @@ class HostRuntime final : public Runtime {
     header->magic = 0;
     const Released released{header->nbytes, header->device};
     tracker(released.device).on_free(static_cast<int64_t>(released.nbytes));
-    std::free(header);
+    std::free(header->block);
     return released;
   }
 

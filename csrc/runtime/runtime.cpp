@@ -78,19 +78,19 @@ void MemoryTracker::count_free(int64_t nbytes) noexcept {
   freed_bytes_.fetch_add(nbytes, std::memory_order_acq_rel);
 }
 
-void MemoryTracker::on_alloc(int64_t nbytes) noexcept {
+void MemoryTracker::on_alloc(int64_t nbytes) noexcept { count_alloc(nbytes); }
+
+void MemoryTracker::on_free(int64_t nbytes) noexcept { count_free(nbytes); }
+
+void MemoryTracker::on_adopt(int64_t nbytes) noexcept {
   count_alloc(nbytes);
-  own_bytes_.fetch_add(nbytes, std::memory_order_relaxed);
+  adopted_bytes_.fetch_add(nbytes, std::memory_order_relaxed);
 }
 
-void MemoryTracker::on_free(int64_t nbytes) noexcept {
-  own_bytes_.fetch_sub(nbytes, std::memory_order_relaxed);
+void MemoryTracker::on_release_adopted(int64_t nbytes) noexcept {
+  adopted_bytes_.fetch_sub(nbytes, std::memory_order_relaxed);
   count_free(nbytes);
 }
-
-void MemoryTracker::on_adopt(int64_t nbytes) noexcept { count_alloc(nbytes); }
-
-void MemoryTracker::on_release_adopted(int64_t nbytes) noexcept { count_free(nbytes); }
 
 MemoryStats MemoryTracker::snapshot() const noexcept {
   MemoryStats s;
@@ -109,7 +109,8 @@ MemoryStats MemoryTracker::snapshot() const noexcept {
                         freed_bytes_base_.load(std::memory_order_relaxed);
   // Read apart from the live bytes: an allocation racing the snapshot may show in one and not
   // the other (as in any figure of a snapshot taken while other threads allocate).
-  s.adopted_bytes = std::max<int64_t>(0, now.bytes - own_bytes_.load(std::memory_order_relaxed));
+  s.adopted_bytes =
+      std::clamp<int64_t>(adopted_bytes_.load(std::memory_order_relaxed), 0, now.bytes);
   return s;
 }
 

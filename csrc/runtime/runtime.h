@@ -77,9 +77,10 @@ class MemoryTracker {
   std::atomic<int64_t> freed_bytes_base_{0};
   std::atomic<int64_t> peak_allocated_bytes_{0};
   std::atomic<int64_t> peak_allocations_{0};
-  // Live bytes of the runtime's own allocations. Adopted bytes (op results, the common case) are
-  // the rest of the live bytes: adoption costs no third atomic addition.
-  std::atomic<int64_t> own_bytes_{0};
+  // Live bytes adopted from the backing device's allocator. The runtime's own allocations (op
+  // results on the host runtime, the common case) are the rest of the live bytes: they cost no
+  // third atomic addition.
+  std::atomic<int64_t> adopted_bytes_{0};
 };
 
 // An event owned by a runtime. Opaque to callers: each runtime derives its own event type from

@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/steady_clock.h"
@@ -74,6 +75,25 @@ TEST_F(HostRuntimeTest, AllocateIsSixtyFourByteAlignedAndWritable) {
     EXPECT_EQ(static_cast<unsigned char*>(ptr)[nbytes - 1], 0xab);
     rt().deallocate(ptr);
   }
+}
+
+TEST_F(HostRuntimeTest, ManyLiveAllocationsAreEachAlignedAndDistinct) {
+  // malloc's blocks start at various offsets from a 64-byte boundary: each is aligned here.
+  std::vector<std::pair<unsigned char*, size_t>> live;
+  for (size_t i = 0; i < 200; ++i) {
+    const size_t nbytes = 1 + (i * 37) % 700;
+    auto* ptr = static_cast<unsigned char*>(rt().allocate(0, nbytes));
+    ASSERT_NE(ptr, nullptr);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(ptr) % 64, 0u) << nbytes << " bytes";
+    std::memset(ptr, static_cast<int>(i & 0xff), nbytes);
+    live.emplace_back(ptr, nbytes);
+  }
+  for (size_t i = 0; i < live.size(); ++i) {  // no block overlapped another
+    EXPECT_EQ(live[i].first[live[i].second - 1], static_cast<unsigned char>(i & 0xff));
+    EXPECT_EQ(live[i].first[0], static_cast<unsigned char>(i & 0xff));
+  }
+  for (const auto& [ptr, nbytes] : live) rt().deallocate(ptr);
+  EXPECT_EQ(rt().memory_stats(0).allocated_bytes, 0);
 }
 
 TEST_F(HostRuntimeTest, ZeroSizeAllocationIsNullAndUncounted) {
