@@ -289,7 +289,19 @@ PY
     -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST -DCMAKE_CXX_FLAGS=-Werror >"$lane/configure.log" || { cat "$lane/configure.log"; return 1; }
   grep -E "^-- (brick|torch.profiler)" "$lane/configure.log"
   cmake --build "$lane/build"
-  log "compile lane torch==$version: every target compiled without a warning"
+  # The CPU's kernels and structured classes brick reaches by symbol (cpu_stubs.cpp,
+  # direct_kernels.cpp) must be in this release's library: a missing one would fail the import.
+  local missing
+  missing=$(comm -23 \
+    <(nm -D --undefined-only "$lane/build"/_C*.so | awk '{print $2}' |
+      grep -E 'DispatchStub|structured_' | sort -u) \
+    <(nm -D --defined-only "$lane/torch/lib/libtorch_cpu.so" | awk '{print $3}' | sort -u))
+  if [ -n "$missing" ]; then
+    echo "torch==$version's libtorch_cpu.so lacks symbols brick's structured kernels use:" >&2
+    echo "$missing" | c++filt >&2
+    return 1
+  fi
+  log "compile lane torch==$version: every target compiled without a warning, every stub resolved"
 }
 
 # On a machine with the CUDA toolkit the CUDA runtime must have been built: CMake drops it
