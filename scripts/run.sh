@@ -220,7 +220,8 @@ LANE_TESTS=(test_op_sweep.py test_module_db.py test_devices.py test_tensors.py t
   test_autocast.py test_random.py test_random_streams.py test_device_branches.py test_compile.py
   test_compile_cpu_branches.py test_profiler.py test_kineto.py test_streams_events.py test_memory.py
   test_host_ops.py test_backing_records.py test_record_shapes.py test_roofline_peaks.py
-  test_sparse.py test_training.py test_transformers_models.py test_torchvision.py)
+  test_sparse.py test_training.py test_transformers_models.py test_torchvision.py
+  test_structured_kernels.py)
 
 # Another PyTorch release, in its own virtual environment and its own copy of the working tree
 # (build/torch-VERSION/src: the built module sits beside the sources, so two builds of one tree
