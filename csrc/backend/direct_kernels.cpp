@@ -37,6 +37,8 @@
 #include <ATen/ops/mul_native.h>
 #include <ATen/ops/ne_native.h>
 #include <ATen/ops/neg_native.h>
+#include <ATen/ops/pow_native.h>
+#include <ATen/ops/result_type_native.h>
 #include <ATen/ops/rsqrt_native.h>
 #include <ATen/ops/sigmoid_native.h>
 #include <ATen/ops/silu_native.h>
@@ -250,6 +252,36 @@ inline bool host_structured_kernels() {
   return stubs && !cuda_backing();
 }
 
+// Whether a call of `Op` runs as HostStructured: every call, but where the CPU's kernel would
+// call another op on brick tensors (which would run as a brick kernel inside this one).
+template <typename Op>
+struct RunsStructured {
+  template <typename... Args>
+  static bool call(const Args&... /*args*/) {
+    return true;
+  }
+};
+// A tensor and a number whose result type is another dtype: the op's meta converts the tensor
+// with `.to()`, an op of its own.
+inline bool keeps_the_dtype(const at::Tensor& self, const c10::Scalar& other) {
+  return at::native::result_type(self, other) == self.scalar_type();  // (no op dispatched)
+}
+// pow(x, 0) fills the result and pow(x, 1) copies x into it, with ops of their own.
+template <>
+struct RunsStructured<at::_ops::pow_Tensor_Scalar> {
+  static bool call(const at::Tensor& base, const c10::Scalar& exponent) {
+    return !(exponent.equal(0.0) || exponent.equal(false) || exponent.equal(1.0) ||
+             exponent.equal(true)) &&
+           keeps_the_dtype(base, exponent);
+  }
+};
+template <>
+struct RunsStructured<at::_ops::clamp_min> {
+  static bool call(const at::Tensor& self, const c10::Scalar& min) {
+    return keeps_the_dtype(self, min);
+  }
+};
+
 template <typename Op, typename Native = void, typename Schema = typename Op::schema>
 struct Direct;
 
@@ -276,7 +308,7 @@ struct Direct<Op, Native, Return(Args...)> {
     }
     BackingCall call(Op::name, Op::overload_name, check.device());
     if constexpr (!std::is_void_v<Native>) {
-      if (check.one_dtype() && host_structured_kernels()) {
+      if (check.one_dtype() && host_structured_kernels() && RunsStructured<Op>::call(args...)) {
         std::optional<at::Tensor> result = call.run([&]() -> std::optional<at::Tensor> {
           HostStructured<Native> op;
           op.meta(args...);
@@ -413,7 +445,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   register_direct<at::_ops::div_Tensor, at::native::structured_div_out>(m);
   register_direct<at::_ops::neg, at::native::structured_neg_out>(m);
   register_direct<at::_ops::rsqrt, at::native::structured_rsqrt_out>(m);
-  register_direct<at::_ops::pow_Tensor_Scalar>(m);
+  register_direct<at::_ops::pow_Tensor_Scalar, at::native::structured_pow_Tensor_Scalar_out>(m);
   register_direct<at::_ops::silu, at::native::structured_silu_out>(m);
   register_direct<at::_ops::relu>(m);
   register_direct<at::_ops::sigmoid, at::native::structured_sigmoid_out>(m);

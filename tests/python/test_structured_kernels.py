@@ -35,6 +35,8 @@ UNARY = {
     "neg": torch.neg, "rsqrt": torch.rsqrt, "silu": F.silu, "sigmoid": torch.sigmoid,
     "tanh": torch.tanh, "exp": torch.exp, "sqrt": torch.sqrt, "log": torch.log, "sin": torch.sin,
     "cos": torch.cos, "clamp_min": lambda a: torch.clamp_min(a, 0.25),
+    "pow 2": lambda a: torch.pow(a, 2), "pow 0.5": lambda a: torch.pow(a, 0.5),
+    "pow 0": lambda a: torch.pow(a, 0), "pow 1": lambda a: torch.pow(a, 1),  # aliased
 }
 FLOATS = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 
@@ -117,6 +119,8 @@ def test_integer_and_bool_ops_are_the_cpus():
         "int with a float": lambda x, y: x * 0.5 + y,
         "exp of ints": lambda x, y: torch.exp(x.float() / 50) + torch.sigmoid(y),
         "bool or": lambda x, y: (x > 0) | (y > 0),
+        "pow of ints": lambda x, y: torch.pow(x, 3) + torch.pow(y, 2.5),  # the latter aliased
+        "clamp_min of ints": lambda x, y: torch.clamp_min(x, 3) + torch.clamp_min(y, 0.5),
     }
     for name, op in cases.items():
         _assert_the_cpus(op(i.to("brick"), j.to("brick")), op(i, j), name)
@@ -169,6 +173,23 @@ def test_a_structured_op_is_one_brick_kernel(clean_profiler):
     assert names["aten::mul"].count == 5
     assert names["aten::add"].count == 5
     assert names["aten::sigmoid"].count == 5
+
+
+def test_no_brick_kernel_runs_inside_another(clean_profiler):
+    # Where the CPU's kernel would call another op on a brick tensor (pow's fill_ and copy_, a
+    # meta's .to() of a tensor whose result type differs), brick aliases instead: with ops timed
+    # at brick's kernels, every kernel is at the top level.
+    generator = torch.Generator().manual_seed(6)
+    f = torch.rand(6, generator=generator).to("brick")
+    i = torch.randint(1, 9, (6,), generator=generator).to("brick")
+    calls = [lambda: torch.pow(f, 0), lambda: torch.pow(f, 1), lambda: torch.pow(f, 2),
+             lambda: torch.pow(i, 2.5), lambda: torch.clamp_min(i, 0.5), lambda: i * 0.5,
+             lambda: torch.sigmoid(i), lambda: f > 1, lambda: i / i, lambda: f + i]
+    with bp.profile(ops="kernels"):
+        for call in calls:
+            call()
+    nested = [b.path for b in bp.stats(by="path") if b.kind == "op" and b.depth > 0]
+    assert nested == []
 
 
 _CAPABILITY_SCRIPT = textwrap.dedent("""
