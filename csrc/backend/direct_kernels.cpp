@@ -14,6 +14,7 @@
 // which handles every case and names every error. Only ops whose result is always a fresh
 // tensor (or, in place, self with its geometry unchanged) are listed.
 #include <ATen/EmptyTensor.h>
+#include <ATen/NamedTensorUtils.h>
 #include <ATen/Operators.h>
 #include <ATen/TensorIterator.h>
 #include <ATen/core/boxing/impl/boxing.h>
@@ -47,6 +48,7 @@
 #include <ATen/ops/sub_native.h>
 #include <ATen/ops/tanh_native.h>
 #include <torch/library.h>
+#include <torch/version.h>
 
 #include <array>
 #include <optional>
@@ -61,6 +63,9 @@
 #include "backend/cpu_stubs.h"
 #include "backend/device_index.h"
 #include "backend/fallback.h"
+
+// Structured kernels' output setters take the outputs' names before PyTorch 2.13.
+#define BRICK_OUTPUTS_TAKE_NAMES (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 13)
 
 namespace brick::backend {
 
@@ -201,16 +206,31 @@ Return call_boxed(Args... args) {
 template <typename Native>
 class HostStructured final : public Native {
  public:
+#if BRICK_OUTPUTS_TAKE_NAMES
+  // PyTorch before 2.13 passes the outputs' names with them: they go on the result as the CPU's
+  // functional kernel puts them.
+  void set_output_strided(int64_t index, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                          c10::TensorOptions options, at::DimnameList names) override {
+    allocate(sizes, strides, options, names);
+    Native::set_output_raw_strided(index, sizes, strides, options, names);
+  }
+  void set_output_raw_strided(int64_t index, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                              c10::TensorOptions options, at::DimnameList names) override {
+    allocate(sizes, strides, options, names);
+    Native::set_output_raw_strided(index, sizes, strides, options, names);
+  }
+#else
   void set_output_strided(int64_t index, c10::IntArrayRef sizes, c10::IntArrayRef strides,
                           c10::TensorOptions options) override {
-    allocate(sizes, strides, options);
+    allocate(sizes, strides, options, {});
     Native::set_output_raw_strided(index, sizes, strides, options);
   }
   void set_output_raw_strided(int64_t index, c10::IntArrayRef sizes, c10::IntArrayRef strides,
                               c10::TensorOptions options) override {
-    allocate(sizes, strides, options);
+    allocate(sizes, strides, options, {});
     Native::set_output_raw_strided(index, sizes, strides, options);
   }
+#endif
   const at::Tensor& maybe_get_output(int64_t /*index*/) override { return output_; }
 
   // After meta(): casts the CPU scalars whose dtype is not the common one, as the CPU's iterator
@@ -233,13 +253,15 @@ class HostStructured final : public Native {
   at::Tensor& output() { return output_; }
 
  private:
-  void allocate(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::TensorOptions options) {
+  void allocate(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::TensorOptions options,
+                at::DimnameList names) {
     constexpr auto kKeys = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1);
     const c10::ScalarType dtype = c10::typeMetaToScalarType(options.dtype());
     output_ = strides.empty() ? at::detail::empty_generic(sizes, brick_allocator(), kKeys, dtype,
                                                           options.memory_format_opt())
                               : at::detail::empty_strided_generic(sizes, strides, brick_allocator(),
                                                                   kKeys, dtype);
+    if (!names.empty()) at::namedinference::propagate_names(output_, names);
   }
 
   at::Tensor output_;
