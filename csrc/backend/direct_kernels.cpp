@@ -14,7 +14,6 @@
 // which handles every case and names every error. Only ops whose result is always a fresh
 // tensor (or, in place, self with its geometry unchanged) are listed.
 #include <ATen/EmptyTensor.h>
-#include <ATen/NamedTensorUtils.h>
 #include <ATen/Operators.h>
 #include <ATen/TensorIterator.h>
 #include <ATen/core/boxing/impl/boxing.h>
@@ -64,8 +63,12 @@
 #include "backend/device_index.h"
 #include "backend/fallback.h"
 
-// Structured kernels' output setters take the outputs' names before PyTorch 2.13.
+// Structured kernels' output setters take the outputs' names before PyTorch 2.13, which has no
+// named tensors.
 #define BRICK_OUTPUTS_TAKE_NAMES (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 13)
+#if BRICK_OUTPUTS_TAKE_NAMES
+#include <ATen/NamedTensorUtils.h>
+#endif
 
 namespace brick::backend {
 
@@ -211,23 +214,25 @@ class HostStructured final : public Native {
   // functional kernel puts them.
   void set_output_strided(int64_t index, c10::IntArrayRef sizes, c10::IntArrayRef strides,
                           c10::TensorOptions options, at::DimnameList names) override {
-    allocate(sizes, strides, options, names);
+    allocate(sizes, strides, options);
+    if (!names.empty()) at::namedinference::propagate_names(output_, names);
     Native::set_output_raw_strided(index, sizes, strides, options, names);
   }
   void set_output_raw_strided(int64_t index, c10::IntArrayRef sizes, c10::IntArrayRef strides,
                               c10::TensorOptions options, at::DimnameList names) override {
-    allocate(sizes, strides, options, names);
+    allocate(sizes, strides, options);
+    if (!names.empty()) at::namedinference::propagate_names(output_, names);
     Native::set_output_raw_strided(index, sizes, strides, options, names);
   }
 #else
   void set_output_strided(int64_t index, c10::IntArrayRef sizes, c10::IntArrayRef strides,
                           c10::TensorOptions options) override {
-    allocate(sizes, strides, options, {});
+    allocate(sizes, strides, options);
     Native::set_output_raw_strided(index, sizes, strides, options);
   }
   void set_output_raw_strided(int64_t index, c10::IntArrayRef sizes, c10::IntArrayRef strides,
                               c10::TensorOptions options) override {
-    allocate(sizes, strides, options, {});
+    allocate(sizes, strides, options);
     Native::set_output_raw_strided(index, sizes, strides, options);
   }
 #endif
@@ -253,15 +258,13 @@ class HostStructured final : public Native {
   at::Tensor& output() { return output_; }
 
  private:
-  void allocate(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::TensorOptions options,
-                at::DimnameList names) {
+  void allocate(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::TensorOptions options) {
     constexpr auto kKeys = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1);
     const c10::ScalarType dtype = c10::typeMetaToScalarType(options.dtype());
     output_ = strides.empty() ? at::detail::empty_generic(sizes, brick_allocator(), kKeys, dtype,
                                                           options.memory_format_opt())
                               : at::detail::empty_strided_generic(sizes, strides, brick_allocator(),
                                                                   kKeys, dtype);
-    if (!names.empty()) at::namedinference::propagate_names(output_, names);
   }
 
   at::Tensor output_;
