@@ -25,6 +25,7 @@
 #include <torch/csrc/autograd/saved_variable.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
+#include <torch/version.h>
 
 #include <array>
 #include <optional>
@@ -206,6 +207,11 @@ struct ChannelsLastGroupNormBackward final : torch::autograd::Node {
   double eps_;
 };
 
+// The node's differentiable path is PyTorch 2.13's formula, op for op, and bit-equal to the CPU
+// only where it is that release's (torch 2.14's rounds differently: measured in the 2.14.1 lane);
+// elsewhere brick takes PyTorch's own node, with its copies.
+constexpr bool kFormulaOfThisRelease = TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR == 13;
+
 bool plain_tensor(const at::Tensor& tensor) {
   if (!tensor.defined()) return true;
   const c10::DispatchKeySet keys = tensor.key_set();
@@ -222,7 +228,8 @@ void native_group_norm_autograd(const c10::OperatorHandle& op, c10::DispatchKeyS
   const at::Tensor input = (*stack)[first].toTensor();
   const at::Tensor weight = optional_tensor((*stack)[first + 1]);
   const at::Tensor bias = optional_tensor((*stack)[first + 2]);
-  const bool own_node = !cuda_backing() && at::GradMode::is_enabled() && input.requires_grad() &&
+  const bool own_node = kFormulaOfThisRelease && !cuda_backing() && at::GradMode::is_enabled() &&
+                        input.requires_grad() &&
                         input.suggest_memory_format() != c10::MemoryFormat::Contiguous &&
                         plain_tensor(input) && plain_tensor(weight) && plain_tensor(bias);
   if (!own_node) {

@@ -82,6 +82,9 @@ def _group_norm_case(seed, memory_format=torch.channels_last):
     return x, torch.randn(32, generator=generator), torch.randn(32, generator=generator)
 
 
+@pytest.mark.skipif(not torch.__version__.startswith("2.13."),
+                    reason="brick's own group-norm node holds torch 2.13's formula; other releases "
+                           "take PyTorch's node, with its copies")
 def test_channels_last_group_norm_backward_runs_the_cpus_ops():
     # The CPU's backward hands its kernel the channels-last tensors as they are; brick's node does
     # the same (PyTorch's formula would copy both to contiguous for a non-CPU device, and brick
