@@ -67,6 +67,7 @@ setup_system() {
     [ -f /usr/include/benchmark/benchmark.h ] || missing+=(libbenchmark-dev)
     command -v clang-format >/dev/null || missing+=(clang-format)
     command -v tmux >/dev/null || missing+=(tmux)
+    command -v nm >/dev/null || missing+=(binutils)  # the compile lane's symbol check
     # ccache (use_compiler_cache) is optional: installed where apt-get can, never required
     if ! command -v ccache >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
       missing+=(ccache)

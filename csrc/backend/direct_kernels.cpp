@@ -270,12 +270,13 @@ class HostStructured final : public Native {
   at::Tensor output_;
 };
 
+// Set when this library loads (after libtorch's own stubs): no function-local static guard on
+// the op path.
+const bool g_cpu_stubs = use_the_cpus_stubs();
+
 // Whether brick runs structured CPU kernels on brick tensors: the host runtime, where brick's
 // stub entries are the CPU's.
-inline bool host_structured_kernels() {
-  static const bool stubs = use_the_cpus_stubs();
-  return stubs && !cuda_backing();
-}
+inline bool host_structured_kernels() { return g_cpu_stubs && !cuda_backing(); }
 
 // Whether a call of `Op` runs as HostStructured: every call, but where the CPU's kernel would
 // call another op on brick tensors (which would run as a brick kernel inside this one).
