@@ -17,6 +17,7 @@
 #include <ATen/Context.h>
 #include <ATen/native/Activation.h>
 #include <ATen/native/BinaryOps.h>
+#include <ATen/native/Copy.h>
 #include <ATen/native/DispatchStub.h>
 #include <ATen/native/Pow.h>
 #include <ATen/native/TensorCompare.h>
@@ -25,6 +26,10 @@
 #include <string>
 
 namespace brick::backend {
+
+namespace detail {
+std::atomic<bool> g_cpu_stubs_in_use{false};
+}  // namespace detail
 
 #if BRICK_CPU_STUBS
 
@@ -46,7 +51,7 @@ void use_the_cpus(Stub& stub, Isa isa) {
 
 }  // namespace
 
-bool use_the_cpus_stubs() {
+void use_the_cpus_stubs() {
   static const bool done = [] {
     // PyTorch's own reading of the machine and of ATEN_CPU_CAPABILITY.
     const std::string capability = at::get_cpu_capability();
@@ -79,14 +84,17 @@ bool use_the_cpus_stubs() {
     use_the_cpus(native::pow_tensor_scalar_stub, isa);
     use_the_cpus(native::silu_stub, isa);
     use_the_cpus(native::clamp_min_scalar_stub, isa);
+    use_the_cpus(native::bitwise_not_stub, isa);
+    use_the_cpus(native::copy_stub, isa);  // cat's copies into slices of its result
     return true;
   }();
-  return done;
+  // Published after the entries: an op that sees the flag finds them set.
+  detail::g_cpu_stubs_in_use.store(done, std::memory_order_release);
 }
 
 #else
 
-bool use_the_cpus_stubs() { return false; }
+void use_the_cpus_stubs() {}
 
 #endif
 

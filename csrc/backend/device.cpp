@@ -17,6 +17,7 @@
 #include "backend/allocator.h"
 #include "backend/backing.h"
 #include "backend/backing_graph.h"
+#include "backend/cpu_stubs.h"
 #include "backend/device_index.h"
 #include "backend/errors.h"
 #include "backend/fallback.h"
@@ -260,6 +261,7 @@ void ensure_registered() {
         register_cuda_backing_kernels();
       } else {
         register_host_backing_kernels();
+        use_the_cpus_stubs();
       }
     });
     return true;

@@ -18,10 +18,14 @@
 #include <ATen/TensorIterator.h>
 #include <ATen/core/boxing/impl/boxing.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/native/Copy.h>
 #include <ATen/ops/_to_copy_native.h>
 #include <ATen/ops/add_native.h>
+#include <ATen/ops/addmm_native.h>
 #include <ATen/ops/bitwise_and_native.h>
+#include <ATen/ops/bitwise_not_native.h>
 #include <ATen/ops/bitwise_or_native.h>
+#include <ATen/ops/cat_native.h>
 #include <ATen/ops/clamp_min_native.h>
 #include <ATen/ops/cos_native.h>
 #include <ATen/ops/div_native.h>
@@ -34,6 +38,7 @@
 #include <ATen/ops/lt_native.h>
 #include <ATen/ops/maximum_native.h>
 #include <ATen/ops/minimum_native.h>
+#include <ATen/ops/mm_native.h>
 #include <ATen/ops/mul_native.h>
 #include <ATen/ops/ne_native.h>
 #include <ATen/ops/neg_native.h>
@@ -49,6 +54,7 @@
 #include <torch/library.h>
 #include <torch/version.h>
 
+#include <algorithm>
 #include <array>
 #include <optional>
 #include <string>
@@ -208,6 +214,10 @@ Return call_boxed(Args... args) {
 // them; an op that would cast a brick tensor runs with aliases instead.
 template <typename Native>
 class HostStructured final : public Native {
+  // An elementwise kernel's class is its TensorIterator, which learns of its output as it is set;
+  // other kernels' (mm, cat) take the result as their impl's argument.
+  static constexpr bool kIterates = std::is_base_of_v<at::TensorIteratorBase, Native>;
+
  public:
 #if BRICK_OUTPUTS_TAKE_NAMES
   // PyTorch before 2.13 passes the outputs' names with them: they go on the result as the CPU's
@@ -216,24 +226,24 @@ class HostStructured final : public Native {
                           c10::TensorOptions options, at::DimnameList names) override {
     allocate(sizes, strides, options);
     if (!names.empty()) at::namedinference::propagate_names(output_, names);
-    Native::set_output_raw_strided(index, sizes, strides, options, names);
+    if constexpr (kIterates) Native::set_output_raw_strided(index, sizes, strides, options, names);
   }
   void set_output_raw_strided(int64_t index, c10::IntArrayRef sizes, c10::IntArrayRef strides,
                               c10::TensorOptions options, at::DimnameList names) override {
     allocate(sizes, strides, options);
     if (!names.empty()) at::namedinference::propagate_names(output_, names);
-    Native::set_output_raw_strided(index, sizes, strides, options, names);
+    if constexpr (kIterates) Native::set_output_raw_strided(index, sizes, strides, options, names);
   }
 #else
   void set_output_strided(int64_t index, c10::IntArrayRef sizes, c10::IntArrayRef strides,
                           c10::TensorOptions options) override {
     allocate(sizes, strides, options);
-    Native::set_output_raw_strided(index, sizes, strides, options);
+    if constexpr (kIterates) Native::set_output_raw_strided(index, sizes, strides, options);
   }
   void set_output_raw_strided(int64_t index, c10::IntArrayRef sizes, c10::IntArrayRef strides,
                               c10::TensorOptions options) override {
     allocate(sizes, strides, options);
-    Native::set_output_raw_strided(index, sizes, strides, options);
+    if constexpr (kIterates) Native::set_output_raw_strided(index, sizes, strides, options);
   }
 #endif
   const at::Tensor& maybe_get_output(int64_t /*index*/) override { return output_; }
@@ -270,13 +280,9 @@ class HostStructured final : public Native {
   at::Tensor output_;
 };
 
-// Set when this library loads (after libtorch's own stubs): no function-local static guard on
-// the op path.
-const bool g_cpu_stubs = use_the_cpus_stubs();
-
 // Whether brick runs structured CPU kernels on brick tensors: the host runtime, where brick's
 // stub entries are the CPU's.
-inline bool host_structured_kernels() { return g_cpu_stubs && !cuda_backing(); }
+inline bool host_structured_kernels() { return cpu_stubs_in_use(); }
 
 // Whether a call of `Op` runs as HostStructured: every call, but where the CPU's kernel would
 // call another op on brick tensors (which would run as a brick kernel inside this one).
@@ -305,6 +311,91 @@ template <>
 struct RunsStructured<at::_ops::clamp_min> {
   static bool call(const at::Tensor& self, const c10::Scalar& min) {
     return keeps_the_dtype(self, min);
+  }
+};
+
+// A matrix the CPU's gemm reads where it is: unit stride in one dimension, a leading dimension
+// BLAS accepts in the other (else addmm_impl_cpu_ clones it, an op of its own).
+inline bool gemm_reads_in_place(const at::Tensor& matrix) {
+  if (matrix.dim() != 2) return false;  // the alias path raises the CPU's error
+  const c10::IntArrayRef sizes = matrix.sizes();
+  const c10::IntArrayRef strides = matrix.strides();
+  return (strides[1] == 1 && strides[0] >= std::max<int64_t>(1, sizes[1])) ||
+         (strides[0] == 1 && strides[1] >= std::max<int64_t>(1, sizes[0]));
+}
+// mm: a float or double gemm on matrices it reads in place, with a nonempty inner dimension
+// (an empty one zero-fills the result with zero_()). Other dtypes may take oneDNN paths that
+// read tensors, not pointers, and require CPU tensors.
+template <>
+struct RunsStructured<at::_ops::mm> {
+  static bool call(const at::Tensor& self, const at::Tensor& mat2) {
+    const c10::ScalarType dtype = self.scalar_type();
+    return (dtype == c10::ScalarType::Float || dtype == c10::ScalarType::Double) &&
+           gemm_reads_in_place(self) && gemm_reads_in_place(mat2) && self.size(1) != 0;
+  }
+};
+
+// addmm: as mm, the bias a brick tensor of the matrices' dtype (one_dtype() holds for the call).
+template <>
+struct RunsStructured<at::_ops::addmm> {
+  static bool call(const at::Tensor& self, const at::Tensor& mat1, const at::Tensor& mat2,
+                   const c10::Scalar& /*beta*/, const c10::Scalar& /*alpha*/) {
+    return self.device().type() == kBrick && RunsStructured<at::_ops::mm>::call(mat1, mat2);
+  }
+};
+
+// How HostStructured runs `Native` on a call's arguments: its meta, then its impl into the
+// result. False where the CPU's kernel would call another op on a brick tensor after all (the
+// call then aliases).
+template <typename Native>
+struct StructuredRun {
+  template <typename... Args>
+  static bool run(HostStructured<Native>& op, const Args&... args) {
+    op.meta(args...);
+    if constexpr (std::is_base_of_v<at::TensorIteratorBase, Native>) {
+      if (!op.casts_as_the_cpu()) return false;
+    }
+    op.impl(args..., op.output());
+    return true;
+  }
+};
+// cat: where its inputs share one dtype (else the CPU's iterator casts them into the result,
+// with ops of their own off the CPU) and none is a conjugate or negative view. Its copies go
+// through copy_stub, whose brick entry is the CPU's.
+template <>
+struct StructuredRun<at::native::structured_cat_out_cpu> {
+  static bool run(HostStructured<at::native::structured_cat_out_cpu>& op,
+                  const at::ITensorListRef& tensors, int64_t dim) {
+    for (const at::Tensor& tensor : tensors) {
+      if (tensor.is_conj() || tensor.is_neg()) return false;
+    }
+    const auto precomputed = op.meta(tensors, dim);
+    if (!precomputed.all_same_dtype) return false;
+    op.impl(tensors, precomputed.dim, precomputed.valid, precomputed.all_contiguous,
+            precomputed.all_same_dtype, precomputed.all_same_sizes_and_stride,
+            precomputed.memory_format, op.output());
+    return true;
+  }
+};
+
+// addmm: the CPU's kernel copies the bias into the result with copy_ (an op of its own), then
+// runs gemm with beta on it. Here the bias is copied by the CPU's copy kernel (copy_stub, whose
+// brick entry is the CPU's), and the kernel runs with the result as its bias, which it then
+// neither copies nor broadcasts: the same bytes into the same gemm.
+template <>
+struct StructuredRun<at::native::structured_addmm_out_cpu> {
+  static bool run(HostStructured<at::native::structured_addmm_out_cpu>& op, const at::Tensor& self,
+                  const at::Tensor& mat1, const at::Tensor& mat2, const c10::Scalar& beta,
+                  const c10::Scalar& alpha) {
+    op.meta(self, mat1, mat2, beta, alpha);
+    at::Tensor& result = op.output();
+    // The CPU's broadcast of the bias (expand_size, whatever beta is): a view, or its error.
+    const at::Tensor bias = self.sizes() == result.sizes() ? self : self.expand(result.sizes());
+    if (result.numel() != 0 && beta.toComplexDouble() != 0.0) {
+      at::native::copy_ignoring_overlaps(result, bias);
+    }
+    op.impl(result, mat1, mat2, beta, alpha, result);
+    return true;
   }
 };
 
@@ -337,9 +428,7 @@ struct Direct<Op, Native, Return(Args...)> {
       if (check.one_dtype() && host_structured_kernels() && RunsStructured<Op>::call(args...)) {
         std::optional<at::Tensor> result = call.run([&]() -> std::optional<at::Tensor> {
           HostStructured<Native> op;
-          op.meta(args...);
-          if (!op.casts_as_the_cpu()) return std::nullopt;
-          op.impl(args..., op.output());
+          if (!StructuredRun<Native>::run(op, args...)) return std::nullopt;
           return std::move(op.output());
         });
         if (result.has_value()) return *std::move(result);
@@ -506,10 +595,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   register_direct<at::_ops::sum_dim_IntList>(m);
   register_direct<at::_ops::mean_dim>(m);
   register_direct<at::_ops::_softmax>(m);
-  register_direct<at::_ops::mm>(m);
+  register_direct<at::_ops::mm, at::native::structured_mm_out_cpu>(m);
   register_direct<at::_ops::bmm>(m);
-  register_direct<at::_ops::addmm>(m);
-  register_direct<at::_ops::cat>(m);
+  register_direct<at::_ops::addmm, at::native::structured_addmm_out_cpu>(m);
+  register_direct<at::_ops::cat, at::native::structured_cat_out_cpu>(m);
   // Decoding loops (generate(): token lookup, stopping criteria, greedy choice).
   register_direct<at::_ops::index_select>(m);
   register_direct<at::_ops::isin_Tensor_Tensor>(m);
@@ -518,6 +607,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   register_direct<at::_ops::any>(m);
   register_direct<at::_ops::all>(m);
   register_direct<at::_ops::bitwise_and_Tensor, at::native::structured_bitwise_and_out>(m);
+  register_direct<at::_ops::bitwise_not, at::native::structured_bitwise_not_out>(m);
   // Copies and factories (clone, .to(dtype), positions, scalars for where()).
   register_direct<at::_ops::clone>(m);
   m.impl("_to_copy", TORCH_FN(to_copy));

@@ -1,11 +1,12 @@
 """Brick's structured kernels on the host runtime.
 
-For the elementwise ops whose CPU kernel is structured (a TensorIterator and a DispatchStub),
-brick runs the CPU's structured kernel on the brick tensors themselves, into a brick tensor
-allocated as the CPU allocates its result (csrc/backend/direct_kernels.cpp, cpu_stubs.cpp): no
-aliases of the arguments, no result to adopt. Every result must be the CPU's, bit for bit and
-stride for stride, including where the CPU's iterator casts (Python numbers, CPU scalars) and
-where brick leaves this path (a brick tensor that needs a cast).
+For the ops whose CPU kernel is structured (elementwise ops: a TensorIterator and a
+DispatchStub; mm; cat), brick runs the CPU's structured kernel on the brick tensors themselves,
+into a brick tensor allocated as the CPU allocates its result (csrc/backend/direct_kernels.cpp,
+cpu_stubs.cpp): no aliases of the arguments, no result to adopt. Every result must be the CPU's,
+bit for bit and stride for stride, including where the CPU's iterator casts (Python numbers, CPU
+scalars) and where brick leaves this path (a brick tensor that needs a cast, a matrix gemm cannot
+read in place, inputs of several dtypes).
 """
 
 import textwrap
@@ -54,7 +55,7 @@ def _assert_same_outcome(on_brick, on_cpu, what):
     """The CPU's result, or the CPU's error."""
     try:
         expected = on_cpu()
-    except (RuntimeError, TypeError) as error:
+    except (RuntimeError, TypeError, IndexError, ValueError) as error:
         with pytest.raises(type(error)) as raised:
             on_brick()
         assert str(error).splitlines()[0] in str(raised.value), what
@@ -119,6 +120,7 @@ def test_integer_and_bool_ops_are_the_cpus():
         "int with a float": lambda x, y: x * 0.5 + y,
         "exp of ints": lambda x, y: torch.exp(x.float() / 50) + torch.sigmoid(y),
         "bool or": lambda x, y: (x > 0) | (y > 0),
+        "bitwise_not": lambda x, y: torch.bitwise_not(x) + torch.bitwise_not(y > 0),
         "pow of ints": lambda x, y: torch.pow(x, 3) + torch.pow(y, 2.5),  # the latter aliased
         "clamp_min of ints": lambda x, y: torch.clamp_min(x, 3) + torch.clamp_min(y, 0.5),
     }
@@ -135,6 +137,139 @@ def test_mixed_brick_dtypes_are_the_cpus():
         _assert_the_cpus(op(c.to("brick"), b.to("brick")), op(c, b), f"{name} float with half")
 
 
+def _matrices(dtype, seed):
+    generator = torch.Generator().manual_seed(seed)
+    a = torch.randn(7, 12, generator=generator).to(dtype)
+    b = torch.randn(12, 5, generator=generator).to(dtype)
+    return a, b
+
+
+MM_LAYOUTS = {
+    "contiguous": lambda a, b: (a, b),
+    "transposed": lambda a, b: (a.t().contiguous().t(), b.t().contiguous().t()),
+    "row of a wider matrix": lambda a, b: (torch.cat([a, a], 1)[:, :12], b),
+    "a column and a row": lambda a, b: (a[:, :1], b[:1, :]),
+    "1-row": lambda a, b: (a[:1], b),
+    "every other column": lambda a, b: (a[:, ::2], b[::2]),  # cloned by the CPU: aliased
+    "expanded": lambda a, b: (a[:1].expand(7, 12), b),  # a zero stride: aliased
+    "empty inner dimension": lambda a, b: (a[:, :0], b[:0]),  # zero-filled: aliased
+    "no rows": lambda a, b: (a[:0], b),
+}
+
+
+@pytest.mark.parametrize("dtype", FLOATS + [torch.int64], ids=str)
+def test_mm_is_the_cpus(dtype):
+    a, b = _matrices(dtype, 7) if dtype.is_floating_point else \
+        (torch.randint(-9, 9, (7, 12)), torch.randint(-9, 9, (12, 5)))
+    a_brick, b_brick = a.to("brick"), b.to("brick")
+    for layout, make in MM_LAYOUTS.items():
+        _assert_the_cpus(torch.mm(*make(a_brick, b_brick)), torch.mm(*make(a, b)),
+                         f"mm {layout}")
+    _assert_the_cpus(a_brick @ b_brick, a @ b, "matmul")
+    _assert_the_cpus(torch.nn.functional.linear(a_brick, b_brick.t()),
+                     torch.nn.functional.linear(a, b.t()), "linear without bias")
+    for bad in (lambda x, y: torch.mm(x, x), lambda x, y: torch.mm(x[0], y),
+                lambda x, y: torch.mm(x, y.double())):
+        _assert_same_outcome(lambda: bad(a_brick, b_brick), lambda: bad(a, b), "an mm error")
+
+
+@pytest.mark.parametrize("dtype", FLOATS + [torch.int64], ids=str)
+def test_addmm_is_the_cpus(dtype):
+    a, b = _matrices(dtype, 11) if dtype.is_floating_point else \
+        (torch.randint(-9, 9, (7, 12)), torch.randint(-9, 9, (12, 5)))
+    generator = torch.Generator().manual_seed(12)
+    row = torch.randn(5, generator=generator).to(dtype)
+    full = torch.randn(7, 5, generator=generator).to(dtype)
+    column = torch.randn(7, 1, generator=generator).to(dtype)
+    biases = {"row": row, "full": full, "column": column, "0-dim": row[0],
+              "transposed": full.t().contiguous().t()}
+    if dtype.is_floating_point:
+        biases["NaN"] = torch.full((5,), float("nan")).to(dtype)  # ignored with beta 0
+    scalars = [{}, {"beta": 0}, {"beta": 0.5, "alpha": 2}] if dtype.is_floating_point else \
+        [{}, {"beta": 0}, {"beta": 3, "alpha": 2}]
+    for bias_name, bias in biases.items():
+        for layout, make in MM_LAYOUTS.items():
+            for kwargs in scalars:
+                _assert_same_outcome(
+                    lambda: torch.addmm(bias.to("brick"), *make(a.to("brick"), b.to("brick")),
+                                        **kwargs),
+                    lambda: torch.addmm(bias, *make(a, b), **kwargs),
+                    f"addmm {bias_name} bias, {layout}, {kwargs}")
+    x = a.to("brick")
+    _assert_the_cpus(torch.nn.functional.linear(x, b.to("brick").t(), row.to("brick")),
+                     torch.nn.functional.linear(a, b.t(), row), "linear")
+    _assert_the_cpus(torch.nn.functional.linear(x.unsqueeze(0), b.to("brick").t(), row.to("brick")),
+                     torch.nn.functional.linear(a.unsqueeze(0), b.t(), row), "linear, 3-D input")
+    for bad in (lambda s, x, y: torch.addmm(s[:3], x, y), lambda s, x, y: torch.addmm(s, x, x),
+                lambda s, x, y: torch.addmm(s[:3], x, y, beta=0)):
+        _assert_same_outcome(lambda: bad(full.to("brick"), x, b.to("brick")),
+                             lambda: bad(full, a, b), "an addmm error")
+
+
+def test_mm_is_the_cpus_on_several_threads():
+    # Sizes gemm splits across threads.
+    a, b = _matrices(torch.float32, 8)
+    a, b = a.repeat(40, 20), b.repeat(20, 40)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        _assert_the_cpus(torch.mm(a.to("brick"), b.to("brick")), torch.mm(a, b), "mm 280x240x200")
+    finally:
+        torch.set_num_threads(threads)
+
+
+CAT_CASES = {
+    "dim 0": lambda x, y: torch.cat([x, y, x], 0),
+    "last dim": lambda x, y: torch.cat([x, y], -1),
+    "middle dim": lambda x, y: torch.cat([x.unsqueeze(1), y.unsqueeze(1)], 1),
+    "slices (rotate_half)": lambda x, y: torch.cat([-x[:, 3:], x[:, :3]], -1),
+    "transposed": lambda x, y: torch.cat([x.t(), y.t()], 0),
+    "one tensor": lambda x, y: torch.cat([x], 1),
+    "legacy empty": lambda x, y: torch.cat([x.new_empty(0), x, y], 1),
+    "empty": lambda x, y: torch.cat([x[:0], y[:0]], 0),
+    "channels last": lambda x, y: torch.cat(
+        [x.reshape(1, 2, 2, 3).contiguous(memory_format=torch.channels_last)] * 2, 1),
+    "several dtypes": lambda x, y: torch.cat([x, y.double()], 1),  # cast: aliased
+    "many": lambda x, y: torch.cat([x] * 12, 0),  # more tensors than the check holds
+}
+
+
+@pytest.mark.parametrize("dtype", FLOATS + [torch.int32, torch.bool], ids=str)
+def test_cat_is_the_cpus(dtype):
+    generator = torch.Generator().manual_seed(9)
+    x = (torch.randn(4, 6, generator=generator) * 4).to(dtype)
+    y = (torch.randn(4, 6, generator=generator) * 4).to(dtype)
+    x_brick, y_brick = x.to("brick"), y.to("brick")
+    for name, op in CAT_CASES.items():
+        if dtype == torch.bool and "rotate" in name:
+            continue  # no negation of bools
+        _assert_same_outcome(lambda: op(x_brick, y_brick), lambda: op(x, y), f"cat {name}")
+    for bad in (lambda x, y: torch.cat([x, y[:, :2]], 0), lambda x, y: torch.cat([x, y], 2),
+                lambda x, y: torch.cat([x[0, 0], y], 0)):
+        _assert_same_outcome(lambda: bad(x_brick, y_brick), lambda: bad(x, y), "a cat error")
+
+
+def test_cat_is_the_cpus_on_several_threads():
+    # Large enough for the CPU's parallel copies into slices of the result.
+    generator = torch.Generator().manual_seed(10)
+    x = torch.randn(64, 300, 8, generator=generator)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        for dim in (0, 1, 2):
+            _assert_the_cpus(torch.cat([x.to("brick"), x.to("brick").mul(2)], dim),
+                             torch.cat([x, x.mul(2)], dim), f"cat along {dim}")
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_cat_of_conjugate_views_is_the_cpus():
+    z = torch.randn(3, 4, dtype=torch.complex64)
+    z_brick = z.to("brick")
+    _assert_the_cpus(torch.cat([z_brick.conj(), z_brick], 0), torch.cat([z.conj(), z], 0),
+                     "cat of a conjugate view")
+
+
 def test_results_are_brick_memory_from_birth():
     # A structured op's result is brick's own allocation; an op on the alias path (relu) adopts
     # the CPU's result.
@@ -144,6 +279,13 @@ def test_results_are_brick_memory_from_birth():
     after = torch.brick.memory_stats()
     assert after["allocated_bytes.all.current"] == base["allocated_bytes.all.current"] + 4000
     assert after["adopted_bytes.all.current"] == base["adopted_bytes.all.current"]
+    product = torch.addmm(a[:10], a.view(10, 100), a.view(10, 100).t())  # 10 x 10
+    joined = torch.cat([a, a])
+    after = torch.brick.memory_stats()
+    assert after["allocated_bytes.all.current"] == \
+        base["allocated_bytes.all.current"] + 4000 + 400 + 8000
+    assert after["adopted_bytes.all.current"] == base["adopted_bytes.all.current"]
+    del product, joined
     c = torch.relu(a)
     assert torch.brick.memory_stats()["adopted_bytes.all.current"] == \
         base["adopted_bytes.all.current"] + 4000
@@ -165,14 +307,18 @@ def test_errors_are_the_cpus():
 
 def test_a_structured_op_is_one_brick_kernel(clean_profiler):
     x = torch.randn(64, device="brick")
+    m = torch.randn(8, 8, device="brick")
     with bp.profile():
         for _ in range(5):
             y = x * 0.5 + x
             torch.sigmoid(y)
+            torch.mm(m, m.t())
+            torch.addmm(m[0], m, m.t())
+            torch.cat([x, y], 0)
     names = by_name(bp.stats(by="name"))
-    assert names["aten::mul"].count == 5
-    assert names["aten::add"].count == 5
-    assert names["aten::sigmoid"].count == 5
+    for name in ("aten::mul", "aten::add", "aten::sigmoid", "aten::mm", "aten::addmm",
+                 "aten::cat"):
+        assert names[name].count == 5, name
 
 
 def test_no_brick_kernel_runs_inside_another(clean_profiler):
@@ -184,7 +330,14 @@ def test_no_brick_kernel_runs_inside_another(clean_profiler):
     i = torch.randint(1, 9, (6,), generator=generator).to("brick")
     calls = [lambda: torch.pow(f, 0), lambda: torch.pow(f, 1), lambda: torch.pow(f, 2),
              lambda: torch.pow(i, 2.5), lambda: torch.clamp_min(i, 0.5), lambda: i * 0.5,
-             lambda: torch.sigmoid(i), lambda: f > 1, lambda: i / i, lambda: f + i]
+             lambda: torch.sigmoid(i), lambda: f > 1, lambda: i / i, lambda: f + i,
+             lambda: torch.mm(f[:, None], f[None, :]), lambda: torch.mm(f[:0, None], f[None, :0]),
+             lambda: torch.mm(f[None, :0], f[:0, None]), lambda: torch.mm(f[None, ::2], f[::2, None]),
+             lambda: torch.addmm(f, f[:, None], f[None, :]),
+             lambda: torch.addmm(f, f[:, None], f[None, :], beta=0),
+             lambda: torch.addmm(f, f[:, None, ][:, :0], f[None, :][:0]),
+             lambda: torch.cat([f, i]), lambda: torch.cat([f[::2], f[1::2]]),
+             lambda: torch.bitwise_not(i)]
     with bp.profile(ops="kernels"):
         for call in calls:
             call()
