@@ -28,9 +28,11 @@ struct AliasPool {
 
 // Backing aliases of brick tensors for the duration of one call (a scope): each alias returned
 // stays this scope's until it ends. Scopes nest on a thread (each restores what it found).
+// The pool is looked up at the first alias: a call that lends none (brick's structured kernels)
+// never touches it.
 class LentAliases {
  public:
-  LentAliases() noexcept : pool_(AliasPool::get()), lent_before_(pool_ ? pool_->lent : 0) {}
+  LentAliases() noexcept = default;
   ~LentAliases() {
     if (pool_ != nullptr) pool_->lent = lent_before_;
     if (own_ != nullptr) [[unlikely]]
@@ -44,8 +46,9 @@ class LentAliases {
   at::Tensor& operator()(const at::Tensor& brick_tensor);
 
  private:
-  AliasPool* pool_;  // none while the thread exits
-  uint32_t lent_before_;
+  AliasPool* pool_ = nullptr;  // none before the first alias, and while the thread exits
+  uint32_t lent_before_ = 0;
+  bool looked_up_ = false;
   // Aliases made for this call alone: when the thread has no pool, or every slot is lent.
   std::deque<at::Tensor>* own_ = nullptr;
 };

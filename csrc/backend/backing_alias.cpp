@@ -105,6 +105,11 @@ int slot_to_replace(AliasPool& pool) noexcept {
 }  // namespace
 
 at::Tensor& LentAliases::operator()(const at::Tensor& brick_tensor) {
+  if (!looked_up_) {
+    looked_up_ = true;
+    pool_ = AliasPool::get();
+    if (pool_ != nullptr) lent_before_ = pool_->lent;
+  }
   if (pool_ != nullptr) [[likely]] {
     int slot = free_slot(*pool_);
     if (slot >= 0) {

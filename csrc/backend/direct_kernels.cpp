@@ -10,9 +10,9 @@
 //
 // CPU scalars (Python numbers, 0-dim CPU tensors) pass through as the fallback passes them.
 // Anything out of the ordinary (a tensor that is not on this op's brick device, two tensors of
-// an in-place op sharing memory, more tensors than the check holds) goes to the boxed fallback,
-// which handles every case and names every error. Only ops whose result is always a fresh
-// tensor (or, in place, self with its geometry unchanged) are listed.
+// an in-place op sharing memory, an in-place op with more tensors than its check holds) goes to
+// the boxed fallback, which handles every case and names every error. Only ops whose result is
+// always a fresh tensor (or, in place, self with its geometry unchanged) are listed.
 #include <ATen/EmptyTensor.h>
 #include <ATen/Operators.h>
 #include <ATen/TensorIterator.h>
@@ -89,7 +89,10 @@ constexpr bool kIsUnsupportedTensorArgument =
     std::is_same_v<Bare<T>, at::TensorList> ||
     std::is_same_v<Bare<T>, c10::List<std::optional<at::Tensor>>>;
 
-// What the arguments of one call hold: the brick device they are all on, and their storages.
+// What the arguments of one call hold: the brick device they are all on, their dtypes and, for an
+// in-place op, their storages. A functional op's check keeps no storages: each op's check is
+// code that runs cold between ops, so it runs only what its op needs.
+template <bool kInPlace>
 class ArgumentCheck {
  public:
   static constexpr size_t kMaxTensors = 8;
@@ -101,9 +104,11 @@ class ArgumentCheck {
       if (tensor.device().type() != c10::DeviceType::CPU || tensor.dim() != 0) usual_ = false;
       return;
     }
-    if (count_ == kMaxTensors) {
-      usual_ = false;
-      return;
+    if constexpr (kInPlace) {
+      if (count_ == kMaxTensors) {
+        usual_ = false;
+        return;
+      }
     }
     const c10::DeviceIndex index = tensor.device().index();
     if (device_ < 0) {
@@ -113,11 +118,13 @@ class ArgumentCheck {
       usual_ = usual_ && index == device_;
       one_dtype_ = one_dtype_ && tensor.scalar_type() == dtype_;
     }
-    c10::StorageImpl* storage =
-        tensor.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
-    for (size_t i = 0; i < count_; ++i)
-      shared_storage_ = shared_storage_ || storages_[i] == storage;
-    storages_[count_++] = storage;
+    if constexpr (kInPlace) {
+      c10::StorageImpl* storage =
+          tensor.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+      for (size_t i = 0; i < count_; ++i)
+        shared_storage_ = shared_storage_ || storages_[i] == storage;
+      storages_[count_++] = storage;
+    }
   }
   void see(const at::ITensorListRef& tensors) {
     for (const at::Tensor& tensor : tensors) see(tensor);
@@ -130,21 +137,23 @@ class ArgumentCheck {
 
   // True when every tensor is a brick tensor on one device; an in-place op also needs its
   // tensors to have storages of their own (the fallback makes them share a backing storage).
-  bool usual(bool in_place) const {
-    return usual_ && device_ >= 0 && !(in_place && shared_storage_);
-  }
+  bool usual() const { return usual_ && device_ >= 0 && !shared_storage_; }
   c10::DeviceIndex device() const { return device_; }
   // Whether every brick tensor has one dtype (CPU scalars aside).
   bool one_dtype() const { return one_dtype_; }
 
  private:
+  struct NoStorages {};
+
   c10::DeviceIndex device_ = -1;
   c10::ScalarType dtype_ = c10::ScalarType::Undefined;
   bool usual_ = true;
   bool one_dtype_ = true;
   bool shared_storage_ = false;
-  size_t count_ = 0;
-  std::array<c10::StorageImpl*, kMaxTensors> storages_{};
+  size_t count_ = 0;  // (in place) the storages seen
+  [[no_unique_address]] std::conditional_t<kInPlace, std::array<c10::StorageImpl*, kMaxTensors>,
+                                           NoStorages>
+      storages_{};
 };
 
 // Backing-device aliases of a tensor list's brick tensors, passed on as a list.
@@ -418,9 +427,9 @@ struct Direct<Op, Native, Return(Args...)> {
   static_assert(!(kIsUnsupportedTensorArgument<Args> || ...), "an argument kind not converted");
 
   static Return call(Args... args) {
-    ArgumentCheck check;
+    ArgumentCheck</*kInPlace=*/false> check;
     (check.see(args), ...);
-    if (!check.usual(/*in_place=*/false)) [[unlikely]] {
+    if (!check.usual()) [[unlikely]] {
       return call_boxed<Op, Return, Args...>(args...);
     }
     BackingCall call(Op::name, Op::overload_name, check.device());
@@ -445,10 +454,10 @@ struct Direct<Op, void, at::Tensor&(at::Tensor&, Rest...)> {
   static_assert(!(kIsUnsupportedTensorArgument<Rest> || ...), "an argument kind not converted");
 
   static at::Tensor& call(at::Tensor& self, Rest... rest) {
-    ArgumentCheck check;
+    ArgumentCheck</*kInPlace=*/true> check;
     check.see(self);
     (check.see(rest), ...);
-    if (!check.usual(/*in_place=*/true)) [[unlikely]] {
+    if (!check.usual()) [[unlikely]] {
       at::Tensor result = call_boxed<Op, at::Tensor, at::Tensor&, Rest...>(self, rest...);
       (void)result;  // self, changed by the fallback
       return self;
