@@ -7,10 +7,11 @@
 
 #include "backend/allocator.h"
 #include "backend/device_index.h"
+#include "common/hot_path.h"
 
 namespace brick::backend {
 
-void adopt_storage_in_place(c10::StorageImpl* storage, c10::DeviceIndex device) {
+BRICK_HOT_PATH void adopt_storage_in_place(c10::StorageImpl* storage, c10::DeviceIndex device) {
   if (storage->device().type() == kBrick) return;
   const size_t nbytes = storage->nbytes();
   c10::DataPtr data = storage->set_data_ptr(c10::DataPtr(nullptr, storage->device()));
@@ -18,7 +19,7 @@ void adopt_storage_in_place(c10::StorageImpl* storage, c10::DeviceIndex device) 
   storage->set_allocator(brick_allocator());
 }
 
-at::Tensor adopt_result(at::Tensor result, c10::DeviceIndex device) {
+BRICK_HOT_PATH at::Tensor adopt_result(at::Tensor result, c10::DeviceIndex device) {
   if (!result.defined()) return result;
   c10::TensorImpl* impl = result.unsafeGetTensorImpl();
   adopt_storage_in_place(impl->unsafe_storage().unsafeGetStorageImpl(), device);

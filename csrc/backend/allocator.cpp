@@ -26,6 +26,7 @@
 #include "backend/backing.h"
 #include "backend/device_index.h"
 #include "backend/errors.h"
+#include "common/hot_path.h"
 #include "runtime/launch_observer.h"
 #include "runtime/per_thread.h"
 
@@ -33,7 +34,7 @@ namespace brick::backend {
 
 namespace {
 
-void report_to_profiler(void* ptr, int64_t delta, c10::DeviceIndex device) {
+BRICK_HOT_PATH void report_to_profiler(void* ptr, int64_t delta, c10::DeviceIndex device) {
   if (!c10::memoryProfilingEnabled()) return;
   const auto stats = rt().memory_stats(device);
   c10::reportMemoryUsageToProfiler(ptr, delta, static_cast<size_t>(stats.allocated_bytes),
@@ -41,7 +42,7 @@ void report_to_profiler(void* ptr, int64_t delta, c10::DeviceIndex device) {
                                    c10::Device(kBrick, device));
 }
 
-void delete_brick_memory(void* ptr) {
+BRICK_HOT_PATH void delete_brick_memory(void* ptr) {
   const auto released = rt().deallocate(ptr);
   if (released.device >= 0) {
     report_to_profiler(ptr, -static_cast<int64_t>(released.nbytes),
@@ -51,7 +52,7 @@ void delete_brick_memory(void* ptr) {
 
 c10::DataPtr allocate_cuda_memory(size_t nbytes, c10::DeviceIndex device, c10::Device label);
 
-c10::DataPtr allocate_brick_memory(size_t nbytes, c10::Device label) {
+BRICK_HOT_PATH c10::DataPtr allocate_brick_memory(size_t nbytes, c10::Device label) {
   runtime::count_device_work();  // an op that allocates brick memory ran brick work
   const auto device = static_cast<c10::DeviceIndex>(rt().current_device());
   if (cuda_backing()) return allocate_cuda_memory(nbytes, device, label);
@@ -74,7 +75,7 @@ using BrickAllocatorBase = c10::Allocator;
 
 class BrickAllocator final : public BrickAllocatorBase {
  public:
-  c10::DataPtr allocate(size_t nbytes) override {
+  BRICK_HOT_PATH c10::DataPtr allocate(size_t nbytes) override {
     return allocate_brick_memory(nbytes, c10::Device(kBrick));
   }
   c10::DeleterFnPtr raw_deleter() const override {
@@ -185,14 +186,15 @@ struct AdoptedContextCache {
 };
 using ContextCache = runtime::PerThread<AdoptedContextCache>;
 
-AdoptedContext* new_adopted_context(c10::DataPtr original, size_t nbytes, c10::DeviceIndex device) {
+BRICK_HOT_PATH AdoptedContext* new_adopted_context(c10::DataPtr original, size_t nbytes,
+                                                   c10::DeviceIndex device) {
   AdoptedContextCache* cache = ContextCache::get();  // none after thread exit: the heap
   void* block = cache != nullptr && cache->count > 0 ? cache->free_blocks[--cache->count]
                                                      : ::operator new(sizeof(AdoptedContext));
   return new (block) AdoptedContext{std::move(original), nbytes, device};
 }
 
-void delete_adopted(void* ctx) {
+BRICK_HOT_PATH void delete_adopted(void* ctx) {
   auto* adopted = static_cast<AdoptedContext*>(ctx);
   report_to_profiler(adopted->original.get(), -static_cast<int64_t>(adopted->nbytes),
                      adopted->device);
@@ -294,7 +296,8 @@ c10::DataPtr allocate_cuda_memory(size_t nbytes, c10::DeviceIndex device, c10::D
 
 }  // namespace
 
-c10::DataPtr to_brick_data_ptr(c10::DataPtr data_ptr, size_t nbytes, c10::DeviceIndex device) {
+BRICK_HOT_PATH c10::DataPtr to_brick_data_ptr(c10::DataPtr data_ptr, size_t nbytes,
+                                              c10::DeviceIndex device) {
   if (is_brick_allocation(data_ptr)) {
     data_ptr.unsafe_set_device(c10::Device(kBrick, device));
     return data_ptr;

@@ -12,8 +12,10 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <thread>
 
 #include "backend/errors.h"
+#include "common/hot_path.h"
 
 namespace brick::backend {
 
@@ -83,12 +85,21 @@ std::optional<std::string> why_torch_cannot_run_cuda() {
 // (at::init_num_threads in its thread_init): a later torch.set_num_threads() never reaches it,
 // and brick's backward would run the CPU's kernels with another thread count than the CPU's
 // backward (other results in the last bits, other speed). So on the host runtime, once per
-// backward pass (graph task) on the calling thread, brick re-applies the process's count.
-void follow_process_thread_count() {
-  thread_local int last_graph_task = -1;
+// backward pass (graph task) on the calling thread, brick re-applies the process's count. The
+// thread that loaded brick (Python's main thread) is never an engine thread, and its count is
+// the one the CPU's own kernels there use: it skips the question, which costs two cold calls
+// into libtorch per op.
+const std::thread::id g_loading_thread = std::this_thread::get_id();
+[[gnu::tls_model("initial-exec")]] constinit thread_local int8_t tls_may_run_engine_work = -1;
+[[gnu::tls_model("initial-exec")]] constinit thread_local int tls_last_graph_task = -1;
+
+BRICK_HOT_PATH void follow_process_thread_count() {
+  if (tls_may_run_engine_work < 0) [[unlikely]]
+    tls_may_run_engine_work = std::this_thread::get_id() != g_loading_thread ? 1 : 0;
+  if (tls_may_run_engine_work == 0) return;
   const int graph_task = torch::autograd::get_current_graph_task_id();
-  if (graph_task != last_graph_task) [[unlikely]] {
-    last_graph_task = graph_task;
+  if (graph_task != tls_last_graph_task) [[unlikely]] {
+    tls_last_graph_task = graph_task;
     if (graph_task != -1) at::init_num_threads();
   }
 }
@@ -100,7 +111,7 @@ void configure_runtime_backing() {
   runtime::set_cuda_backing_check(&why_torch_cannot_run_cuda);
 }
 
-BackingScope::BackingScope(c10::DeviceIndex device) : device_scope_(device) {
+BRICK_HOT_PATH BackingScope::BackingScope(c10::DeviceIndex device) : device_scope_(device) {
   if (cuda_backing()) {
     enter_cuda(device < 0 ? rt().current_device() : device);
   } else {
@@ -108,7 +119,7 @@ BackingScope::BackingScope(c10::DeviceIndex device) : device_scope_(device) {
   }
 }
 
-BackingScope::~BackingScope() {
+BRICK_HOT_PATH BackingScope::~BackingScope() {
   if (entered_cuda_) leave_cuda();
 }
 

@@ -9,6 +9,7 @@
 #include "backend/alias_pool.h"
 #include "backend/allocator.h"
 #include "backend/device_index.h"
+#include "common/hot_path.h"
 
 namespace brick::backend {
 
@@ -70,7 +71,7 @@ int free_slot(const AliasPool& pool) noexcept {
 }
 
 // Points the pool's alias at `brick_tensor`: its bytes, dtype, geometry and conj/neg bits.
-void point_alias(const at::Tensor& alias, const at::Tensor& brick_tensor) {
+BRICK_HOT_PATH void point_alias(const at::Tensor& alias, const at::Tensor& brick_tensor) {
   c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
   const c10::StorageImpl* brick_storage =
       brick_tensor.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
@@ -104,7 +105,7 @@ int slot_to_replace(AliasPool& pool) noexcept {
 
 }  // namespace
 
-at::Tensor& LentAliases::operator()(const at::Tensor& brick_tensor) {
+BRICK_HOT_PATH at::Tensor& LentAliases::operator()(const at::Tensor& brick_tensor) {
   if (!looked_up_) {
     looked_up_ = true;
     pool_ = AliasPool::get();

@@ -68,6 +68,7 @@
 #include "backend/cpu_stubs.h"
 #include "backend/device_index.h"
 #include "backend/fallback.h"
+#include "common/hot_path.h"
 
 // Structured kernels' output setters take the outputs' names before PyTorch 2.13, which has no
 // named tensors.
@@ -97,7 +98,7 @@ class ArgumentCheck {
  public:
   static constexpr size_t kMaxTensors = 8;
 
-  void see(const at::Tensor& tensor) {
+  BRICK_HOT_PATH void see(const at::Tensor& tensor) {
     if (!tensor.defined()) return;
     if (tensor.device().type() != kBrick) {
       // A CPU scalar (a Python number, a 0-dim tensor) mixes with device tensors, as on CUDA.
@@ -231,26 +232,30 @@ class HostStructured final : public Native {
 #if BRICK_OUTPUTS_TAKE_NAMES
   // PyTorch before 2.13 passes the outputs' names with them: they go on the result as the CPU's
   // functional kernel puts them.
-  void set_output_strided(int64_t index, c10::IntArrayRef sizes, c10::IntArrayRef strides,
-                          c10::TensorOptions options, at::DimnameList names) override {
+  BRICK_HOT_PATH void set_output_strided(int64_t index, c10::IntArrayRef sizes,
+                                         c10::IntArrayRef strides, c10::TensorOptions options,
+                                         at::DimnameList names) override {
     allocate(sizes, strides, options);
     if (!names.empty()) at::namedinference::propagate_names(output_, names);
     if constexpr (kIterates) Native::set_output_raw_strided(index, sizes, strides, options, names);
   }
-  void set_output_raw_strided(int64_t index, c10::IntArrayRef sizes, c10::IntArrayRef strides,
-                              c10::TensorOptions options, at::DimnameList names) override {
+  BRICK_HOT_PATH void set_output_raw_strided(int64_t index, c10::IntArrayRef sizes,
+                                             c10::IntArrayRef strides, c10::TensorOptions options,
+                                             at::DimnameList names) override {
     allocate(sizes, strides, options);
     if (!names.empty()) at::namedinference::propagate_names(output_, names);
     if constexpr (kIterates) Native::set_output_raw_strided(index, sizes, strides, options, names);
   }
 #else
-  void set_output_strided(int64_t index, c10::IntArrayRef sizes, c10::IntArrayRef strides,
-                          c10::TensorOptions options) override {
+  BRICK_HOT_PATH void set_output_strided(int64_t index, c10::IntArrayRef sizes,
+                                         c10::IntArrayRef strides,
+                                         c10::TensorOptions options) override {
     allocate(sizes, strides, options);
     if constexpr (kIterates) Native::set_output_raw_strided(index, sizes, strides, options);
   }
-  void set_output_raw_strided(int64_t index, c10::IntArrayRef sizes, c10::IntArrayRef strides,
-                              c10::TensorOptions options) override {
+  BRICK_HOT_PATH void set_output_raw_strided(int64_t index, c10::IntArrayRef sizes,
+                                             c10::IntArrayRef strides,
+                                             c10::TensorOptions options) override {
     allocate(sizes, strides, options);
     if constexpr (kIterates) Native::set_output_raw_strided(index, sizes, strides, options);
   }
@@ -359,7 +364,7 @@ struct RunsStructured<at::_ops::addmm> {
 template <typename Native>
 struct StructuredRun {
   template <typename... Args>
-  static bool run(HostStructured<Native>& op, const Args&... args) {
+  BRICK_HOT_PATH static bool run(HostStructured<Native>& op, const Args&... args) {
     op.meta(args...);
     if constexpr (std::is_base_of_v<at::TensorIteratorBase, Native>) {
       if (!op.casts_as_the_cpu()) return false;
@@ -426,7 +431,7 @@ struct Direct<Op, Native, Return(Args...)> {
   static_assert(kIsFreshResults<Return>, "a result that is not a fresh tensor");
   static_assert(!(kIsUnsupportedTensorArgument<Args> || ...), "an argument kind not converted");
 
-  static Return call(Args... args) {
+  BRICK_HOT_PATH static Return call(Args... args) {
     ArgumentCheck</*kInPlace=*/false> check;
     (check.see(args), ...);
     if (!check.usual()) [[unlikely]] {
@@ -453,7 +458,7 @@ template <typename Op, typename... Rest>
 struct Direct<Op, void, at::Tensor&(at::Tensor&, Rest...)> {
   static_assert(!(kIsUnsupportedTensorArgument<Rest> || ...), "an argument kind not converted");
 
-  static at::Tensor& call(at::Tensor& self, Rest... rest) {
+  BRICK_HOT_PATH static at::Tensor& call(at::Tensor& self, Rest... rest) {
     ArgumentCheck</*kInPlace=*/true> check;
     check.see(self);
     (check.see(rest), ...);

@@ -14,6 +14,7 @@
 #include <new>
 #include <string>
 
+#include "common/hot_path.h"
 #include "common/steady_clock.h"
 #include "runtime/runtime.h"
 #include "runtime/thread_state.h"
@@ -59,12 +60,12 @@ class HostRuntime final : public Runtime {
   int device_count() const noexcept override { return device_count_; }
   int backing_device_index(DeviceIndex) const noexcept override { return -1; }
 
-  void set_current_device(DeviceIndex device) override {
+  BRICK_HOT_PATH void set_current_device(DeviceIndex device) override {
     check_device(device);
     state().device = device;
   }
 
-  void* allocate(DeviceIndex device, size_t nbytes) override {
+  BRICK_HOT_PATH void* allocate(DeviceIndex device, size_t nbytes) override {
     check_device(device);
     if (nbytes == 0) return nullptr;
     // malloc, aligned here, rather than aligned_alloc: glibc serves small malloc requests from
@@ -89,7 +90,7 @@ class HostRuntime final : public Runtime {
     return header + 1;
   }
 
-  Released deallocate(void* ptr) noexcept override {
+  BRICK_HOT_PATH Released deallocate(void* ptr) noexcept override {
     if (ptr == nullptr) return {0, -1};
     auto* header = static_cast<BlockHeader*>(ptr) - 1;
     if (header->magic != kMagic) std::abort();  // not ours, or freed twice: never continue

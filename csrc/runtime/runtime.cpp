@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/hot_path.h"
 #include "runtime/thread_state.h"
 
 namespace brick::runtime {
@@ -64,7 +65,7 @@ MemoryTracker::Live MemoryTracker::live() const noexcept {
           allocations_made_.load(std::memory_order_acquire) - frees};
 }
 
-void MemoryTracker::count_alloc(int64_t nbytes) noexcept {
+BRICK_HOT_PATH void MemoryTracker::count_alloc(int64_t nbytes) noexcept {
   const int64_t made = allocations_made_.fetch_add(1, std::memory_order_acq_rel) + 1;
   const int64_t bytes_made =
       allocated_bytes_made_.fetch_add(nbytes, std::memory_order_acq_rel) + nbytes;
@@ -73,14 +74,14 @@ void MemoryTracker::count_alloc(int64_t nbytes) noexcept {
   raise_max(peak_allocations_, made - frees_.load(std::memory_order_acquire));
 }
 
-void MemoryTracker::count_free(int64_t nbytes) noexcept {
+BRICK_HOT_PATH void MemoryTracker::count_free(int64_t nbytes) noexcept {
   frees_.fetch_add(1, std::memory_order_acq_rel);
   freed_bytes_.fetch_add(nbytes, std::memory_order_acq_rel);
 }
 
-void MemoryTracker::on_alloc(int64_t nbytes) noexcept { count_alloc(nbytes); }
+BRICK_HOT_PATH void MemoryTracker::on_alloc(int64_t nbytes) noexcept { count_alloc(nbytes); }
 
-void MemoryTracker::on_free(int64_t nbytes) noexcept { count_free(nbytes); }
+BRICK_HOT_PATH void MemoryTracker::on_free(int64_t nbytes) noexcept { count_free(nbytes); }
 
 void MemoryTracker::on_adopt(int64_t nbytes) noexcept {
   count_alloc(nbytes);
