@@ -20,6 +20,7 @@ The targets are issue 29's (profilers) and issue 48's (brick against the CPU); e
 printed with its verdict.
 
 Run: python benchmarks/bench_profiled_models.py [--rounds N] [--only qwen2|demo]
+     [--configurations none,cpu]
 """
 
 import argparse
@@ -136,13 +137,13 @@ def timed(run, configuration: str) -> int:
     return time.perf_counter_ns() - start
 
 
-def measure(name: str, rounds: int) -> dict:
-    runs = {c: WORKLOADS[name]("cpu" if c == "cpu" else "brick") for c in CONFIGURATIONS}
-    for c in CONFIGURATIONS:  # warm-up: caches, allocators, the profilers' first-use costs
+def measure(name: str, rounds: int, configurations=CONFIGURATIONS) -> dict:
+    runs = {c: WORKLOADS[name]("cpu" if c == "cpu" else "brick") for c in configurations}
+    for c in configurations:  # warm-up: caches, allocators, the profilers' first-use costs
         timed(runs[c], c)
-    times = {c: [] for c in CONFIGURATIONS}
+    times = {c: [] for c in configurations}
     for r in range(rounds):
-        order = CONFIGURATIONS[r % len(CONFIGURATIONS):] + CONFIGURATIONS[:r % len(CONFIGURATIONS)]
+        order = configurations[r % len(configurations):] + configurations[:r % len(configurations)]
         for c in order:
             times[c].append(timed(runs[c], c))
     return {c: statistics.median(t) for c, t in times.items()}
@@ -152,15 +153,24 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--only", choices=sorted(WORKLOADS))
+    parser.add_argument("--configurations", default=",".join(CONFIGURATIONS),
+                        help="comma-separated subset to run (e.g. none,cpu: brick against the "
+                             "CPU alone)")
     args = parser.parse_args()
+    configurations = tuple(args.configurations.split(","))
+    unknown = sorted(set(configurations) - set(CONFIGURATIONS))
+    if unknown or not configurations:
+        parser.error(f"unknown configurations {unknown}; expected some of {', '.join(CONFIGURATIONS)}")
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")  # the profilers' notices are not this benchmark's output
     print(f"torch {torch.__version__}, 1 thread, {args.rounds} rounds in rotating order, medians")
     failed = 0
     for name in ([args.only] if args.only else list(WORKLOADS)):
-        medians = measure(name, args.rounds)
+        medians = measure(name, args.rounds, configurations)
         print(f"\n{name}: " + ", ".join(f"{c} {ns / 1e6:.2f} ms" for c, ns in medians.items()))
         for numerator, denominator, target in TARGETS[name]:
+            if numerator not in medians or denominator not in medians:
+                continue
             ratio = medians[numerator] / medians[denominator]
             if target is None:  # for reading, not a target
                 print(f"  {numerator:>16} / {denominator:<11} {ratio:6.3f}x")
