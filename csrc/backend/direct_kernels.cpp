@@ -215,6 +215,12 @@ Return call_boxed(Args... args) {
   return BoxedResults<Return>::take(stack);
 }
 
+// Whether a structured kernel's class is its TensorIterator (elementwise ops), which learns of its
+// output as it is set and casts its inputs; other kernels' (mm, addmm, cat) take the result as
+// their impl's argument.
+template <typename Native>
+constexpr bool kIterates = std::is_base_of_v<at::TensorIteratorBase, Native>;
+
 // On the host runtime, an op whose CPU kernel is structured (a TensorIterator and a stub) runs
 // the CPU's structured kernel on the brick tensors themselves, into a brick tensor allocated as
 // the CPU's functional kernel allocates its result: no aliases of the arguments, no result to
@@ -224,10 +230,6 @@ Return call_boxed(Args... args) {
 // them; an op that would cast a brick tensor runs with aliases instead.
 template <typename Native>
 class HostStructured final : public Native {
-  // An elementwise kernel's class is its TensorIterator, which learns of its output as it is set;
-  // other kernels' (mm, cat) take the result as their impl's argument.
-  static constexpr bool kIterates = std::is_base_of_v<at::TensorIteratorBase, Native>;
-
  public:
 #if BRICK_OUTPUTS_TAKE_NAMES
   // PyTorch before 2.13 passes the outputs' names with them: they go on the result as the CPU's
@@ -237,27 +239,29 @@ class HostStructured final : public Native {
                                          at::DimnameList names) override {
     allocate(sizes, strides, options);
     if (!names.empty()) at::namedinference::propagate_names(output_, names);
-    if constexpr (kIterates) Native::set_output_raw_strided(index, sizes, strides, options, names);
+    if constexpr (kIterates<Native>)
+      Native::set_output_raw_strided(index, sizes, strides, options, names);
   }
   BRICK_HOT_PATH void set_output_raw_strided(int64_t index, c10::IntArrayRef sizes,
                                              c10::IntArrayRef strides, c10::TensorOptions options,
                                              at::DimnameList names) override {
     allocate(sizes, strides, options);
     if (!names.empty()) at::namedinference::propagate_names(output_, names);
-    if constexpr (kIterates) Native::set_output_raw_strided(index, sizes, strides, options, names);
+    if constexpr (kIterates<Native>)
+      Native::set_output_raw_strided(index, sizes, strides, options, names);
   }
 #else
   BRICK_HOT_PATH void set_output_strided(int64_t index, c10::IntArrayRef sizes,
                                          c10::IntArrayRef strides,
                                          c10::TensorOptions options) override {
     allocate(sizes, strides, options);
-    if constexpr (kIterates) Native::set_output_raw_strided(index, sizes, strides, options);
+    if constexpr (kIterates<Native>) Native::set_output_raw_strided(index, sizes, strides, options);
   }
   BRICK_HOT_PATH void set_output_raw_strided(int64_t index, c10::IntArrayRef sizes,
                                              c10::IntArrayRef strides,
                                              c10::TensorOptions options) override {
     allocate(sizes, strides, options);
-    if constexpr (kIterates) Native::set_output_raw_strided(index, sizes, strides, options);
+    if constexpr (kIterates<Native>) Native::set_output_raw_strided(index, sizes, strides, options);
   }
 #endif
   const at::Tensor& maybe_get_output(int64_t /*index*/) override { return output_; }
@@ -366,7 +370,7 @@ struct StructuredRun {
   template <typename... Args>
   BRICK_HOT_PATH static bool run(HostStructured<Native>& op, const Args&... args) {
     op.meta(args...);
-    if constexpr (std::is_base_of_v<at::TensorIteratorBase, Native>) {
+    if constexpr (kIterates<Native>) {
       if (!op.casts_as_the_cpu()) return false;
     }
     op.impl(args..., op.output());
