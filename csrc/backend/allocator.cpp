@@ -34,12 +34,18 @@ namespace brick::backend {
 
 namespace {
 
-BRICK_HOT_PATH void report_to_profiler(void* ptr, int64_t delta, c10::DeviceIndex device) {
-  if (!c10::memoryProfilingEnabled()) return;
+// Memory events for PyTorch's profiler (profile_memory=True). Off the hot path: while no
+// profiler records memory, an allocation or a free pays one test.
+[[gnu::noinline, gnu::cold]] void report_usage(void* ptr, int64_t delta, c10::DeviceIndex device) {
   const auto stats = rt().memory_stats(device);
   c10::reportMemoryUsageToProfiler(ptr, delta, static_cast<size_t>(stats.allocated_bytes),
                                    static_cast<size_t>(stats.allocated_bytes),
                                    c10::Device(kBrick, device));
+}
+
+inline void report_to_profiler(void* ptr, int64_t delta, c10::DeviceIndex device) {
+  if (c10::memoryProfilingEnabled()) [[unlikely]]
+    report_usage(ptr, delta, device);
 }
 
 BRICK_HOT_PATH void delete_brick_memory(void* ptr) {
@@ -50,21 +56,29 @@ BRICK_HOT_PATH void delete_brick_memory(void* ptr) {
   }
 }
 
-c10::DataPtr allocate_cuda_memory(size_t nbytes, c10::DeviceIndex device, c10::Device label);
+[[gnu::noinline]] c10::DataPtr allocate_cuda_memory(size_t nbytes, c10::DeviceIndex device,
+                                                    c10::Device label);
 
-BRICK_HOT_PATH c10::DataPtr allocate_brick_memory(size_t nbytes, c10::Device label) {
-  runtime::count_device_work();  // an op that allocates brick memory ran brick work
-  const auto device = static_cast<c10::DeviceIndex>(rt().current_device());
-  if (cuda_backing()) return allocate_cuda_memory(nbytes, device, label);
-  void* ptr = nullptr;
+// The host runtime's allocation, its failure raised as PyTorch's out-of-memory error.
+void* allocate_host_memory(c10::DeviceIndex device, size_t nbytes) {
   try {
-    ptr = rt().allocate(device, nbytes);
+    return rt().allocate(device, nbytes);
   } catch (const runtime::Error& e) {
     TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
   }
+}
+
+// Brick memory on the current brick device, labelled `label`'s type (brick for brick storages,
+// the backing device for backing aliases' storages).
+BRICK_HOT_PATH c10::DataPtr allocate_brick_memory(size_t nbytes, c10::DeviceType label) {
+  runtime::count_device_work();  // an op that allocates brick memory ran brick work
+  const auto device = static_cast<c10::DeviceIndex>(rt().current_device());
+  if (cuda_backing()) [[unlikely]]
+    return allocate_cuda_memory(nbytes, device, c10::Device(label));
+  void* ptr = allocate_host_memory(device, nbytes);
   if (ptr != nullptr) report_to_profiler(ptr, static_cast<int64_t>(nbytes), device);
   return {ptr, ptr, &delete_brick_memory,
-          label.type() == kBrick ? c10::Device(kBrick, device) : backing_device(device)};
+          label == kBrick ? c10::Device(kBrick, device) : c10::Device(c10::DeviceType::CPU)};
 }
 
 #if BRICK_HAS_DEVICE_ALLOCATOR
@@ -76,7 +90,7 @@ using BrickAllocatorBase = c10::Allocator;
 class BrickAllocator final : public BrickAllocatorBase {
  public:
   BRICK_HOT_PATH c10::DataPtr allocate(size_t nbytes) override {
-    return allocate_brick_memory(nbytes, c10::Device(kBrick));
+    return allocate_brick_memory(nbytes, kBrick);
   }
   c10::DeleterFnPtr raw_deleter() const override {
     // On CUDA backing the memory is PyTorch's CUDA allocator's, behind an adopting context:
@@ -153,7 +167,7 @@ c10::CachingDeviceAllocator::DeviceStats BrickAllocator::getDeviceStats(c10::Dev
 class AliasAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(size_t nbytes) override {
-    return allocate_brick_memory(nbytes, c10::Device(backing_device_type()));
+    return allocate_brick_memory(nbytes, backing_device_type());
   }
   c10::DeleterFnPtr raw_deleter() const override {
     return cuda_backing() ? nullptr : &delete_brick_memory;
@@ -164,7 +178,7 @@ class AliasAllocator final : public c10::Allocator {
   }
 };
 
-BrickAllocator g_brick_allocator;
+BrickAllocator g_brick_allocator_object;
 AliasAllocator g_alias_allocator;
 
 struct AdoptedContext {
@@ -210,7 +224,10 @@ BRICK_HOT_PATH void delete_adopted(void* ctx) {
 
 }  // namespace
 
-c10::Allocator* brick_allocator() { return &g_brick_allocator; }
+namespace detail {
+c10::Allocator* const g_brick_allocator = &g_brick_allocator_object;
+}  // namespace detail
+
 c10::Allocator* backing_alias_allocator() { return &g_alias_allocator; }
 
 void empty_brick_cache() {
@@ -283,7 +300,8 @@ namespace {
 // behind brick's current stream: the pool op results come from too, so the two never hoard
 // memory from each other, and what graph capture, record_stream and torch.cuda's OOM handling
 // know applies to all of it. It is adopted: counted in brick's statistics, labelled brick.
-c10::DataPtr allocate_cuda_memory(size_t nbytes, c10::DeviceIndex device, c10::Device label) {
+[[gnu::noinline]] c10::DataPtr allocate_cuda_memory(size_t nbytes, c10::DeviceIndex device,
+                                                    c10::Device label) {
   c10::DataPtr memory;
   {
     BackingScope scope(device);
@@ -314,7 +332,7 @@ void resize_brick_storage_bytes(const c10::Storage& storage, size_t new_nbytes) 
   c10::DataPtr fresh;
   {
     DeviceScope scope(device);
-    fresh = g_brick_allocator.allocate(new_nbytes);
+    fresh = g_brick_allocator_object.allocate(new_nbytes);
   }
   const size_t common = std::min(old_nbytes, new_nbytes);
   if (common > 0) {

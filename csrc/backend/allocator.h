@@ -13,8 +13,12 @@
 
 namespace brick::backend {
 
-// The allocator behind every brick storage. Reports to PyTorch's memory profiler.
-c10::Allocator* brick_allocator();
+namespace detail {
+extern c10::Allocator* const g_brick_allocator;
+}  // namespace detail
+// The allocator behind every brick storage. Reports to PyTorch's memory profiler. Inline: each
+// op result asks.
+inline c10::Allocator* brick_allocator() { return detail::g_brick_allocator; }
 // The allocator behind backing aliases' storages (backing_alias.h): a backing-device kernel that
 // grows an out= argument gets brick memory from it, labelled as the backing device's.
 c10::Allocator* backing_alias_allocator();

@@ -15,7 +15,6 @@
 #include <thread>
 
 #include "backend/errors.h"
-#include "common/hot_path.h"
 
 namespace brick::backend {
 
@@ -90,13 +89,17 @@ std::optional<std::string> why_torch_cannot_run_cuda() {
 // the one the CPU's own kernels there use: it skips the question, which costs two cold calls
 // into libtorch per op.
 const std::thread::id g_loading_thread = std::this_thread::get_id();
-[[gnu::tls_model("initial-exec")]] constinit thread_local int8_t tls_may_run_engine_work = -1;
 [[gnu::tls_model("initial-exec")]] constinit thread_local int tls_last_graph_task = -1;
 
-BRICK_HOT_PATH void follow_process_thread_count() {
-  if (tls_may_run_engine_work < 0) [[unlikely]]
+}  // namespace
+
+namespace detail {
+
+void follow_process_thread_count() {
+  if (tls_may_run_engine_work < 0) [[unlikely]] {
     tls_may_run_engine_work = std::this_thread::get_id() != g_loading_thread ? 1 : 0;
-  if (tls_may_run_engine_work == 0) return;
+    if (tls_may_run_engine_work == 0) return;
+  }
   const int graph_task = torch::autograd::get_current_graph_task_id();
   if (graph_task != tls_last_graph_task) [[unlikely]] {
     tls_last_graph_task = graph_task;
@@ -104,23 +107,11 @@ BRICK_HOT_PATH void follow_process_thread_count() {
   }
 }
 
-}  // namespace
+}  // namespace detail
 
 void configure_runtime_backing() {
   // Only a CUDA build of PyTorch with a usable GPU can run CUDA kernels on brick memory.
   runtime::set_cuda_backing_check(&why_torch_cannot_run_cuda);
-}
-
-BRICK_HOT_PATH BackingScope::BackingScope(c10::DeviceIndex device) : device_scope_(device) {
-  if (cuda_backing()) {
-    enter_cuda(device < 0 ? rt().current_device() : device);
-  } else {
-    follow_process_thread_count();
-  }
-}
-
-BRICK_HOT_PATH BackingScope::~BackingScope() {
-  if (entered_cuda_) leave_cuda();
 }
 
 void BackingScope::enter_cuda(c10::DeviceIndex device) {

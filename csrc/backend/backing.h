@@ -20,13 +20,32 @@ namespace brick::backend {
 // Tells the runtime, before its first use, whether this PyTorch can run CUDA kernels.
 void configure_runtime_backing();
 
+namespace detail {
+// Whether the calling thread may run autograd-engine work for brick (-1 until asked): any thread
+// but the one that loaded brick (backing.cpp).
+[[gnu::tls_model("initial-exec")]] inline constinit thread_local int8_t tls_may_run_engine_work =
+    -1;
+// On the host runtime, once per backward pass on such a thread: the process's thread count.
+void follow_process_thread_count();
+}  // namespace detail
+
 // For the scope: `device` is brick's current device and, on CUDA backing, its CUDA device and the
 // CUDA stream behind its current brick stream are PyTorch's current CUDA device and stream.
-// Everything is restored on exit, also when an exception leaves the scope.
+// Everything is restored on exit, also when an exception leaves the scope. Inline: every brick
+// kernel enters one, and on the host runtime it costs a compare and two thread-local reads.
 class BackingScope {
  public:
-  explicit BackingScope(c10::DeviceIndex device);
-  ~BackingScope();
+  [[gnu::always_inline]] explicit BackingScope(c10::DeviceIndex device) : device_scope_(device) {
+    if (cuda_backing()) [[unlikely]] {
+      enter_cuda(device < 0 ? rt().current_device() : device);
+    } else if (detail::tls_may_run_engine_work != 0) [[unlikely]] {
+      detail::follow_process_thread_count();
+    }
+  }
+  [[gnu::always_inline]] ~BackingScope() {
+    if (entered_cuda_) [[unlikely]]
+      leave_cuda();
+  }
   BackingScope(const BackingScope&) = delete;
   BackingScope& operator=(const BackingScope&) = delete;
 

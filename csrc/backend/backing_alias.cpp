@@ -105,6 +105,8 @@ int slot_to_replace(AliasPool& pool) noexcept {
 
 }  // namespace
 
+void LentAliases::release_own() noexcept { delete own_; }
+
 BRICK_HOT_PATH at::Tensor& LentAliases::operator()(const at::Tensor& brick_tensor) {
   if (!looked_up_) {
     looked_up_ = true;

@@ -58,8 +58,11 @@ class BackingCall {
  public:
   // A call of op `name` (with `overload_name`, "" for none; both must outlive the call) on brick
   // device `device`, a resolved index (a kernel's checked arguments, or factory_device_index()).
-  BackingCall(const char* name, const char* overload_name, c10::DeviceIndex device,
-              runtime::LaunchKind kind = runtime::LaunchKind::Kernel)
+  // Inlined into each kernel: on the host runtime with no hook installed, entering and leaving
+  // are a few loads and compares, which an out-of-line call would spread over more code.
+  [[gnu::always_inline]] BackingCall(const char* name, const char* overload_name,
+                                     c10::DeviceIndex device,
+                                     runtime::LaunchKind kind = runtime::LaunchKind::Kernel)
       : name_(name),
         overload_name_(overload_name),
         launch_(name, kind),
@@ -82,6 +85,7 @@ class BackingCall {
     launch_.queue(device_);
   }
 
+  [[gnu::always_inline]] ~BackingCall() = default;
   BackingCall(const BackingCall&) = delete;
   BackingCall& operator=(const BackingCall&) = delete;
 

@@ -29,6 +29,7 @@ namespace brick::backend {
 
 namespace detail {
 std::atomic<bool> g_cpu_stubs_in_use{false};
+at::native::copy_fn g_cpu_copy_kernel = nullptr;
 }  // namespace detail
 
 #if BRICK_CPU_STUBS
@@ -39,7 +40,7 @@ enum class Isa { kDefault, kAvx2, kAvx512 };
 
 // As DispatchStub's choose_cpu_impl picks: a missing AVX512 kernel means the AVX2 one.
 template <typename Stub>
-void use_the_cpus(Stub& stub, Isa isa) {
+typename Stub::FnPtr use_the_cpus(Stub& stub, Isa isa) {
   typename Stub::FnPtr kernel = Stub::DEFAULT;
   if (isa == Isa::kAvx512) {
     kernel = Stub::AVX512 != nullptr ? Stub::AVX512 : Stub::AVX2;
@@ -47,6 +48,7 @@ void use_the_cpus(Stub& stub, Isa isa) {
     kernel = Stub::AVX2;
   }
   stub.set_privateuse1_dispatch_ptr(kernel);
+  return kernel;
 }
 
 }  // namespace
@@ -85,7 +87,8 @@ void use_the_cpus_stubs() {
     use_the_cpus(native::silu_stub, isa);
     use_the_cpus(native::clamp_min_scalar_stub, isa);
     use_the_cpus(native::bitwise_not_stub, isa);
-    use_the_cpus(native::copy_stub, isa);  // cat's copies into slices of its result
+    // cat's copies into slices of its result; clone's and _to_copy's copies.
+    detail::g_cpu_copy_kernel = use_the_cpus(native::copy_stub, isa);
     return true;
   }();
   // Published after the entries: an op that sees the flag finds them set.

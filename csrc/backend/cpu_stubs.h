@@ -3,12 +3,15 @@
 // by device type, and on the host runtime brick's device is the CPU's memory.
 #pragma once
 
+#include <ATen/native/Copy.h>
+
 #include <atomic>
 
 namespace brick::backend {
 
 namespace detail {
 extern std::atomic<bool> g_cpu_stubs_in_use;
+extern at::native::copy_fn g_cpu_copy_kernel;
 }  // namespace detail
 
 // On the host runtime, once, when the backing is decided (before the first brick tensor exists):
@@ -24,5 +27,9 @@ void use_the_cpus_stubs();
 inline bool cpu_stubs_in_use() noexcept {
   return detail::g_cpu_stubs_in_use.load(std::memory_order_acquire);
 }
+
+// copy_stub's CPU kernel, for the copies brick builds its own iterator for (a stub's call is not
+// exported from libtorch, its kernels are). Set while cpu_stubs_in_use().
+inline at::native::copy_fn cpu_copy_kernel() noexcept { return detail::g_cpu_copy_kernel; }
 
 }  // namespace brick::backend

@@ -75,11 +75,13 @@ void check_strided_layout(std::optional<c10::Layout> layout, const char* op);
 // one on exit, also when an exception leaves the scope. A negative device changes nothing.
 class DeviceScope {
  public:
-  explicit DeviceScope(int device) : previous_(rt().current_device()) {
-    if (device >= 0 && device != previous_) rt().set_current_device(device);
+  [[gnu::always_inline]] explicit DeviceScope(int device) : previous_(rt().current_device()) {
+    if (device >= 0 && device != previous_) [[unlikely]]
+      rt().set_current_device(device);
   }
-  ~DeviceScope() {
-    if (rt().current_device() != previous_) rt().set_current_device(previous_);
+  [[gnu::always_inline]] ~DeviceScope() {
+    if (rt().current_device() != previous_) [[unlikely]]
+      rt().set_current_device(previous_);
   }
   DeviceScope(const DeviceScope&) = delete;
   DeviceScope& operator=(const DeviceScope&) = delete;

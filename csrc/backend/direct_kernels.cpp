@@ -100,9 +100,10 @@ class ArgumentCheck {
 
   BRICK_HOT_PATH void see(const at::Tensor& tensor) {
     if (!tensor.defined()) return;
-    if (tensor.device().type() != kBrick) {
+    const c10::Device tensor_device = tensor.device();
+    if (tensor_device.type() != kBrick) {
       // A CPU scalar (a Python number, a 0-dim tensor) mixes with device tensors, as on CUDA.
-      if (tensor.device().type() != c10::DeviceType::CPU || tensor.dim() != 0) usual_ = false;
+      if (tensor_device.type() != c10::DeviceType::CPU || tensor.dim() != 0) usual_ = false;
       return;
     }
     if constexpr (kInPlace) {
@@ -111,7 +112,7 @@ class ArgumentCheck {
         return;
       }
     }
-    const c10::DeviceIndex index = tensor.device().index();
+    const c10::DeviceIndex index = tensor_device.index();
     if (device_ < 0) {
       device_ = index;
       dtype_ = tensor.scalar_type();
@@ -205,9 +206,10 @@ struct BoxedResults<std::tuple<Tensors...>> {
   }
 };
 
-// The boxed fallback for `Op`'s arguments, for the unusual calls.
+// The boxed fallback for `Op`'s arguments, for the unusual calls: out of line, apart from the
+// kernels' hot code.
 template <typename Op, typename Return, typename... Args>
-Return call_boxed(Args... args) {
+[[gnu::noinline, gnu::cold]] Return call_boxed(Args... args) {
   static const c10::OperatorHandle op =
       c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
   torch::jit::Stack stack = c10::impl::boxArgs<Args...>(args...);
@@ -443,15 +445,25 @@ struct Direct<Op, Native, Return(Args...)> {
     }
     BackingCall call(Op::name, Op::overload_name, check.device());
     if constexpr (!std::is_void_v<Native>) {
-      if (check.one_dtype() && host_structured_kernels() && RunsStructured<Op>::call(args...)) {
+      if (check.one_dtype() && host_structured_kernels() && RunsStructured<Op>::call(args...))
+          [[likely]] {
         std::optional<at::Tensor> result = call.run([&]() -> std::optional<at::Tensor> {
           HostStructured<Native> op;
-          if (!StructuredRun<Native>::run(op, args...)) return std::nullopt;
+          if (!StructuredRun<Native>::run(op, args...)) [[unlikely]]
+            return std::nullopt;
           return std::move(op.output());
         });
-        if (result.has_value()) return *std::move(result);
+        if (result.has_value()) [[likely]]
+          return *std::move(result);
       }
     }
+    return aliased(call, args...);
+  }
+
+ private:
+  // The backing kernel on aliases of the arguments, its result adopted. Out of line: for an op
+  // that runs a structured kernel it is the rare path, kept apart from the hot code.
+  [[gnu::noinline]] static Return aliased(BackingCall<>& call, Args... args) {
     return call.adopt(
         call.run([&] { return Op::redispatch(call.keys(), backing(call, args)...); }));
   }
@@ -524,9 +536,66 @@ struct Factory<Op, at::Tensor(Args...)> {
   }
 };
 
+// On the host runtime, a copy into a fresh tensor (clone, `.to(dtype)`) of a tensor laid out
+// densely runs the CPU's copy kernel (copy_stub's, cpu_stubs.h) from the brick
+// tensor into a brick tensor with its strides, as the CPU's clone and _to_copy lay out their
+// result for memory_format=preserve: no aliases, no result to adopt. Where the CPU's copy_
+// would take another kernel or do more (fbgemm's half <-> float conversion, a conjugate or
+// negative view, complex to real, which warns) or the layout is another one, the copy aliases.
+bool has_names(const at::Tensor& self) {
+#if BRICK_OUTPUTS_TAKE_NAMES
+  return self.has_names();
+#else
+  return false;  // no named tensors
+#endif
+}
+bool host_copies(const at::Tensor& self, c10::ScalarType dtype,
+                 std::optional<c10::MemoryFormat> memory_format) {
+  if (!host_structured_kernels() ||
+      memory_format.value_or(c10::MemoryFormat::Preserve) != c10::MemoryFormat::Preserve) {
+    return false;
+  }
+  const c10::ScalarType from = self.scalar_type();
+  const bool half_and_float = (from == c10::ScalarType::Half && dtype == c10::ScalarType::Float) ||
+                              (from == c10::ScalarType::Float && dtype == c10::ScalarType::Half);
+  return !half_and_float && !(c10::isComplexType(from) && !c10::isComplexType(dtype)) &&
+         !self.is_conj() && !self.is_neg() && !self._is_zerotensor() && !has_names(self) &&
+         self.is_non_overlapping_and_dense();
+}
+
+// The copy host_copies() admits, inside the op's BackingCall.
+at::Tensor host_copy(const at::Tensor& self, c10::ScalarType dtype) {
+  constexpr auto kKeys = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1);
+  at::Tensor result = at::detail::empty_strided_generic(self.sizes(), self.strides(),
+                                                        brick_allocator(), kKeys, dtype);
+  if (result.numel() == 0) return result;
+  // The iterator the CPU's copy_ builds.
+  at::TensorIterator iter = at::TensorIteratorConfig()
+                                .add_output(result)
+                                .add_const_input(self)
+                                .resize_outputs(false)
+                                .check_all_same_dtype(false)
+                                .check_all_same_device(false)
+                                .build();
+  cpu_copy_kernel()(iter, /*non_blocking=*/false);
+  return result;
+}
+
+// clone: the host copy, or the backing device's clone on an alias.
+at::Tensor clone(const at::Tensor& self, std::optional<c10::MemoryFormat> memory_format) {
+  using Op = at::_ops::clone;
+  BackingCall call(Op::name, Op::overload_name, self.device().index());
+  if (host_copies(self, self.scalar_type(), memory_format)) {
+    return call.run([&] { return host_copy(self, self.scalar_type()); });
+  }
+  return call.adopt(
+      call.run([&] { return Op::redispatch(call.keys(), call.alias(self), memory_format); }));
+}
+
 // A copy on one brick device, converting dtype or memory format (`.to(dtype)`, `.float()`):
-// the backing device's copy on an alias, its result adopted. Copies between devices, into
-// pinned memory or another layout take PyTorch's own path (an empty tensor there, then copy_).
+// the host copy, or the backing device's copy on an alias, its result adopted. Copies between
+// devices, into pinned memory or another layout take PyTorch's own path (an empty tensor
+// there, then copy_).
 at::Tensor to_copy(const at::Tensor& self, std::optional<c10::ScalarType> dtype,
                    std::optional<c10::Layout> layout, std::optional<c10::Device> device,
                    std::optional<bool> pin_memory, bool non_blocking,
@@ -545,6 +614,10 @@ at::Tensor to_copy(const at::Tensor& self, std::optional<c10::ScalarType> dtype,
   }
   using Op = at::_ops::_to_copy;
   BackingCall call(Op::name, Op::overload_name, self.device().index());
+  const c10::ScalarType target = dtype.value_or(self.scalar_type());
+  if (host_copies(self, target, memory_format)) {
+    return call.run([&] { return host_copy(self, target); });
+  }
   return call.adopt(call.run([&] {
     return Op::redispatch(call.keys(), call.alias(self), dtype, layout, std::nullopt, std::nullopt,
                           non_blocking, memory_format);
@@ -627,7 +700,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   register_direct<at::_ops::bitwise_and_Tensor, at::native::structured_bitwise_and_out>(m);
   register_direct<at::_ops::bitwise_not, at::native::structured_bitwise_not_out>(m);
   // Copies and factories (clone, .to(dtype), positions, scalars for where()).
-  register_direct<at::_ops::clone>(m);
+  m.impl("clone", TORCH_FN(clone));
   m.impl("_to_copy", TORCH_FN(to_copy));
   register_factory<at::_ops::arange>(m);
   register_factory<at::_ops::arange_start>(m);

@@ -1,6 +1,6 @@
 // Announces the work the backend queues on a brick device to an installed kernel timer, launch
 // observer and queue hook (runtime/launch_observer.h). Costs one atomic load (acquire: a plain
-// load on x86) of the hook table per launch, and a test of each hook.
+// load on x86) of the hook table per launch, and a compare of it with the empty table.
 #pragma once
 
 #include <c10/core/Device.h>
@@ -13,33 +13,46 @@ class LaunchScope {
  public:
   LaunchScope(const char* name, runtime::LaunchKind kind) noexcept
       : hooks_(runtime::launch_hooks()) {
-    if (hooks_.kernel_timer != nullptr) [[unlikely]]
-      hooks_.kernel_timer->begin(name);
-    if (hooks_.observer != nullptr) [[unlikely]] {
-      launch_.name = name;
-      launch_.kind = kind;
-      hooks_.observer->begin(launch_);
-    }
+    if (runtime::any_hook(hooks_)) [[unlikely]]
+      begin(name, kind);
   }
   ~LaunchScope() {
-    if (hooks_.observer != nullptr) [[unlikely]]
-      hooks_.observer->end(launch_);
-    if (hooks_.kernel_timer != nullptr) [[unlikely]]
-      hooks_.kernel_timer->end();
+    if (runtime::any_hook(hooks_)) [[unlikely]]
+      end();
   }
   LaunchScope(const LaunchScope&) = delete;
   LaunchScope& operator=(const LaunchScope&) = delete;
 
   // The backing kernel is about to be queued on `device`'s current stream.
   void queue(c10::DeviceIndex device) noexcept {
-    runtime::announce_queue(hooks_, device);
-    if (hooks_.observer != nullptr) [[unlikely]] {
+    runtime::count_device_work();
+    if (runtime::any_hook(hooks_)) [[unlikely]]
+      queue_hooks(device);
+  }
+
+ private:
+  // The hooks' calls, out of line: the hot path keeps only the compare (a profiler that
+  // installs hooks pays a call per launch).
+  [[gnu::noinline]] void begin(const char* name, runtime::LaunchKind kind) noexcept {
+    if (hooks_.kernel_timer != nullptr) hooks_.kernel_timer->begin(name);
+    if (hooks_.observer != nullptr) {
+      launch_.name = name;
+      launch_.kind = kind;
+      hooks_.observer->begin(launch_);
+    }
+  }
+  [[gnu::noinline]] void queue_hooks(c10::DeviceIndex device) noexcept {
+    if (hooks_.queue_hook != nullptr) hooks_.queue_hook(device);
+    if (hooks_.observer != nullptr) {
       launch_.device = device;
       hooks_.observer->queue(launch_);
     }
   }
+  [[gnu::noinline]] void end() noexcept {
+    if (hooks_.observer != nullptr) hooks_.observer->end(launch_);
+    if (hooks_.kernel_timer != nullptr) hooks_.kernel_timer->end();
+  }
 
- private:
   const runtime::LaunchHooks& hooks_;  // read once: begin, queue and end call the same hooks
   runtime::Launch launch_;
 };

@@ -94,6 +94,12 @@ inline const LaunchHooks& launch_hooks() noexcept {
   return *detail::g_launch_hooks.load(std::memory_order_acquire);
 }
 
+// Whether `hooks` calls out to anything. Tables are interned and the empty one is a single
+// object, so a launch with no hook installed pays one compare.
+inline bool any_hook(const LaunchHooks& hooks) noexcept {
+  return &hooks != &detail::kNoLaunchHooks;
+}
+
 // One hook, for code that calls no other (a launch reads launch_hooks() instead).
 inline LaunchObserver* launch_observer() noexcept { return launch_hooks().observer; }
 inline const KernelTimer* kernel_timer() noexcept { return launch_hooks().kernel_timer; }

@@ -13,7 +13,6 @@
 #include <utility>
 #include <vector>
 
-#include "common/hot_path.h"
 #include "runtime/thread_state.h"
 
 namespace brick::runtime {
@@ -45,19 +44,6 @@ ThreadState& thread_state_slow(uint64_t owner) {
 
 }  // namespace detail
 
-namespace {
-
-void raise_max(std::atomic<int64_t>& peak, int64_t value) noexcept {
-  int64_t seen = peak.load(std::memory_order_relaxed);
-  while (value > seen && !peak.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
-  }
-}
-
-}  // namespace
-
-// Live figures are derived from the monotonic ones (live = made - freed), so an allocation or a
-// free is two atomic additions. A free is counted after its allocation, so reading the freed
-// figures first never shows more freed than made.
 MemoryTracker::Live MemoryTracker::live() const noexcept {
   const int64_t frees = frees_.load(std::memory_order_acquire);
   const int64_t freed_bytes = freed_bytes_.load(std::memory_order_acquire);
@@ -65,32 +51,14 @@ MemoryTracker::Live MemoryTracker::live() const noexcept {
           allocations_made_.load(std::memory_order_acquire) - frees};
 }
 
-BRICK_HOT_PATH void MemoryTracker::count_alloc(int64_t nbytes) noexcept {
-  const int64_t made = allocations_made_.fetch_add(1, std::memory_order_acq_rel) + 1;
-  const int64_t bytes_made =
-      allocated_bytes_made_.fetch_add(nbytes, std::memory_order_acq_rel) + nbytes;
-  // Peaks: what this allocation reached (a free racing it can only make the figure lower).
-  raise_max(peak_allocated_bytes_, bytes_made - freed_bytes_.load(std::memory_order_acquire));
-  raise_max(peak_allocations_, made - frees_.load(std::memory_order_acquire));
-}
-
-BRICK_HOT_PATH void MemoryTracker::count_free(int64_t nbytes) noexcept {
-  frees_.fetch_add(1, std::memory_order_acq_rel);
-  freed_bytes_.fetch_add(nbytes, std::memory_order_acq_rel);
-}
-
-BRICK_HOT_PATH void MemoryTracker::on_alloc(int64_t nbytes) noexcept { count_alloc(nbytes); }
-
-BRICK_HOT_PATH void MemoryTracker::on_free(int64_t nbytes) noexcept { count_free(nbytes); }
-
 void MemoryTracker::on_adopt(int64_t nbytes) noexcept {
-  count_alloc(nbytes);
+  on_alloc(nbytes);
   adopted_bytes_.fetch_add(nbytes, std::memory_order_relaxed);
 }
 
 void MemoryTracker::on_release_adopted(int64_t nbytes) noexcept {
   adopted_bytes_.fetch_sub(nbytes, std::memory_order_relaxed);
-  count_free(nbytes);
+  on_free(nbytes);
 }
 
 MemoryStats MemoryTracker::snapshot() const noexcept {

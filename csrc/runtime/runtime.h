@@ -48,8 +48,22 @@ struct MemoryStats {
 // Lock-free per-device memory accounting shared by every runtime implementation.
 class MemoryTracker {
  public:
-  void on_alloc(int64_t nbytes) noexcept;
-  void on_free(int64_t nbytes) noexcept;
+  // Inline: the host runtime counts every op result's allocation and free. Live figures are
+  // derived from the monotonic ones (live = made - freed), so each is two atomic additions; a
+  // free is counted after its allocation, so reading the freed figures first never shows more
+  // freed than made.
+  void on_alloc(int64_t nbytes) noexcept {
+    const int64_t made = allocations_made_.fetch_add(1, std::memory_order_acq_rel) + 1;
+    const int64_t bytes_made =
+        allocated_bytes_made_.fetch_add(nbytes, std::memory_order_acq_rel) + nbytes;
+    // Peaks: what this allocation reached (a free racing it can only make the figure lower).
+    raise_max(peak_allocated_bytes_, bytes_made - freed_bytes_.load(std::memory_order_acquire));
+    raise_max(peak_allocations_, made - frees_.load(std::memory_order_acquire));
+  }
+  void on_free(int64_t nbytes) noexcept {
+    frees_.fetch_add(1, std::memory_order_acq_rel);
+    freed_bytes_.fetch_add(nbytes, std::memory_order_acq_rel);
+  }
   void on_adopt(int64_t nbytes) noexcept;
   void on_release_adopted(int64_t nbytes) noexcept;
   MemoryStats snapshot() const noexcept;
@@ -63,8 +77,11 @@ class MemoryTracker {
     int64_t allocations;
   };
   Live live() const noexcept;
-  void count_alloc(int64_t nbytes) noexcept;
-  void count_free(int64_t nbytes) noexcept;
+  static void raise_max(std::atomic<int64_t>& peak, int64_t value) noexcept {
+    int64_t seen = peak.load(std::memory_order_relaxed);
+    while (value > seen && !peak.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
+    }
+  }
   // Monotonic since the tracker was made: an allocation or a free is two atomic additions.
   std::atomic<int64_t> allocations_made_{0};
   std::atomic<int64_t> allocated_bytes_made_{0};

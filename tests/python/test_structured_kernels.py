@@ -1,7 +1,7 @@
 """Brick's structured kernels on the host runtime.
 
 For the ops whose CPU kernel is structured (elementwise ops: a TensorIterator and a
-DispatchStub; mm; cat), brick runs the CPU's structured kernel on the brick tensors themselves,
+DispatchStub; mm; cat), and for copies into a fresh tensor (clone, .to(dtype)), brick runs the CPU's structured kernel on the brick tensors themselves,
 into a brick tensor allocated as the CPU allocates its result (csrc/backend/direct_kernels.cpp,
 cpu_stubs.cpp): no aliases of the arguments, no result to adopt. Every result must be the CPU's,
 bit for bit and stride for stride, including where the CPU's iterator casts (Python numbers, CPU
@@ -270,6 +270,80 @@ def test_cat_of_conjugate_views_is_the_cpus():
                      "cat of a conjugate view")
 
 
+def _layouts(x):
+    """Views of `x` laid out as models lay them out, made the same way on either device."""
+    return {
+        "contiguous": x,
+        "transposed": x.t(),
+        "sliced": x[:, 1:5],
+        "stepped": x[::2],
+        "expanded": x[:1].expand(4, 6),
+        "channels last": x.reshape(1, 2, 3, 4).contiguous(memory_format=torch.channels_last),
+        "empty": x[:0],
+        "scalar": x[0, 0],
+    }
+
+
+COPY_DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64,
+               torch.int32, torch.uint8, torch.bool, torch.complex64]
+
+
+@pytest.mark.filterwarnings("ignore:Casting complex values to real")
+@pytest.mark.parametrize("dtype", COPY_DTYPES, ids=str)
+def test_clone_and_to_copy_are_the_cpus(dtype):
+    # clone and .to(dtype) run the CPU's copy kernel into a fresh brick tensor for dense layouts;
+    # overlapping or gapped views, other memory formats, half <-> float (fbgemm's kernel on the
+    # CPU), complex to real and conjugate views alias. Either way: the CPU's bytes and strides.
+    generator = torch.Generator().manual_seed(11)
+    x = (torch.randn(4, 6, generator=generator) * 50).to(dtype)
+    cpu_views, brick_views = _layouts(x), _layouts(x.to("brick"))
+    targets = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64,
+               torch.int8, torch.bool, torch.complex128]
+    for layout in cpu_views:
+        a, b = cpu_views[layout], brick_views[layout]
+        for memory_format in (None, torch.preserve_format, torch.contiguous_format):
+            kwargs = {} if memory_format is None else {"memory_format": memory_format}
+            _assert_same_outcome(lambda: b.clone(**kwargs), lambda: a.clone(**kwargs),
+                                 f"clone {layout} {memory_format}")
+            for target in targets:
+                _assert_same_outcome(lambda: b.to(target, **kwargs),
+                                     lambda: a.to(target, **kwargs),
+                                     f"{layout} {dtype} -> {target} {memory_format}")
+    if dtype.is_complex:
+        z, z_brick = x, x.to("brick")
+        _assert_the_cpus(z_brick.conj().clone(), z.conj().clone(), "clone of a conjugate view")
+        _assert_the_cpus(z_brick.conj().to(torch.complex128), z.conj().to(torch.complex128),
+                         "to_copy of a conjugate view")
+        _assert_the_cpus(z_brick.conj().imag.neg().clone(), z.conj().imag.neg().clone(),
+                         "clone of a negative view")
+
+
+def test_copies_keep_special_values_and_autograd():
+    x = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 65504.0, 1e-8, 3.5e38])
+    for target in (torch.float16, torch.bfloat16, torch.int32, torch.bool, torch.float64):
+        if target == torch.int32:
+            continue  # out-of-range float -> int casts are undefined behaviour in C++
+        _assert_the_cpus(x.to("brick").to(target), x.to(target), f"specials -> {target}")
+    a = torch.randn(3, 4, requires_grad=True)
+    a_brick = a.detach().to("brick").requires_grad_()
+    a_brick.clone().to(torch.float64).sum().backward()
+    a.clone().to(torch.float64).sum().backward()
+    _assert_the_cpus(a_brick.grad, a.grad, "gradient through clone and to")
+
+
+def test_clone_on_several_threads_is_the_cpus():
+    # Large enough for the CPU's copy to split over threads.
+    x = torch.randn(64, 300, 8, generator=torch.Generator().manual_seed(12))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        x_brick = x.to("brick")
+        _assert_the_cpus(x_brick.transpose(0, 2).clone(), x.transpose(0, 2).clone(), "clone")
+        _assert_the_cpus(x_brick.to(torch.bfloat16), x.to(torch.bfloat16), "to bfloat16")
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_results_are_brick_memory_from_birth():
     # A structured op's result is brick's own allocation; an op on the alias path (relu) adopts
     # the CPU's result.
@@ -286,6 +360,11 @@ def test_results_are_brick_memory_from_birth():
         base["allocated_bytes.all.current"] + 4000 + 400 + 8000
     assert after["adopted_bytes.all.current"] == base["adopted_bytes.all.current"]
     del product, joined
+    copies = [a.clone(), a.to(torch.float64)]
+    after = torch.brick.memory_stats()
+    assert after["allocated_bytes.all.current"] == base["allocated_bytes.all.current"] + 4000 * 4
+    assert after["adopted_bytes.all.current"] == base["adopted_bytes.all.current"]
+    del copies
     c = torch.relu(a)
     assert torch.brick.memory_stats()["adopted_bytes.all.current"] == \
         base["adopted_bytes.all.current"] + 4000
@@ -315,10 +394,16 @@ def test_a_structured_op_is_one_brick_kernel(clean_profiler):
             torch.mm(m, m.t())
             torch.addmm(m[0], m, m.t())
             torch.cat([x, y], 0)
+            x.clone()
+            x.to(torch.float64)
     names = by_name(bp.stats(by="name"))
     for name in ("aten::mul", "aten::add", "aten::sigmoid", "aten::mm", "aten::addmm",
-                 "aten::cat"):
+                 "aten::cat", "aten::clone"):
         assert names[name].count == 5, name
+    # The copies call no op (mul's meta converts the Python number 0.5 with a CPU _to_copy).
+    paths = {b.path: b.count for b in bp.stats(by="path")}
+    assert paths["aten::to/aten::_to_copy"] == 5
+    assert not [p for p in paths if p.startswith(("aten::clone/", "aten::to/aten::_to_copy/"))]
 
 
 def test_no_brick_kernel_runs_inside_another(clean_profiler):
@@ -337,7 +422,9 @@ def test_no_brick_kernel_runs_inside_another(clean_profiler):
              lambda: torch.addmm(f, f[:, None], f[None, :], beta=0),
              lambda: torch.addmm(f, f[:, None, ][:, :0], f[None, :][:0]),
              lambda: torch.cat([f, i]), lambda: torch.cat([f[::2], f[1::2]]),
-             lambda: torch.bitwise_not(i)]
+             lambda: torch.bitwise_not(i), lambda: f.clone(), lambda: f[::2].clone(),
+             lambda: f.to(torch.float16), lambda: i.to(torch.bool),
+             lambda: f[None, :].expand(2, 6).clone()]
     with bp.profile(ops="kernels"):
         for call in calls:
             call()
