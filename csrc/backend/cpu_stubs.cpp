@@ -19,6 +19,7 @@
 #include <ATen/native/BinaryOps.h>
 #include <ATen/native/Copy.h>
 #include <ATen/native/DispatchStub.h>
+#include <ATen/native/Fill.h>
 #include <ATen/native/Pow.h>
 #include <ATen/native/TensorCompare.h>
 #include <ATen/native/UnaryOps.h>
@@ -87,6 +88,7 @@ void use_the_cpus_stubs() {
     use_the_cpus(native::silu_stub, isa);
     use_the_cpus(native::clamp_min_scalar_stub, isa);
     use_the_cpus(native::bitwise_not_stub, isa);
+    use_the_cpus(native::fill_stub, isa);
     // cat's copies into slices of its result; clone's and _to_copy's copies.
     detail::g_cpu_copy_kernel = use_the_cpus(native::copy_stub, isa);
     return true;

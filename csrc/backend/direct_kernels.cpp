@@ -31,6 +31,7 @@
 #include <ATen/ops/div_native.h>
 #include <ATen/ops/eq_native.h>
 #include <ATen/ops/exp_native.h>
+#include <ATen/ops/fill_native.h>
 #include <ATen/ops/ge_native.h>
 #include <ATen/ops/gt_native.h>
 #include <ATen/ops/le_native.h>
@@ -624,6 +625,20 @@ at::Tensor to_copy(const at::Tensor& self, std::optional<c10::ScalarType> dtype,
   }));
 }
 
+// fill_ with a number: on the host runtime, the CPU's own fill_ on the brick tensor in place (its
+// iterator and fill_stub, whose brick entry is the CPU's kernel; it calls no op), else the
+// aliasing kernel.
+at::Tensor& fill_scalar(at::Tensor& self, const c10::Scalar& value) {
+  using Op = at::_ops::fill__Scalar;
+  // One element: the CPU's fill_ writes it itself (a number out of the dtype's range becomes inf
+  // there, where the kernel refuses it), which libtorch does not export; it aliases.
+  if (!host_structured_kernels() || !self.is_privateuseone() || self.numel() == 1) {
+    return Direct<Op>::call(self, value);
+  }
+  BackingCall call(Op::name, Op::overload_name, self.device().index());
+  return call.run([&]() -> at::Tensor& { return at::native::fill_(self, value); });
+}
+
 // `Op`'s name as TORCH_LIBRARY_IMPL(aten, ...) registers it: "add.Tensor" for aten::add.Tensor.
 template <typename Op>
 std::string registration_name() {
@@ -715,7 +730,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   register_direct<at::_ops::mul__Tensor>(m);
   register_direct<at::_ops::div__Tensor>(m);
   register_direct<at::_ops::sub__Tensor>(m);
-  register_direct<at::_ops::fill__Scalar>(m);
+  m.impl("fill_.Scalar", TORCH_FN(fill_scalar));
   register_direct<at::_ops::zero_>(m);
 }
 

@@ -318,6 +318,22 @@ def test_clone_and_to_copy_are_the_cpus(dtype):
                          "clone of a negative view")
 
 
+@pytest.mark.parametrize("dtype", COPY_DTYPES, ids=str)
+def test_fill_is_the_cpus(dtype):
+    # fill_ with a number runs the CPU's fill_ (its fill_stub kernel) on the brick tensor in place,
+    # on every layout (an expanded view too: fill_ allows overlap), one element or many.
+    values = [0, 1, -3, 2.5, True, 1e30, float("nan"), 300] + ([1 - 2j] if dtype.is_complex else [])
+    for value in values:
+        for layout in _layouts(torch.zeros(4, 6)):
+            def fill(device):
+                x = torch.zeros(4, 6, dtype=dtype, device=device)
+                view = _layouts(x)[layout]
+                view.fill_(value)
+                return x  # the base: what the fill wrote, and where
+            _assert_same_outcome(lambda: fill("brick"), lambda: fill("cpu"),
+                                 f"fill_ {layout} with {value!r}")
+
+
 def test_copies_keep_special_values_and_autograd():
     x = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 65504.0, 1e-8, 3.5e38])
     for target in (torch.float16, torch.bfloat16, torch.int32, torch.bool, torch.float64):
@@ -396,9 +412,10 @@ def test_a_structured_op_is_one_brick_kernel(clean_profiler):
             torch.cat([x, y], 0)
             x.clone()
             x.to(torch.float64)
+            y.fill_(1.5)
     names = by_name(bp.stats(by="name"))
     for name in ("aten::mul", "aten::add", "aten::sigmoid", "aten::mm", "aten::addmm",
-                 "aten::cat", "aten::clone"):
+                 "aten::cat", "aten::clone", "aten::fill_"):
         assert names[name].count == 5, name
     # The copies call no op (mul's meta converts the Python number 0.5 with a CPU _to_copy).
     paths = {b.path: b.count for b in bp.stats(by="path")}
@@ -424,7 +441,8 @@ def test_no_brick_kernel_runs_inside_another(clean_profiler):
              lambda: torch.cat([f, i]), lambda: torch.cat([f[::2], f[1::2]]),
              lambda: torch.bitwise_not(i), lambda: f.clone(), lambda: f[::2].clone(),
              lambda: f.to(torch.float16), lambda: i.to(torch.bool),
-             lambda: f[None, :].expand(2, 6).clone()]
+             lambda: f[None, :].expand(2, 6).clone(), lambda: f.clone().fill_(2),
+             lambda: i.clone()[:1].fill_(True)]
     with bp.profile(ops="kernels"):
         for call in calls:
             call()
