@@ -537,12 +537,6 @@ struct Factory<Op, at::Tensor(Args...)> {
   }
 };
 
-// On the host runtime, a copy into a fresh tensor (clone, `.to(dtype)`) of a tensor laid out
-// densely runs the CPU's copy kernel (copy_stub's, cpu_stubs.h) from the brick
-// tensor into a brick tensor with its strides, as the CPU's clone and _to_copy lay out their
-// result for memory_format=preserve: no aliases, no result to adopt. Where the CPU's copy_
-// would take another kernel or do more (fbgemm's half <-> float conversion, a conjugate or
-// negative view, complex to real, which warns) or the layout is another one, the copy aliases.
 bool has_names(const at::Tensor& self) {
 #if BRICK_OUTPUTS_TAKE_NAMES
   return self.has_names();
@@ -550,27 +544,48 @@ bool has_names(const at::Tensor& self) {
   return false;  // no named tensors
 #endif
 }
-bool host_copies(const at::Tensor& self, c10::ScalarType dtype,
-                 std::optional<c10::MemoryFormat> memory_format) {
-  if (!host_structured_kernels() ||
-      memory_format.value_or(c10::MemoryFormat::Preserve) != c10::MemoryFormat::Preserve) {
-    return false;
-  }
+
+// On the host runtime, a copy into a fresh tensor (clone, `.to(dtype)`) runs the CPU's copy
+// kernel (copy_stub's, cpu_stubs.h) from the brick tensor into a brick tensor laid out as the
+// CPU's clone and _to_copy lay out their result: the source's strides for
+// memory_format=preserve on a dense source, contiguous for memory_format=contiguous. No
+// aliases, no result to adopt. Where the CPU's copy_ would take another kernel or do more
+// (fbgemm's half <-> float conversion, a conjugate or negative view, complex to real, which
+// warns) or would choose another layout, the copy aliases.
+enum class CopyLayout : uint8_t { kAliased, kSourceStrides, kContiguous };
+
+CopyLayout host_copy_layout(const at::Tensor& self, c10::ScalarType dtype,
+                            std::optional<c10::MemoryFormat> memory_format) {
+  if (!host_structured_kernels()) return CopyLayout::kAliased;
   const c10::ScalarType from = self.scalar_type();
   const bool half_and_float = (from == c10::ScalarType::Half && dtype == c10::ScalarType::Float) ||
                               (from == c10::ScalarType::Float && dtype == c10::ScalarType::Half);
-  return !half_and_float && !(c10::isComplexType(from) && !c10::isComplexType(dtype)) &&
-         !self.is_conj() && !self.is_neg() && !self._is_zerotensor() && !has_names(self) &&
-         self.is_non_overlapping_and_dense();
+  if (half_and_float || (c10::isComplexType(from) && !c10::isComplexType(dtype)) ||
+      self.is_conj() || self.is_neg() || self._is_zerotensor() || has_names(self)) {
+    return CopyLayout::kAliased;
+  }
+  switch (memory_format.value_or(c10::MemoryFormat::Preserve)) {
+    case c10::MemoryFormat::Preserve:
+      return self.is_non_overlapping_and_dense() ? CopyLayout::kSourceStrides
+                                                 : CopyLayout::kAliased;
+    case c10::MemoryFormat::Contiguous:
+      return CopyLayout::kContiguous;
+    default:
+      return CopyLayout::kAliased;
+  }
 }
 
-// The copy host_copies() admits, inside the op's BackingCall.
-at::Tensor host_copy(const at::Tensor& self, c10::ScalarType dtype) {
+// The copy host_copy_layout() admits, inside the op's BackingCall.
+at::Tensor host_copy(const at::Tensor& self, c10::ScalarType dtype, CopyLayout layout) {
   constexpr auto kKeys = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1);
-  at::Tensor result = at::detail::empty_strided_generic(self.sizes(), self.strides(),
-                                                        brick_allocator(), kKeys, dtype);
+  at::Tensor result = layout == CopyLayout::kSourceStrides
+                          ? at::detail::empty_strided_generic(self.sizes(), self.strides(),
+                                                              brick_allocator(), kKeys, dtype)
+                          : at::detail::empty_generic(self.sizes(), brick_allocator(), kKeys, dtype,
+                                                      c10::MemoryFormat::Contiguous);
   if (result.numel() == 0) return result;
-  // The iterator the CPU's copy_ builds.
+  // The iterator the CPU's copy_ builds. (Where the CPU's copy_ copies a transposed matrix into
+  // a contiguous one by blocks instead, the bytes are the same.)
   at::TensorIterator iter = at::TensorIteratorConfig()
                                 .add_output(result)
                                 .add_const_input(self)
@@ -586,8 +601,9 @@ at::Tensor host_copy(const at::Tensor& self, c10::ScalarType dtype) {
 at::Tensor clone(const at::Tensor& self, std::optional<c10::MemoryFormat> memory_format) {
   using Op = at::_ops::clone;
   BackingCall call(Op::name, Op::overload_name, self.device().index());
-  if (host_copies(self, self.scalar_type(), memory_format)) {
-    return call.run([&] { return host_copy(self, self.scalar_type()); });
+  const CopyLayout copy_layout = host_copy_layout(self, self.scalar_type(), memory_format);
+  if (copy_layout != CopyLayout::kAliased) {
+    return call.run([&] { return host_copy(self, self.scalar_type(), copy_layout); });
   }
   return call.adopt(
       call.run([&] { return Op::redispatch(call.keys(), call.alias(self), memory_format); }));
@@ -616,8 +632,9 @@ at::Tensor to_copy(const at::Tensor& self, std::optional<c10::ScalarType> dtype,
   using Op = at::_ops::_to_copy;
   BackingCall call(Op::name, Op::overload_name, self.device().index());
   const c10::ScalarType target = dtype.value_or(self.scalar_type());
-  if (host_copies(self, target, memory_format)) {
-    return call.run([&] { return host_copy(self, target); });
+  const CopyLayout copy_layout = host_copy_layout(self, target, memory_format);
+  if (copy_layout != CopyLayout::kAliased) {
+    return call.run([&] { return host_copy(self, target, copy_layout); });
   }
   return call.adopt(call.run([&] {
     return Op::redispatch(call.keys(), call.alias(self), dtype, layout, std::nullopt, std::nullopt,

@@ -291,9 +291,10 @@ COPY_DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torc
 @pytest.mark.filterwarnings("ignore:Casting complex values to real")
 @pytest.mark.parametrize("dtype", COPY_DTYPES, ids=str)
 def test_clone_and_to_copy_are_the_cpus(dtype):
-    # clone and .to(dtype) run the CPU's copy kernel into a fresh brick tensor for dense layouts;
-    # overlapping or gapped views, other memory formats, half <-> float (fbgemm's kernel on the
-    # CPU), complex to real and conjugate views alias. Either way: the CPU's bytes and strides.
+    # clone and .to(dtype) run the CPU's copy kernel into a fresh brick tensor laid out as the
+    # CPU's: the source's strides (preserve, dense layouts) or contiguous; preserve on overlapping
+    # or gapped views, channels last, half <-> float (fbgemm's kernel on the CPU), complex to real
+    # and conjugate views alias. Either way: the CPU's bytes and strides.
     generator = torch.Generator().manual_seed(11)
     x = (torch.randn(4, 6, generator=generator) * 50).to(dtype)
     cpu_views, brick_views = _layouts(x), _layouts(x.to("brick"))
@@ -301,7 +302,8 @@ def test_clone_and_to_copy_are_the_cpus(dtype):
                torch.int8, torch.bool, torch.complex128]
     for layout in cpu_views:
         a, b = cpu_views[layout], brick_views[layout]
-        for memory_format in (None, torch.preserve_format, torch.contiguous_format):
+        for memory_format in (None, torch.preserve_format, torch.contiguous_format,
+                              torch.channels_last):
             kwargs = {} if memory_format is None else {"memory_format": memory_format}
             _assert_same_outcome(lambda: b.clone(**kwargs), lambda: a.clone(**kwargs),
                                  f"clone {layout} {memory_format}")
@@ -348,13 +350,18 @@ def test_copies_keep_special_values_and_autograd():
 
 
 def test_clone_on_several_threads_is_the_cpus():
-    # Large enough for the CPU's copy to split over threads.
+    # Large enough for the CPU's copy to split over threads, and (a transposed matrix made
+    # contiguous) for the CPU's copy_ to copy by blocks.
     x = torch.randn(64, 300, 8, generator=torch.Generator().manual_seed(12))
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
         x_brick = x.to("brick")
         _assert_the_cpus(x_brick.transpose(0, 2).clone(), x.transpose(0, 2).clone(), "clone")
+        _assert_the_cpus(x_brick.transpose(0, 2).contiguous(), x.transpose(0, 2).contiguous(),
+                         "contiguous")
+        _assert_the_cpus(x_brick[:, :, 0].t().contiguous(), x[:, :, 0].t().contiguous(),
+                         "a transposed matrix made contiguous")
         _assert_the_cpus(x_brick.to(torch.bfloat16), x.to(torch.bfloat16), "to bfloat16")
     finally:
         torch.set_num_threads(threads)
@@ -376,9 +383,9 @@ def test_results_are_brick_memory_from_birth():
         base["allocated_bytes.all.current"] + 4000 + 400 + 8000
     assert after["adopted_bytes.all.current"] == base["adopted_bytes.all.current"]
     del product, joined
-    copies = [a.clone(), a.to(torch.float64)]
+    copies = [a.clone(), a.to(torch.float64), a.view(10, 100).t().contiguous()]
     after = torch.brick.memory_stats()
-    assert after["allocated_bytes.all.current"] == base["allocated_bytes.all.current"] + 4000 * 4
+    assert after["allocated_bytes.all.current"] == base["allocated_bytes.all.current"] + 4000 * 5
     assert after["adopted_bytes.all.current"] == base["adopted_bytes.all.current"]
     del copies
     c = torch.relu(a)
@@ -442,6 +449,7 @@ def test_no_brick_kernel_runs_inside_another(clean_profiler):
              lambda: torch.bitwise_not(i), lambda: f.clone(), lambda: f[::2].clone(),
              lambda: f.to(torch.float16), lambda: i.to(torch.bool),
              lambda: f[None, :].expand(2, 6).clone(), lambda: f.clone().fill_(2),
+             lambda: f[None, :].expand(2, 6).t().contiguous(),
              lambda: i.clone()[:1].fill_(True)]
     with bp.profile(ops="kernels"):
         for call in calls:
