@@ -649,7 +649,7 @@ at::Tensor& fill_scalar(at::Tensor& self, const c10::Scalar& value) {
   using Op = at::_ops::fill__Scalar;
   // One element: the CPU's fill_ writes it itself (a number out of the dtype's range becomes inf
   // there, where the kernel refuses it), which libtorch does not export; it aliases.
-  if (!host_structured_kernels() || !self.is_privateuseone() || self.numel() == 1) {
+  if (!host_structured_kernels() || self.numel() == 1) {
     return Direct<Op>::call(self, value);
   }
   BackingCall call(Op::name, Op::overload_name, self.device().index());

@@ -25,9 +25,9 @@ class LaunchScope {
 
   // The backing kernel is about to be queued on `device`'s current stream.
   void queue(c10::DeviceIndex device) noexcept {
-    runtime::count_device_work();
+    runtime::announce_queue(hooks_, device);
     if (runtime::any_hook(hooks_)) [[unlikely]]
-      queue_hooks(device);
+      observe_queue(device);
   }
 
  private:
@@ -41,8 +41,7 @@ class LaunchScope {
       hooks_.observer->begin(launch_);
     }
   }
-  [[gnu::noinline]] void queue_hooks(c10::DeviceIndex device) noexcept {
-    if (hooks_.queue_hook != nullptr) hooks_.queue_hook(device);
+  [[gnu::noinline]] void observe_queue(c10::DeviceIndex device) noexcept {
     if (hooks_.observer != nullptr) {
       launch_.device = device;
       hooks_.observer->queue(launch_);

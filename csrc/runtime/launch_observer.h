@@ -148,7 +148,7 @@ inline uint64_t device_work_seen() noexcept {
 // the table its launch read.
 inline void announce_queue(const LaunchHooks& hooks, DeviceIndex device) noexcept {
   count_device_work();
-  if (hooks.queue_hook != nullptr) [[unlikely]]
+  if (any_hook(hooks) && hooks.queue_hook != nullptr) [[unlikely]]
     hooks.queue_hook(device);
 }
 
