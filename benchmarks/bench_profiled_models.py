@@ -20,7 +20,12 @@ The targets are issue 29's (profilers) and issue 48's (brick against the CPU); e
 printed with its verdict.
 
 Run: python benchmarks/bench_profiled_models.py [--rounds N] [--only qwen2|demo]
-     [--configurations none,cpu]
+     [--configurations none,cpu] [--instances 4]
+
+``--instances K`` builds K copies of each configuration's model and rotates through them all; a
+configuration's figure is then the geometric mean of its copies' medians, which averages out
+where each copy's memory lies (issue 48's brick-against-CPU figure uses ``--configurations
+none,cpu --instances 4``).
 """
 
 import argparse
@@ -137,22 +142,42 @@ def timed(run, configuration: str) -> int:
     return time.perf_counter_ns() - start
 
 
-def measure(name: str, rounds: int, configurations=CONFIGURATIONS) -> dict:
-    runs = {c: WORKLOADS[name]("cpu" if c == "cpu" else "brick") for c in configurations}
-    for c in configurations:  # warm-up: caches, allocators, the profilers' first-use costs
-        timed(runs[c], c)
-    times = {c: [] for c in configurations}
+def measure(name: str, rounds: int, configurations=CONFIGURATIONS, instances: int = 1) -> dict:
+    """Median ns per configuration, each the geometric mean over its instances' medians.
+
+    Every instance is its own copy of the model: where its memory lies moves a small-op
+    workload's time by a few percent on its own (two CPU copies in one process differ by up to
+    4 %), so a ratio of one copy to another measures their layouts as much as their devices.
+    """
+    runs = {c: [WORKLOADS[name]("cpu" if c == "cpu" else "brick") for _ in range(instances)]
+            for c in configurations}
+    slots = [(c, i) for i in range(instances) for c in configurations]
+    for c, i in slots:  # warm-up: caches, allocators, the profilers' first-use costs
+        timed(runs[c][i], c)
+    times = {slot: [] for slot in slots}
     for r in range(rounds):
-        order = configurations[r % len(configurations):] + configurations[:r % len(configurations)]
-        for c in order:
-            times[c].append(timed(runs[c], c))
-    return {c: statistics.median(t) for c, t in times.items()}
+        order = slots[r % len(slots):] + slots[:r % len(slots)]
+        for c, i in order:
+            times[(c, i)].append(timed(runs[c][i], c))
+    medians = {}
+    for c in configurations:
+        per_instance = [statistics.median(times[(c, i)]) for i in range(instances)]
+        medians[c] = statistics.geometric_mean(per_instance)
+        if instances > 1:
+            print(f"  {c}: instance medians " + ", ".join(f"{ns / 1e6:.2f}" for ns in per_instance)
+                  + " ms")
+    return medians
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--only", choices=sorted(WORKLOADS))
+    parser.add_argument("--instances", type=int, default=1,
+                        help="copies of each configuration's model, rotated with the "
+                             "configurations; each figure is the geometric mean of the copies' "
+                             "medians (4 for brick against the CPU: a copy's memory layout alone "
+                             "moves a small-op workload by a few percent)")
     parser.add_argument("--configurations", default=",".join(CONFIGURATIONS),
                         help="comma-separated subset to run (e.g. none,cpu: brick against the "
                              "CPU alone)")
@@ -163,10 +188,13 @@ def main() -> int:
         parser.error(f"unknown configurations {unknown}; expected some of {', '.join(CONFIGURATIONS)}")
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")  # the profilers' notices are not this benchmark's output
-    print(f"torch {torch.__version__}, 1 thread, {args.rounds} rounds in rotating order, medians")
+    if args.instances < 1:
+        parser.error("--instances must be at least 1")
+    print(f"torch {torch.__version__}, 1 thread, {args.rounds} rounds in rotating order, medians"
+          + (f", {args.instances} instances each (geometric mean)" if args.instances > 1 else ""))
     failed = 0
     for name in ([args.only] if args.only else list(WORKLOADS)):
-        medians = measure(name, args.rounds, configurations)
+        medians = measure(name, args.rounds, configurations, args.instances)
         print(f"\n{name}: " + ", ".join(f"{c} {ns / 1e6:.2f} ms" for c, ns in medians.items()))
         for numerator, denominator, target in TARGETS[name]:
             if numerator not in medians or denominator not in medians:

@@ -421,6 +421,8 @@ case "$job" in
     "$PYTHON" benchmarks/stress_memory.py
     log "benchmarks: what each profiler costs on real models (Qwen2 generate, the demo's decode)"
     "$PYTHON" benchmarks/bench_profiled_models.py
+    log "benchmarks: brick against the CPU without a profiler (four model copies per device)"
+    "$PYTHON" benchmarks/bench_profiled_models.py --configurations none,cpu --instances 4
     log "benchmarks: what profile(modules=True) and profile(record_shapes=True) cost"
     "$PYTHON" benchmarks/bench_profile_options.py
     log "benchmarks: torch.compile on brick vs on the CPU"
