@@ -175,6 +175,21 @@ gpu() {
     # What Event mode's CUDA calls cost the host here (a record, a capture check, a query...).
     [ "$rehearse" = 0 ] && gpu_step api-costs 40 bash -c \
       "\$(command -v nvcc || echo /usr/local/cuda/bin/nvcc) -O2 -o '$build_dir/cuda_api_costs' benchmarks/cuda_api_costs.cu && '$build_dir/cuda_api_costs'"
+    # What CUPTI's activity API gives and costs here (kernel records paired with pushed external
+    # ids, the first enable, the cost per launch, event pairs against CUPTI per call), with the
+    # CUPTI library of PyTorch's nvidia packages. The rehearsal compiles it wherever nvcc is.
+    local nvcc cupti_library
+    nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+    if [ "$rehearse" = 0 ]; then
+      cupti_library=$("$PYTHON" -c 'import glob, os, torch
+found = sorted(glob.glob(os.path.join(os.path.dirname(os.path.dirname(torch.__file__)),
+                                      "nvidia", "**", "libcupti.so*"), recursive=True))
+print(found[0] if found else "libcupti.so")')
+      gpu_step cupti-probe 60 bash -c \
+        "'$nvcc' -O2 -o '$build_dir/cupti_probe' benchmarks/cupti_probe.cu -ldl && '$build_dir/cupti_probe' '$cupti_library'"
+    elif [ -x "$nvcc" ]; then
+      gpu_step cupti-probe 60 "$nvcc" -O2 -o "$build_dir/cupti_probe" benchmarks/cupti_probe.cu -ldl
+    fi
     # The test command's rehearsal runs on its own build, whose GoogleTests it has just passed
     # (BRICK_REHEARSAL_GTEST_PASSED): the step is named, not repeated.
     if [ "$rehearse" = 1 ] && [ "${BRICK_REHEARSAL_GTEST_PASSED:-0}" = 1 ]; then
