@@ -149,9 +149,15 @@ def measure(name: str, rounds: int, configurations=CONFIGURATIONS, instances: in
     workload's time by a few percent on its own (two CPU copies in one process differ by up to
     4 %), so a ratio of one copy to another measures their layouts as much as their devices.
     """
-    runs = {c: [WORKLOADS[name]("cpu" if c == "cpu" else "brick") for _ in range(instances)]
-            for c in configurations}
-    slots = [(c, i) for i in range(instances) for c in configurations]
+    # Each instance's configurations in turn, every other instance in reverse, both to build
+    # the models and to run them: with a rotating order a slot still runs right after the same
+    # neighbour, and this keeps that neighbour (and the first model built) from always being one
+    # configuration's.
+    slots = [(c, i) for i in range(instances)
+             for c in (configurations if i % 2 == 0 else configurations[::-1])]
+    runs = {c: [None] * instances for c in configurations}
+    for c, i in slots:
+        runs[c][i] = WORKLOADS[name]("cpu" if c == "cpu" else "brick")
     for c, i in slots:  # warm-up: caches, allocators, the profilers' first-use costs
         timed(runs[c][i], c)
     times = {slot: [] for slot in slots}
