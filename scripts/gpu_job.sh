@@ -181,14 +181,15 @@ gpu() {
     local nvcc cupti_library
     nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
     if [ "$rehearse" = 0 ]; then
-      cupti_library=$("$PYTHON" -c 'import glob, os, torch
+      cupti_library=$(TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PYTHON" -c 'import glob, os, torch
 found = sorted(glob.glob(os.path.join(os.path.dirname(os.path.dirname(torch.__file__)),
                                       "nvidia", "**", "libcupti.so*"), recursive=True))
-print(found[0] if found else "libcupti.so")')
+print(found[0] if found else "libcupti.so")' || echo libcupti.so)
       gpu_step cupti-probe 60 bash -c \
         "'$nvcc' -O2 -o '$build_dir/cupti_probe' benchmarks/cupti_probe.cu -ldl && '$build_dir/cupti_probe' '$cupti_library'"
     elif [ -x "$nvcc" ]; then
-      gpu_step cupti-probe 60 "$nvcc" -O2 -o "$build_dir/cupti_probe" benchmarks/cupti_probe.cu -ldl
+      gpu_step cupti-probe 60 bash -c \
+        "'$nvcc' -O2 -o '$build_dir/cupti_probe' benchmarks/cupti_probe.cu -ldl && echo 'cupti_probe: compiled (it runs on a GPU)'"
     fi
     # The test command's rehearsal runs on its own build, whose GoogleTests it has just passed
     # (BRICK_REHEARSAL_GTEST_PASSED): the step is named, not repeated.
