@@ -6,43 +6,18 @@
 //   nvcc -O2 -o cuda_api_costs benchmarks/cuda_api_costs.cu && ./cuda_api_costs
 #include <cuda_runtime.h>
 
-#include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <utility>
 #include <vector>
 
+#include "cuda_host_timing.h"
+
 namespace {
 
+using cuda_host_timing::check;
+using cuda_host_timing::ns_per_call;
+
 __global__ void empty_kernel() {}
-
-void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) {
-    std::fprintf(stderr, "cuda_api_costs: %s: %s\n", what, cudaGetErrorString(status));
-    std::exit(1);
-  }
-}
-
-using Clock = std::chrono::steady_clock;
-
-// Host nanoseconds per iteration of `body`, over `iterations`, the stream drained every 1000 so
-// that a queue filling up never throttles the calls measured (best of three).
-template <typename Body>
-double ns_per_call(cudaStream_t stream, int iterations, Body body) {
-  double best = 1e30;
-  for (int round = 0; round < 3; ++round) {
-    check(cudaStreamSynchronize(stream), "synchronize");
-    double total_ns = 0;
-    for (int done = 0; done < iterations; done += 1000) {
-      const auto start = Clock::now();
-      for (int i = 0; i < 1000; ++i) body(done + i);
-      total_ns += std::chrono::duration<double, std::nano>(Clock::now() - start).count();
-      check(cudaStreamSynchronize(stream), "synchronize");
-    }
-    if (total_ns / iterations < best) best = total_ns / iterations;
-  }
-  return best;
-}
 
 }  // namespace
 

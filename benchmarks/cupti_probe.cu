@@ -21,7 +21,6 @@
 #include <dlfcn.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -29,7 +28,14 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cuda_host_timing.h"
+
 namespace {
+
+using cuda_host_timing::check;
+using cuda_host_timing::Clock;
+using cuda_host_timing::elapsed_ns;
+using cuda_host_timing::ns_per_call;
 
 __global__ void empty_kernel() {}
 
@@ -38,13 +44,6 @@ __global__ void spin_kernel(int iterations, float* sink) {
   float value = threadIdx.x;
   for (int i = 0; i < iterations; ++i) value = value * 0.999f + 1.0f;
   if (value == -1.0f) *sink = value;  // never true: keeps the loop
-}
-
-void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) {
-    std::fprintf(stderr, "cupti_probe: %s: %s\n", what, cudaGetErrorString(status));
-    std::exit(1);
-  }
 }
 
 // The CUPTI entry points the probe calls, resolved from the loaded library.
@@ -154,31 +153,6 @@ Records take() {
   Records taken = std::move(g_records);
   g_records = Records{};
   return taken;
-}
-
-using Clock = std::chrono::steady_clock;
-
-double elapsed_ns(Clock::time_point start) {
-  return std::chrono::duration<double, std::nano>(Clock::now() - start).count();
-}
-
-// Host ns per iteration of `body` (best of three rounds of `iterations`), the stream drained
-// every 1000 so that a full queue never throttles the calls measured.
-template <typename Body>
-double ns_per_call(cudaStream_t stream, int iterations, Body body) {
-  double best = 1e30;
-  for (int round = 0; round < 3; ++round) {
-    check(cudaStreamSynchronize(stream), "synchronize");
-    double total_ns = 0;
-    for (int done = 0; done < iterations; done += 1000) {
-      const auto start = Clock::now();
-      for (int i = 0; i < 1000; ++i) body(done + i);
-      total_ns += elapsed_ns(start);
-      check(cudaStreamSynchronize(stream), "synchronize");
-    }
-    best = std::min(best, total_ns / iterations);
-  }
-  return best;
 }
 
 double median(std::vector<double> values) {

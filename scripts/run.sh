@@ -378,7 +378,7 @@ case "$job" in
     setup_system test; use_compiler_cache; setup_python test
     log "clang-format check"
     clang-format --dry-run -Werror csrc/*/*.h csrc/*/*.cpp tests/cpp/*.h tests/cpp/*.cpp benchmarks/*.cpp \
-      benchmarks/*.cu
+      benchmarks/*.cu benchmarks/*.h
     # GoogleTest from the carried sources, as the GPU machine builds it: the rehearsal below
     # then reuses this build instead of making its own (the sanitizer builds and the torch
     # lanes take the installed GoogleTest).
