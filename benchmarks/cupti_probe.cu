@@ -264,27 +264,25 @@ int main(int argc, char** argv) {
   launch_cost("empty kernel launch, kernel tracing");
 
   check(g_cupti.enable(CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION), "enable external correlation");
-  take();
   uint64_t next_id = 1;
-  std::printf("  %-58s %7.0f ns per launch\n", "the same with a push and a pop of an external id",
-              ns_per_call(stream, kIterations, [&](int i) {
-                g_cupti.push(kKind, next_id + i);
-                empty_kernel<<<1, 1, 0, stream>>>();
-                g_cupti.pop(kKind, nullptr);
-              }));
-  report_pairing("kernel + external correlation", take(), next_id, 3 * kIterations);
-  next_id += 3 * kIterations;
-
+  // Launches, each inside its own pushed external id: their host cost, then how many of their
+  // kernel records carry the ids.
+  auto launches_with_external_ids = [&](const char* cost_label, const char* pairing_label) {
+    take();
+    std::printf("  %-58s %7.0f ns per launch\n", cost_label,
+                ns_per_call(stream, kIterations, [&](int i) {
+                  g_cupti.push(kKind, next_id + i);
+                  empty_kernel<<<1, 1, 0, stream>>>();
+                  g_cupti.pop(kKind, nullptr);
+                }));
+    report_pairing(pairing_label, take(), next_id, kIterations);
+    next_id += kIterations;
+  };
+  launches_with_external_ids("the same with a push and a pop of an external id",
+                             "kernel + external correlation");
   check(g_cupti.enable(CUPTI_ACTIVITY_KIND_RUNTIME), "enable runtime");
-  take();
-  std::printf("  %-58s %7.0f ns per launch\n", "the same with runtime API tracing too",
-              ns_per_call(stream, kIterations, [&](int i) {
-                g_cupti.push(kKind, next_id + i);
-                empty_kernel<<<1, 1, 0, stream>>>();
-                g_cupti.pop(kKind, nullptr);
-              }));
-  report_pairing("kernel + external correlation + runtime", take(), next_id, 3 * kIterations);
-  next_id += 3 * kIterations;
+  launches_with_external_ids("the same with runtime API tracing too",
+                             "kernel + external correlation + runtime");
 
   // Accuracy with the tracing that pairs (runtime tracing kept: pairing may need it).
   struct Size {
