@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "runtime/thread_state.h"
+#include "runtime/work_tracer.h"
 
 namespace brick::runtime {
 
@@ -309,6 +310,11 @@ std::unique_ptr<Runtime> make_cuda_runtime() {
 bool cuda_runtime_usable(std::string* why) {
   if (why != nullptr) *why = kNoCudaInThisBuild;
   return false;
+}
+
+std::unique_ptr<WorkTracer> make_cupti_tracer(std::string* why) {
+  if (why != nullptr) *why = kNoCudaInThisBuild;
+  return nullptr;
 }
 #endif
 

@@ -1,0 +1,80 @@
+// A brick's device time from the device's own records of its work (runtime/work_tracer.h): the
+// sum of the durations of every kernel, copy and memset queued while the brick was open, its
+// nested bricks' included. The tracer names each piece of work's host call, and each call the
+// innermost interval pushed on its thread; the profiler says which interval each one was opened
+// in. Records arrive late, out of order and across deliveries (a call's work before the call, a
+// child's interval after its parent's), so nothing here assumes an order.
+//
+// Interval ids come from one process-wide counter at each open: a nested interval opens after
+// the one around it, so it has the larger id, and resolving in descending ids adds every child
+// into its parent before the parent is summed.
+//
+// Plain C++ and single-threaded: the observer calls it under its own lock.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "runtime/work_tracer.h"
+
+namespace brick::profiler {
+
+// An interval the profiler closed: `parent` is the interval it was opened in (0: none), `tag`
+// the caller's (the brick and its signature).
+struct ClosedInterval {
+  uint64_t id;
+  uint64_t parent;
+  uint64_t tag;
+};
+
+struct ResolvedInterval {
+  uint64_t tag;
+  int64_t device_ns;  // the work's summed durations, its nested intervals' included
+  uint32_t work;      // how many pieces of work that is
+};
+
+class WorkCorrelator {
+ public:
+  // Takes the tracer's records (`records` is left empty).
+  void add(runtime::TracedRecords& records);
+
+  // Resolves `closed`, intervals whose work the caller knows has all been added (it waited for
+  // the device, then drained the tracer), in any order; appends one result per interval to
+  // `out`. An interval's total goes into its parent, resolved now or later.
+  // `all_delivered`: everything the device ran until now has been added (a snapshot after
+  // waiting for the devices): work still without its call then never gets one, and is dropped
+  // and counted (unattributed()).
+  void resolve(std::vector<ClosedInterval>& closed, bool all_delivered,
+               std::vector<ResolvedInterval>* out);
+
+  // Work whose call was never named by the tracer, or named no interval: dropped.
+  uint64_t unattributed() const noexcept { return unattributed_; }
+  uint64_t dropped_by_tracer() const noexcept { return dropped_; }
+  // What is held for intervals and calls not yet resolved (bounded by what is outstanding).
+  size_t held() const noexcept {
+    return own_.size() + children_.size() + interval_of_call_.size() + unbound_.size();
+  }
+  // Forgets everything (a new profile).
+  void reset();
+
+  // Work held without its call beyond this is the oldest dropped (counted unattributed).
+  static constexpr size_t kMaxUnbound = size_t{1} << 16;
+
+ private:
+  struct Sum {
+    int64_t ns = 0;
+    uint32_t work = 0;
+  };
+  void attribute(const runtime::TracedWork& work, uint64_t interval);
+
+  std::unordered_map<uint64_t, Sum> own_;       // interval -> its own work (not its children's)
+  std::unordered_map<uint64_t, Sum> children_;  // interval -> its resolved children's totals
+  std::unordered_map<uint32_t, uint64_t> interval_of_call_;
+  std::vector<runtime::TracedWork> unbound_;  // work whose call has not been named yet
+  uint64_t unattributed_ = 0;
+  uint64_t dropped_ = 0;
+};
+
+}  // namespace brick::profiler
