@@ -46,14 +46,20 @@ class LaunchScope {
       launch_.device = device;
       hooks_.observer->queue(launch_);
     }
+    if (hooks_.trace != nullptr && !traced_) {
+      traced_ = true;
+      hooks_.trace->queued();
+    }
   }
   [[gnu::noinline]] void end() noexcept {
+    if (traced_) hooks_.trace->done();
     if (hooks_.observer != nullptr) hooks_.observer->end(launch_);
     if (hooks_.kernel_timer != nullptr) hooks_.kernel_timer->end();
   }
 
   const runtime::LaunchHooks& hooks_;  // read once: begin, queue and end call the same hooks
   runtime::Launch launch_;
+  bool traced_ = false;  // the trace saw this launch queued: it is told when it is done
 };
 
 }  // namespace brick::backend

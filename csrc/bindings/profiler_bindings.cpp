@@ -274,6 +274,16 @@ int64_t monotonic_ns() {  // Python's time.perf_counter_ns()
 void restore_region_settings() {
   profiler::set_record_shapes(false);
   profiler::set_op_timing(profiler::OpTiming::Dispatcher);
+  profiler::set_device_timing(profiler::DeviceTiming::Events);
+}
+
+// "events" or "traced" (profiler::DeviceTiming); profile() checked it.
+profiler::DeviceTiming parse_device_timing(const std::string& timing) {
+  if (timing != "events" && timing != "traced") {
+    throw py::value_error("brick profiler: device_timing must be 'events' or 'traced', got '" +
+                          timing + "'");
+  }
+  return timing == "traced" ? profiler::DeviceTiming::Traced : profiler::DeviceTiming::Events;
 }
 
 }  // namespace
@@ -345,8 +355,9 @@ void bind_profiler(py::module_& parent) {
   // restored and no profile runs.
   m.def(
       "begin_region",
-      [](bool reset, bool record_shapes, const std::string& ops) {
+      [](bool reset, bool record_shapes, const std::string& ops, const std::string& device_timing) {
         const profiler::OpTiming timing = parse_op_timing(ops);
+        const profiler::DeviceTiming device = parse_device_timing(device_timing);
         if (profiler::is_enabled()) {
           throw std::runtime_error(
               "brick profiler: a profile is already running (nesting is not supported)");
@@ -358,6 +369,7 @@ void bind_profiler(py::module_& parent) {
         const int64_t registry_start_ns = registry::Registry::now_ns();
         profiler::set_record_shapes(record_shapes);  // read by enable()
         profiler::set_op_timing(timing);
+        profiler::set_device_timing(device);
         try {
           profiler::enable();
         } catch (...) {
@@ -366,7 +378,8 @@ void bind_profiler(py::module_& parent) {
         }
         return py::make_tuple(sample_tuple(before), start_ns, registry_start_ns);
       },
-      py::arg("reset"), py::arg("record_shapes"), py::arg("ops"));
+      py::arg("reset"), py::arg("record_shapes"), py::arg("ops"),
+      py::arg("device_timing") = "events");
   // end_region: waits for the devices in use, samples the machine (/proc/stat only for a
   // region of at least `ticked_wall_ns`: its ticks tell nothing over a shorter one), disables
   // and restores the settings (also when waiting fails), and captures the report's rows;
@@ -422,6 +435,20 @@ void bind_profiler(py::module_& parent) {
   m.def("op_timing", [] {
     return profiler::op_timing() == profiler::OpTiming::Kernels ? "kernels" : "dispatcher";
   });
+  // "events" or "traced" (profiler::DeviceTiming).
+  m.def(
+      "set_device_timing",
+      [](const std::string& timing) { profiler::set_device_timing(parse_device_timing(timing)); },
+      py::arg("timing"));
+  m.def("device_timing", [] {
+    return profiler::device_timing() == profiler::DeviceTiming::Traced ? "traced" : "events";
+  });
+  // The work tracer traced timing uses here: (name, None), or (None, why there is none).
+  m.def("work_tracer", []() -> py::tuple {
+    const auto [name, why] = profiler::work_tracer_status();
+    if (name.empty()) return py::make_tuple(py::none(), why);
+    return py::make_tuple(name, py::none());
+  });
   // Per op brick and input signature: (path, name, overload, device, shapes, dtypes, values,
   // calls, total_ns, min_ns, max_ns, kind), the signature's three parts as JSON text.
   m.def("shape_rows", [] {
@@ -454,6 +481,8 @@ void bind_profiler(py::module_& parent) {
         d["capture_skipped"] = h.capture_skipped;
         d["stub_capture_skipped"] = h.stub_capture_skipped;
         d["stub_failures"] = h.stub_failures;
+        d["traced_unattributed"] = h.traced_unattributed;
+        d["traced_lost"] = h.traced_lost;
         d["discarded_by_reset"] =
             since_reset ? discarded_since_reset() : profiler::brick_registry().discarded_by_reset();
         return d;

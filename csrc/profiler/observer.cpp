@@ -60,6 +60,15 @@ struct ThreadStateOwner {
       // Once out of the list no snapshot can be resolving this state.
       std::lock_guard<std::mutex> lock(g_observer.states_mutex);
       std::erase(g_observer.states, &state);
+      // Its closed traced bricks wait for the next resolution without it.
+      std::lock_guard<std::mutex> pending(state.pending.mutex);
+      try {
+        g_observer.exited_closed.insert(g_observer.exited_closed.end(),
+                                        state.pending.closed.begin(), state.pending.closed.end());
+      } catch (...) {  // out of memory: these bricks are lost, and counted
+        g_observer.timing_failures.fetch_add(state.pending.closed.size(),
+                                             std::memory_order_relaxed);
+      }
     }
     std::lock_guard<std::mutex> lock(state.pending.mutex);
     resolve_locked(state, /*by_owner=*/true, /*wait_all=*/true);  // what this thread still owes
@@ -148,6 +157,8 @@ void publish_top(ThreadState& state) {
   if (g_observer.owner.load(std::memory_order_relaxed) != &state) return;
   state.published_top.store(state.stack.empty() ? registry::kNoParent : state.stack.back().node,
                             std::memory_order_relaxed);
+  state.published_interval.store(state.stack.empty() ? 0 : state.stack.back().interval,
+                                 std::memory_order_relaxed);
 }
 
 }  // namespace
@@ -157,6 +168,7 @@ void publish_top(ThreadState& state) {
 void drop_open_bricks(ThreadState& state) {
   for (const Frame& frame : state.stack) {
     if (frame.start_event != nullptr) state.events.release(frame.device, frame.start_event);
+    if (frame.interval != 0) g_observer.tracer.load(std::memory_order_relaxed)->pop();
   }
   state.stack.clear();
   state.awaiting = 0;
@@ -173,6 +185,16 @@ NodeId top_level_parent(ThreadState& state, IsEngineWork&& engine_work) {
   // An autograd engine thread starting backward work: its caller's open brick is the parent.
   if (owner == nullptr || owner == &state || !engine_work(state)) return registry::kNoParent;
   return owner->published_top.load(std::memory_order_relaxed);
+}
+
+// Traced timing: the interval a brick opening now with `parent` opens in: the thread's innermost
+// open brick's, or, for an autograd engine thread's work, the owner's (a top-level brick with a
+// parent).
+uint64_t parent_interval(const ThreadState& state, NodeId parent) {
+  if (!state.stack.empty()) return state.stack.back().interval;
+  if (parent == registry::kNoParent) return 0;
+  const ThreadState* owner = g_observer.owner.load(std::memory_order_relaxed);
+  return owner != nullptr ? owner->published_interval.load(std::memory_order_relaxed) : 0;
 }
 
 // Opens a brick on the calling thread: pushes its frame and starts its timing. `name_frame(state,
@@ -213,7 +235,9 @@ void open_brick(bool is_op, IsEngineWork&& engine_work, NameFrame&& name_frame) 
     if (parent == kIgnored || parent == kSkippedInCapture) parent = registry::kNoParent;
     name_frame(*state, parent, frame);
     if (frame.node != kIgnored) {
-      if (g_observer.async.load(std::memory_order_relaxed)) [[unlikely]] {
+      if (g_observer.traced.load(std::memory_order_relaxed)) [[unlikely]] {
+        start_traced_timing(rt, frame, parent_interval(*state, parent));
+      } else if (g_observer.async.load(std::memory_order_relaxed)) [[unlikely]] {
         start_async_timing(*state, rt, frame, frame.is_op);
       } else {
         // A synchronous runtime: the brick is the work done before its end's clock read.
@@ -231,6 +255,7 @@ void open_brick(bool is_op, IsEngineWork&& engine_work, NameFrame&& name_frame) 
   } catch (...) {  // out of memory: the close for this call is told to pop nothing
     g_observer.timing_failures.fetch_add(1, std::memory_order_relaxed);
     if (frame.start_event != nullptr) state->events.release(frame.device, frame.start_event);
+    if (frame.interval != 0) g_observer.tracer.load(std::memory_order_relaxed)->pop();
     ++state->unpushed;
     return;
   }
@@ -320,10 +345,15 @@ void close_brick(const at::RecordFunction* fn) noexcept {
     state.stack.pop_back();
     if (frame.awaiting_work) --state.awaiting;
     publish_top(state);
+    if (frame.interval != 0) g_observer.tracer.load(std::memory_order_relaxed)->pop();
     if (frame.node == kIgnored || frame.node == kSkippedInCapture) return;
     if (frame.is_op && !frame.inside_device_work &&
         runtime::device_work_seen() == frame.work_at_open &&
         record_without_device_work(state, frame, fn)) {
+      return;
+    }
+    if (frame.interval != 0) [[unlikely]] {
+      finish_traced_timing(state, frame);
       return;
     }
     if (g_observer.async.load(std::memory_order_relaxed)) [[unlikely]] {

@@ -8,6 +8,8 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "profiler/device_timer.h"
@@ -17,6 +19,7 @@
 #include "profiler/profiler.h"
 #include "runtime/launch_observer.h"
 #include "runtime/runtime.h"
+#include "runtime/work_tracer.h"
 
 namespace brick::profiler {
 
@@ -57,7 +60,15 @@ void observer_after_fork_in_child() {
   ThreadState* state = tls_state;
   // Other threads' states are gone; a lock another thread held at the fork stays held: renew.
   new (&g_observer.states_mutex) std::mutex();
+  // A resolution under way in another thread at the fork: its lock and its correlator (possibly
+  // mid-change) are left behind; the child's closed bricks start afresh.
+  new (&g_observer.traced_mutex) std::mutex();
+  if (g_observer.correlator != nullptr) {
+    (void)g_observer.correlator.release();
+    g_observer.correlator = std::make_unique<WorkCorrelator>();
+  }
   g_observer.states.clear();
+  g_observer.exited_closed.clear();
   if (state != nullptr) {
     g_observer.states.push_back(state);
     new (&state->pending.mutex) std::mutex();
@@ -73,6 +84,8 @@ void observer_after_fork_in_child() {
     }
     state->pending.pairs.clear();
     state->pending.size.store(0, std::memory_order_relaxed);
+    state->pending.closed.clear();
+    state->pending.closed_size.store(0, std::memory_order_relaxed);
     state->published_top.store(registry::kNoParent, std::memory_order_relaxed);
   }
   g_observer.owner.store(g_observer.enabled.load(std::memory_order_relaxed) ? state : nullptr,
@@ -82,6 +95,53 @@ void observer_after_fork_in_child() {
 namespace {
 
 constexpr runtime::KernelTimer kKernelTimer{&on_kernel_begin, &on_kernel_end};
+
+// The process's work tracer for `rt`'s backing device, made once and kept for the process
+// (CUPTI may call back until exit), or nullptr with the reason in `why`.
+runtime::WorkTracer* work_tracer_for(const runtime::Runtime& rt, std::string* why) {
+  if (rt.backing_kind() == runtime::BackingKind::Host) {
+    static runtime::WorkTracer* const host = runtime::make_host_work_tracer().release();
+    return host;
+  }
+  static std::string cupti_why;
+  static runtime::WorkTracer* const cupti = runtime::make_cupti_tracer(&cupti_why).release();
+  if (cupti == nullptr && why != nullptr) *why = cupti_why;
+  return cupti;
+}
+
+// Called under g_observer.control_mutex by enable(): starts the tracer DeviceTiming::Traced
+// uses, or throws saying why there is none.
+void start_work_tracer(runtime::Runtime& rt) {
+  const SyncMode mode = g_observer.mode.load(std::memory_order_relaxed);
+  TORCH_CHECK(mode == SyncMode::Event,
+              "brick profiler: traced device timing gives Event mode's device times, but the "
+              "sync mode is ",
+              registry::sync_mode_name(mode),
+              " (which reads the host's clock): use sync_mode='event', or device_timing='events'");
+  std::string why;
+  runtime::WorkTracer* tracer = work_tracer_for(rt, &why);
+  TORCH_CHECK(tracer != nullptr,
+              "brick profiler: traced device timing needs the device's work "
+              "tracer, and there is none: ",
+              why,
+              " (device_timing='events' times bricks by "
+              "device events instead)");
+  {
+    std::lock_guard<std::mutex> resolving(g_observer.traced_mutex);
+    if (g_observer.correlator == nullptr) {
+      g_observer.correlator = std::make_unique<WorkCorrelator>();
+    } else {
+      g_observer.correlator->reset();
+    }
+  }
+  g_observer.traced_devices.store(0, std::memory_order_relaxed);
+  try {
+    tracer->start();
+  } catch (const std::exception& error) {
+    TORCH_CHECK(false, error.what());
+  }
+  g_observer.tracer.store(tracer, std::memory_order_relaxed);
+}
 
 class SchemaDeregistrationListener final : public c10::OpRegistrationListener {
  public:
@@ -131,13 +191,17 @@ void enable() {
   owner.session = g_observer.session.load(std::memory_order_relaxed);
   owner.published_top.store(registry::kNoParent, std::memory_order_relaxed);
   g_observer.owner.store(&owner, std::memory_order_release);
+  const bool traced =
+      g_observer.device_timing.load(std::memory_order_relaxed) == DeviceTiming::Traced;
+  if (traced) start_work_tracer(*g_observer.runtime.load(std::memory_order_relaxed));
+  g_observer.traced.store(traced, std::memory_order_relaxed);
   const bool kernels = g_observer.op_timing.load(std::memory_order_relaxed) == OpTiming::Kernels;
   const bool shapes = record_shapes();  // (never with kernels: set_op_timing refuses both)
   g_observer.shapes_active.store(shapes, std::memory_order_relaxed);
   g_observer.handle =
       at::addGlobalCallback(observer_callback(&on_enter, &on_exit, shapes, !kernels));
   if (kernels) runtime::set_kernel_timer(&kKernelTimer);
-  if (g_observer.async.load(std::memory_order_relaxed) &&
+  if (!traced && g_observer.async.load(std::memory_order_relaxed) &&
       g_observer.mode.load(std::memory_order_relaxed) == SyncMode::Event) {
     runtime::set_queue_hook(&start_awaiting_bricks);
   }
@@ -151,6 +215,10 @@ void disable() {
   at::removeCallback(g_observer.handle);
   g_observer.handle = 0;
   runtime::set_queue_hook(nullptr);
+  if (g_observer.traced.load(std::memory_order_relaxed)) {
+    g_observer.traced.store(false, std::memory_order_relaxed);
+    g_observer.tracer.load(std::memory_order_relaxed)->stop();  // its records stay to drain
+  }
   g_observer.owner.store(nullptr, std::memory_order_release);
   g_observer.enabled.store(false, std::memory_order_release);
 }
@@ -192,9 +260,28 @@ void set_op_timing(OpTiming timing) {
 
 OpTiming op_timing() noexcept { return g_observer.op_timing.load(std::memory_order_relaxed); }
 
+void set_device_timing(DeviceTiming timing) {
+  std::lock_guard<std::mutex> lock(g_observer.control_mutex);
+  TORCH_CHECK(!g_observer.enabled.load(),
+              "brick profiler: the device timing cannot change while profiling; disable() first");
+  g_observer.device_timing.store(timing, std::memory_order_relaxed);
+}
+
+DeviceTiming device_timing() noexcept {
+  return g_observer.device_timing.load(std::memory_order_relaxed);
+}
+
+std::pair<std::string, std::string> work_tracer_status() {
+  std::string why;
+  const runtime::WorkTracer* tracer = work_tracer_for(runtime::get(), &why);
+  return tracer != nullptr ? std::make_pair(std::string(tracer->name()), std::string())
+                           : std::make_pair(std::string(), why);
+}
+
 registry::Snapshot snapshot() {
-  // Every thread's outstanding pairs (asynchronous runtimes only) resolve here, waiting for
-  // their device work.
+  // Every closed traced brick, and every thread's outstanding pairs (asynchronous runtimes
+  // only), resolve here, waiting for their device work.
+  resolve_traced();
   {
     ThreadState* self = &thread_state();
     std::lock_guard<std::mutex> states(g_observer.states_mutex);
@@ -226,7 +313,15 @@ Health health() {
   {
     std::lock_guard<std::mutex> states(g_observer.states_mutex);
     for (const ThreadState* state : g_observer.states) {
-      h.pending_events += state->pending.size.load(std::memory_order_relaxed);
+      h.pending_events += state->pending.size.load(std::memory_order_relaxed) +
+                          state->pending.closed_size.load(std::memory_order_relaxed);
+    }
+  }
+  {
+    std::lock_guard<std::mutex> resolving(g_observer.traced_mutex);
+    if (g_observer.correlator != nullptr) {
+      h.traced_unattributed = g_observer.correlator->unattributed();
+      h.traced_lost = g_observer.correlator->dropped_by_tracer();
     }
   }
   h.capture_skipped = capture_skipped(TimingClient::Registry) -

@@ -23,8 +23,10 @@
 #include "profiler/device_timer.h"
 #include "profiler/profiler.h"
 #include "profiler/shape_table.h"
+#include "profiler/work_correlator.h"
 #include "registry/registry.h"
 #include "runtime/runtime.h"
+#include "runtime/work_tracer.h"
 
 namespace brick::profiler::detail {
 
@@ -78,10 +80,23 @@ struct ObserverState {
   std::atomic<bool> record_shapes{false};  // the setting: profiles enabled from now on
   std::atomic<OpTiming> op_timing{
       OpTiming::Dispatcher};  // the setting: profiles enabled from now on
+  std::atomic<DeviceTiming> device_timing{DeviceTiming::Events};  // the setting
+
+  // Traced timing (DeviceTiming::Traced, observer_traced.cpp). `traced`: the running profile
+  // uses it; `tracer`: the tracer it uses, kept after the profile (its records are drained at
+  // the snapshot that follows).
+  std::atomic<bool> traced{false};
+  std::atomic<runtime::WorkTracer*> tracer{nullptr};
+  std::atomic<uint64_t> next_interval{1};      // interval ids: nested ones open later, larger
+  std::atomic<uint64_t> traced_devices{0};     // bit d: a traced brick ran on device d
+  std::mutex traced_mutex;                     // one resolution at a time; guards the correlator
+  std::unique_ptr<WorkCorrelator> correlator;  // made by the first traced profile
 
   // Every live thread's state, so snapshot() can resolve the pairs each thread still owes.
   std::mutex states_mutex;
   std::vector<ThreadState*> states;
+  // Closed traced bricks of threads that have exited, for the next resolution (states_mutex).
+  std::vector<ClosedInterval> exited_closed;
 };
 
 extern constinit ObserverState g_observer;
@@ -99,6 +114,9 @@ struct Frame {
   // An op: the thread's brick work count (runtime::device_work_seen()) when it opened. Its
   // start_ns is then read on every runtime and mode: the host time of an op that ran none.
   uint64_t work_at_open = 0;
+  // Traced timing: this brick's interval id (0: not traced) and the one it opened in.
+  uint64_t interval = 0;
+  uint64_t parent_interval = 0;
   // An op that opened inside an op that had already run brick work: part of that work (brick's
   // kernels run the backing device's ops, e.g. a CPU aten::copy_ inside brick's aten::addmm),
   // timed as an op whatever it queued.
@@ -217,6 +235,9 @@ struct PendingQueue {
   std::vector<std::pair<int, runtime::Event*>> returned;
   std::atomic<size_t> size{0};  // pairs.size(), readable without the lock
   std::atomic<bool> has_returned{false};
+  // Traced timing: closed bricks whose work the tracer may still deliver.
+  std::vector<ClosedInterval> closed;
+  std::atomic<size_t> closed_size{0};
 };
 
 struct ThreadState {
@@ -232,6 +253,7 @@ struct ThreadState {
   std::vector<NoWorkInfo> no_work;
   // The innermost open brick, readable by other threads (see on_enter: autograd workers).
   std::atomic<NodeId> published_top{registry::kNoParent};
+  std::atomic<uint64_t> published_interval{0};  // its interval (traced timing)
   EventPool events;
   // This thread opened an autograd node while another thread owned the profile: it is one of
   // the autograd engine's threads, whose kernels outside any brick are that backward's work.
@@ -283,6 +305,13 @@ runtime::Event* acquire_event(ThreadState& state, int device);
 void start_async_timing(ThreadState& state, runtime::Runtime& rt, Frame& frame, bool is_op);
 void finish_async_timing(ThreadState& state, runtime::Runtime& rt, const Frame& frame);
 void start_awaiting_bricks(runtime::DeviceIndex device) noexcept;
+
+// ---- traced timing (observer_traced.cpp) ----
+void start_traced_timing(runtime::Runtime& rt, Frame& frame, uint64_t parent_interval);
+void finish_traced_timing(ThreadState& state, const Frame& frame);
+// Waits for the devices traced bricks ran on, drains the tracer and records every closed
+// brick's device time. Takes traced_mutex, then states_mutex and each thread's pending mutex.
+void resolve_traced();
 
 #pragma GCC visibility pop
 

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "registry/registry.h"
@@ -42,6 +43,24 @@ enum class OpTiming : uint8_t {
 // Throws while enabled, like the sync mode.
 void set_op_timing(OpTiming timing);
 OpTiming op_timing() noexcept;
+// What gives bricks their device time in Event mode (Immediate and Deferred read the host's
+// clock; set_device_timing refuses Traced for them at enable()).
+enum class DeviceTiming : uint8_t {
+  // A pair of device events around each brick's work on its stream: the interval between them
+  // (on a stream the host barely keeps fed, the gaps between launches too).
+  Events,
+  // The device's own record of each piece of work (runtime/work_tracer.h: CUPTI on CUDA, the
+  // launches on the host runtime): the sum of the durations of the work each brick queued, its
+  // nested bricks' included. enable() throws, saying why, where no tracer can be had.
+  Traced,
+};
+// Throws while enabled, like the sync mode.
+void set_device_timing(DeviceTiming timing);
+DeviceTiming device_timing() noexcept;
+// The tracer Traced timing uses on this process's runtime ("CUPTI", "host"), or why there is
+// none: (name, reason), one of them empty. Creates the runtime.
+std::pair<std::string, std::string> work_tracer_status();
+
 // Resolves outstanding device events, then merges every thread's figures: one reading, from
 // which both views (by call path, by name) derive.
 registry::Snapshot snapshot();
@@ -59,6 +78,10 @@ struct Health {
   uint64_t stub_capture_skipped = 0;  // legacy-profiler records on a capturing stream (no time)
   uint64_t stub_failures = 0;         // legacy-profiler records or elapsed times that failed (no
                                       // device time for that op)
+  // Traced timing: work the tracer recorded that no brick queued (outside every brick, or its
+  // call never named), and records the tracer lost (its buffers full).
+  uint64_t traced_unattributed = 0;
+  uint64_t traced_lost = 0;
 };
 Health health();
 // Health::live_events per brick device (empty before the runtime exists): events are made only

@@ -80,4 +80,8 @@ void set_queue_hook(QueueHook hook) noexcept {
   publish([&](LaunchHooks& hooks) { hooks.queue_hook = hook; });
 }
 
+void set_launch_trace(const LaunchTrace* trace) noexcept {
+  publish([&](LaunchHooks& hooks) { hooks.trace = trace; });
+}
+
 }  // namespace brick::runtime

@@ -73,6 +73,14 @@ struct KernelTimer {
 // starts at its first work: an op that queues none (a view) records no event. Must not throw.
 using QueueHook = void (*)(DeviceIndex device) noexcept;
 
+// A work tracer that sees brick's launches (the host's, runtime/work_tracer.h; CUPTI sees the
+// device's work itself): called on the launching thread right before a kernel or copy is queued,
+// and once it is (on the host runtime: has run), also when it threw. Neither may throw.
+struct LaunchTrace {
+  void (*queued)() noexcept;
+  void (*done)() noexcept;
+};
+
 // Everything a launch calls out to, read with one acquire load per launch (a plain load on
 // x86); nullptr where none is installed (the common case). A table is immutable once published:
 // installing or removing a hook publishes another. What a table names must stay callable for
@@ -81,6 +89,7 @@ struct LaunchHooks {
   LaunchObserver* observer = nullptr;
   const KernelTimer* kernel_timer = nullptr;
   QueueHook queue_hook = nullptr;
+  const LaunchTrace* trace = nullptr;
   bool operator==(const LaunchHooks&) const = default;
 };
 
@@ -109,6 +118,7 @@ inline const KernelTimer* kernel_timer() noexcept { return launch_hooks().kernel
 void set_launch_observer(LaunchObserver* observer) noexcept;
 void set_kernel_timer(const KernelTimer* timer) noexcept;
 void set_queue_hook(QueueHook hook) noexcept;
+void set_launch_trace(const LaunchTrace* trace) noexcept;
 
 // The brick work the calling thread has started: every kernel, copy and collective it queued on
 // a brick device and every brick allocation it made. Profilers read it around an op: an op

@@ -50,6 +50,12 @@ class WorkTracer {
   virtual void drain(TracedRecords* into) = 0;
 };
 
+// The host's: brick's launches on the host runtime run on the launching thread, so a launch's
+// work is the time from its queueing to its end, on the steady clock (the registry's own clock
+// domain for the host). Sees the launches through the launch hooks (runtime/launch_observer.h)
+// while started. One per process is in use at a time.
+std::unique_ptr<WorkTracer> make_host_work_tracer();
+
 // CUPTI's activity API, loaded at run time (BRICK_CUPTI_LIBRARY, else libcupti.so by the
 // loader's search): nullptr where this build has no CUDA or CUPTI cannot be loaded, with the
 // reason in `why`.

@@ -378,6 +378,12 @@ TABLE += [
     bad(bp.profile, "metadata", {"loss": math.nan}, ValueError,
         r"metadata must be JSON-serializable .*, got Out of range float values", keyword=True,
         received="nan|Out of range float"),
+    bad(bp.profile, "device_timing", "cupti", ValueError,
+        r"device_timing must be 'events' or 'traced', got str \('cupti'\)", keyword=True),
+    bad(bp.profile, "device_timing", None, ValueError,
+        r"device_timing must be 'events' or 'traced', got None", keyword=True),
+    bad(bp.profile, "device_timing", 1, ValueError,
+        r"device_timing must be 'events' or 'traced', got int \(1\)", keyword=True),
 ]
 for value, error, pattern in [
     (5, TypeError, r"by must be a str, 'name' or 'path', got int"),
@@ -859,6 +865,7 @@ EXEMPT = {
     "torch_brickdev.profiler.reset": NO_ARGUMENTS,
     "torch_brickdev.profiler.sync_mode": NO_ARGUMENTS,
     "torch_brickdev.profiler.health": NO_ARGUMENTS,
+    "torch_brickdev.profiler.work_tracer": NO_ARGUMENTS,
     "torch_brickdev.profiler.range_pop": NO_ARGUMENTS,
     "torch_brickdev.profiler.clear_timeline": NO_ARGUMENTS,
     "torch_brickdev.profiler.kineto_available": NO_ARGUMENTS,

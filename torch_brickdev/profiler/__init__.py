@@ -20,6 +20,8 @@ Sync modes (:class:`SyncMode`) say what a brick's duration measures:
   device all bricks then look alike.
 
 On the host runtime the device executes on the calling thread, so the three agree closely.
+In event mode, ``profile(device_timing="traced")`` reads the device's own record of its work
+instead of events (CUPTI on a GPU): each brick is the sum of the work queued inside it.
 
 ``torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1])`` also
 sees brick (PyTorch 2.12+): every kernel and copy brick launches is a device activity on the
@@ -37,7 +39,7 @@ _EXPORTS = {
     "BrickStats": "_stats", "SyncMode": "_stats",
     **dict.fromkeys(("all_brick_stats", "clear_timeline", "disable", "enable", "health",
                      "is_enabled", "mark", "range_pop", "range_push", "reset", "set_sync_mode",
-                     "stats", "sync_mode"), "_registry"),
+                     "stats", "sync_mode", "work_tracer"), "_registry"),
     "kineto_available": "_kineto", "kineto_stats": "_kineto",
     "Report": "report", "ReportError": "report", "WrittenFigures": "report",
     "load_report": "report",

@@ -3,7 +3,7 @@ marks and ranges. The session that profiles a region and builds its report is se
 
 from __future__ import annotations
 
-from typing import List, Optional, Union
+from typing import List, Optional, Tuple, Union
 
 from .. import _C
 from ..argcheck import describe
@@ -75,6 +75,14 @@ all_brick_stats = stats
 def health() -> dict:
     """What the profiler could not time: unbalanced exits, timing failures, pending events."""
     return dict(_native.health())
+
+
+def work_tracer() -> Tuple[Optional[str], Optional[str]]:
+    """The device's work tracer that ``profile(device_timing="traced")`` reads: ``(name,
+    None)`` (``"CUPTI"`` on a GPU, ``"host"`` on the host runtime), or ``(None, why there is
+    none)``. Creates the runtime."""
+    name, why = _native.work_tracer()
+    return name, why
 
 
 def mark(name: str) -> None:

@@ -46,6 +46,10 @@ class SyncMode(str, enum.Enum):
 #: kernels only.
 OP_TIMINGS = ("dispatcher", "kernels")
 
+#: What gives a profile's Event mode its device times (``profile(device_timing=...)``): device
+#: events around each brick, or the device's own record of the work (a work tracer).
+DEVICE_TIMINGS = ("events", "traced")
+
 
 def shapes_refused(ops: str, record_shapes: bool, roofline: bool) -> Optional[str]:
     """The option asking for input shapes that ``ops`` cannot give (``"roofline"`` or

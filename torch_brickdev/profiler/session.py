@@ -9,8 +9,8 @@ import time
 from typing import NamedTuple, Optional, Tuple, Union
 
 from ..argcheck import check_bool, describe, describe_value
-from ._registry import _native, disable, is_enabled, set_sync_mode, sync_mode
-from ._stats import OP_TIMINGS, SyncMode, shapes_refused
+from ._registry import _native, disable, is_enabled, set_sync_mode, sync_mode, work_tracer
+from ._stats import DEVICE_TIMINGS, OP_TIMINGS, SyncMode, shapes_refused
 from . import machine
 from .live import Publisher
 from .modules import ModuleBricks
@@ -72,12 +72,21 @@ class profile:
     which is most of what profiling costs a model of many small ops. It records no input shapes
     (``record_shapes`` and ``roofline`` need the dispatcher's inputs); the report's
     ``metadata["ops"]`` says ``"kernels"``.
+
+    ``device_timing`` says what gives Event mode its device times: ``"events"`` (the default) a
+    pair of device events around each brick's work on its stream, the interval between them;
+    ``"traced"`` the device's own record of every kernel, copy and memset (CUPTI on a GPU; on the
+    host, brick's launches), each brick the sum of the durations of the work queued inside it,
+    its nested bricks' included: no gaps between launches, no event per op.
+    :func:`work_tracer` says whether there is a tracer and why not; without one, entering the
+    profile raises, saying why. The report's ``metadata["device_timing"]`` names the tracer.
     """
 
     def __init__(self, sync_mode: Optional[Union[SyncMode, str]] = None, *, reset: bool = True,
                  metadata: Optional[dict] = None, modules: bool = False,
                  live: Optional[bool] = None, record_shapes: bool = False,
-                 roofline: bool = False, ops: str = "dispatcher"):
+                 roofline: bool = False, ops: str = "dispatcher",
+                 device_timing: str = "events"):
         where = "brick profiler: profile()"
         self._mode = None if sync_mode is None else SyncMode.parse(sync_mode, arg="sync_mode",
                                                                      where=where)
@@ -101,6 +110,13 @@ class profile:
                              f"dispatcher's): drop {option}=True, or time ops at the "
                              f"dispatcher (ops='dispatcher')")
         self._ops = ops
+        if device_timing not in DEVICE_TIMINGS:
+            raise ValueError(f"{where}: device_timing must be 'events' or 'traced', got "
+                             f"{describe_value(device_timing)}")
+        if device_timing == "traced" and self._mode is not None and self._mode != SyncMode.EVENT:
+            raise ValueError(f"{where}: device_timing='traced' gives Event mode's device times, "
+                             f"but sync_mode is {self._mode.value!r}: use sync_mode='event'")
+        self._device_timing = device_timing
         # live=None: as BRICK_LIVE says (1: every profile of the process is watchable)
         self._live = _native.env_flag("BRICK_LIVE") if live is None else live
         self._publisher = None
@@ -127,7 +143,7 @@ class profile:
             self._kernel_threads = machine.kernel_thread_ids()
             # resets, waits for the devices, samples the machine, enables (nothing left if it fails)
             sample, self._start, self._registry_start = _native.begin_region(
-                self._reset, self._record_shapes, self._ops)
+                self._reset, self._record_shapes, self._ops, self._device_timing)
         except BaseException:
             if self._modules is not None:
                 self._modules.__exit__(None, None, None)
@@ -217,6 +233,9 @@ class profile:
             metadata.setdefault("shapes", captured.shapes)
         if self._ops == "kernels":
             metadata.setdefault("ops", "kernels")
+        if self._device_timing == "traced":
+            metadata.setdefault("device_timing", {"timing": "traced",
+                                                  "tracer": work_tracer()[0]})
         report = Report.capture(wall_ns=captured.wall_ns, sync_mode=captured.sync_mode,
                                 metadata=metadata or None,
                                 machine=machine.machine_figures(

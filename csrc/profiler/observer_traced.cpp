@@ -1,0 +1,101 @@
+// The observer's traced timing (DeviceTiming::Traced): each brick is an interval id pushed on
+// the work tracer while it is open, so that the device's records of the work queued in it name
+// it; closed, it waits with its parent's id until a resolution (a snapshot, or the bound on
+// closed bricks) has waited for the devices and drained the tracer, and the correlator
+// (work_correlator.h) gives it the sum of its work, its nested bricks' included.
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "profiler/device_timer.h"
+#include "profiler/observer_state.h"
+#include "runtime/runtime.h"
+
+namespace brick::profiler::detail {
+
+namespace {
+
+// Closed bricks held beyond this (on one thread) are resolved at once, waiting for the devices:
+// a profile that never takes a snapshot stays bounded.
+constexpr size_t kMaxClosedIntervals = 1 << 16;
+
+uint64_t tag_of(NodeId node, uint32_t shape) noexcept { return uint64_t{node} << 32 | shape; }
+NodeId node_of(uint64_t tag) noexcept { return static_cast<NodeId>(tag >> 32); }
+uint32_t shape_of(uint64_t tag) noexcept { return static_cast<uint32_t>(tag); }
+
+}  // namespace
+
+// Opens `frame`'s interval (its device and node set), inside `parent_interval` (0: none). A
+// brick on a stream being captured into a CUDA graph is skipped, as in Event mode: its work
+// runs only at replay.
+void start_traced_timing(runtime::Runtime& rt, Frame& frame, uint64_t parent_interval) {
+  if (skip_in_capture(rt, frame.device, rt.current_stream(frame.device), TimingClient::Registry))
+      [[unlikely]] {
+    frame.node = kSkippedInCapture;
+    return;
+  }
+  const uint64_t device_bit = uint64_t{1} << frame.device;
+  if ((g_observer.traced_devices.load(std::memory_order_relaxed) & device_bit) == 0) [[unlikely]]
+    g_observer.traced_devices.fetch_or(device_bit, std::memory_order_relaxed);
+  frame.start_ns = registry::Registry::now_ns();  // its host time, if it queues no work
+  frame.interval = g_observer.next_interval.fetch_add(1, std::memory_order_relaxed);
+  frame.parent_interval = parent_interval;
+  g_observer.tracer.load(std::memory_order_relaxed)->push(frame.interval);
+}
+
+// Queues `frame`'s closed interval (its tracer push already popped) for resolution.
+void finish_traced_timing(ThreadState& state, const Frame& frame) {
+  size_t held = 0;
+  {
+    std::lock_guard<std::mutex> lock(state.pending.mutex);
+    state.pending.closed.push_back(
+        {frame.interval, frame.parent_interval, tag_of(frame.node, frame.shape)});
+    held = state.pending.closed.size();
+    state.pending.closed_size.store(held, std::memory_order_relaxed);
+  }
+  if (held >= kMaxClosedIntervals) [[unlikely]]
+    resolve_traced();
+}
+
+void resolve_traced() {
+  std::lock_guard<std::mutex> resolving(g_observer.traced_mutex);
+  runtime::WorkTracer* tracer = g_observer.tracer.load(std::memory_order_relaxed);
+  if (tracer == nullptr || g_observer.correlator == nullptr) return;
+  std::vector<ClosedInterval> closed;
+  {
+    std::lock_guard<std::mutex> states(g_observer.states_mutex);
+    closed.swap(g_observer.exited_closed);
+    for (ThreadState* state : g_observer.states) {
+      if (state->pending.closed_size.load(std::memory_order_relaxed) == 0) continue;
+      std::lock_guard<std::mutex> lock(state->pending.mutex);
+      closed.insert(closed.end(), state->pending.closed.begin(), state->pending.closed.end());
+      state->pending.closed.clear();
+      state->pending.closed_size.store(0, std::memory_order_relaxed);
+    }
+  }
+  if (closed.empty()) return;
+  std::vector<ResolvedInterval> resolved;
+  try {
+    runtime::Runtime& rt = runtime::get();
+    const uint64_t devices = g_observer.traced_devices.load(std::memory_order_relaxed);
+    for (int device = 0; device < runtime::kMaxDevices; ++device) {
+      if ((devices >> device & 1) != 0) rt.synchronize_device(device);
+    }
+    runtime::TracedRecords records;
+    tracer->drain(&records);
+    WorkCorrelator& correlator = *g_observer.correlator;
+    correlator.add(records);
+    resolved.reserve(closed.size());
+    correlator.resolve(closed, /*all_delivered=*/true, &resolved);
+  } catch (...) {  // the devices or the tracer failed: these bricks cannot be timed
+    g_observer.timing_failures.fetch_add(closed.size(), std::memory_order_relaxed);
+    return;
+  }
+  registry::Registry& registry = brick_registry();
+  const int64_t now = registry::Registry::now_ns();
+  for (const ResolvedInterval& interval : resolved) {
+    record_brick(registry, node_of(interval.tag), shape_of(interval.tag), interval.device_ns, now);
+  }
+}
+
+}  // namespace brick::profiler::detail

@@ -1,0 +1,168 @@
+"""Traced device timing (``profile(device_timing="traced")``): each brick's device time is the
+sum of the work the device's tracer recorded inside it, its nested bricks' included. Here on the
+host runtime, whose tracer stamps brick's launches; on a GPU the same path reads CUPTI's records
+(the GPU job measures it against event pairs).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from profiler_helpers import (  # noqa: F401  (clean_profiler is a fixture)
+    TwoLayer,
+    by_name,
+    by_path,
+    clean_profiler,
+    spin_cpu_op,
+)
+from torch_brickdev import profiler as bp
+
+record_function = torch.profiler.record_function
+
+
+@pytest.fixture(autouse=True)
+def _clean(clean_profiler):  # noqa: F811
+    yield
+
+
+def host_runtime() -> bool:
+    return bp.work_tracer()[0] == "host"
+
+
+needs_host_tracer = pytest.mark.skipif(not host_runtime(), reason="the host runtime's tracer")
+
+
+@needs_host_tracer
+def test_the_host_runtime_has_a_tracer_and_the_report_names_it():
+    assert bp.work_tracer() == ("host", None)
+    x = torch.randn(8, 8, device="brick")
+    with bp.profile(sync_mode="event", device_timing="traced") as p:
+        torch.mm(x, x)
+    assert p.report.metadata["device_timing"] == {"timing": "traced", "tracer": "host"}
+    with bp.profile(sync_mode="event") as p:
+        torch.mm(x, x)
+    assert "device_timing" not in p.report.metadata, "events: the default, not stated"
+
+
+@needs_host_tracer
+def test_a_known_busy_wait_is_inside_its_ops_traced_time_and_the_time_inside_the_call():
+    spin = spin_cpu_op()
+    x = torch.randn(4, device="brick")
+    spin(x, 10)  # warm: the first call registers the fallback's path
+    walls = []
+    with bp.profile(sync_mode="event", device_timing="traced") as p:
+        for _ in range(5):
+            start = time.perf_counter_ns()
+            spin(x, 2000)
+            walls.append(time.perf_counter_ns() - start)
+    row = by_name(p.report.bricks)["brick_test_cpu::spin"]
+    assert row.count == 5
+    # Each call busy-waits 2 ms inside the CPU kernel that brick's launch runs: its work holds
+    # those 2 ms, and no more than the call's own wall time.
+    assert row.min_ns >= 2_000_000
+    assert row.total_ns <= sum(walls)
+
+
+@needs_host_tracer
+def test_a_composite_is_its_kernels_and_a_range_the_sum_of_the_work_inside_it():
+    torch.manual_seed(0)
+    model = TwoLayer().to("brick")
+    x = torch.randn(16, 32, device="brick")
+    model(x)
+    with bp.profile(sync_mode="event", device_timing="traced") as p:
+        for _ in range(10):
+            model(x)
+    paths = by_path(p.report.paths)
+    for block in ("Block1", "Block2"):
+        linear = paths[f"{block}/aten::linear"]
+        addmm = paths[f"{block}/aten::linear/aten::addmm"]
+        assert linear.total_ns == addmm.total_ns > 0, "aten::linear's only work is its addmm"
+        children = [b for path, b in paths.items()
+                    if path.startswith(f"{block}/") and path.count("/") == 1]
+        assert paths[block].total_ns == sum(b.total_ns for b in children), \
+            "a range is exactly the work of what ran inside it: no gaps between launches"
+    assert paths["Block1/aten::linear/aten::t"].total_ns == 0, "a view queues no work"
+    health = bp.health()
+    assert health["traced_unattributed"] == 0 and health["traced_lost"] == 0
+    assert health["pending_events"] == 0 and health["timing_failures"] == 0
+
+
+@needs_host_tracer
+def test_ops_timed_at_brick_kernels_are_traced_too():
+    x = torch.randn(64, 64, device="brick")
+    with bp.profile(sync_mode="event", ops="kernels", device_timing="traced") as p:
+        with record_function("Step"):
+            for _ in range(3):
+                torch.relu(torch.mm(x, x))
+    paths = by_path(p.report.paths)
+    assert paths["Step/aten::mm"].count == 3
+    assert paths["Step"].total_ns == sum(b.total_ns for path, b in paths.items()
+                                         if path.startswith("Step/") and path.count("/") == 1)
+    assert paths["Step"].total_ns > 0
+
+
+@needs_host_tracer
+def test_backward_on_the_autograd_engines_threads_is_in_the_range_around_it():
+    torch.manual_seed(0)
+    model = TwoLayer().to("brick")
+    x = torch.randn(16, 32, device="brick")
+    with bp.profile(sync_mode="event", device_timing="traced") as p:
+        with record_function("Backward"):
+            model(x).sum().backward()
+    paths = by_path(p.report.paths)
+    inside = [b for path, b in paths.items()
+              if path.startswith("Backward/") and path.count("/") == 1]
+    assert any("Backward" in b.name and b.name != "Backward" for b in inside), sorted(paths)
+    assert paths["Backward"].total_ns == sum(b.total_ns for b in inside) > 0
+    assert bp.health()["traced_unattributed"] == 0
+
+
+@needs_host_tracer
+def test_threads_are_traced_apart_each_brick_its_own_threads_work():
+    x = torch.randn(128, 128, device="brick")
+    errors = []
+
+    def work(name):
+        try:
+            with record_function(name):
+                for _ in range(20):
+                    torch.mm(x, x)
+        except BaseException as error:  # noqa: BLE001 (reported by the test)
+            errors.append(error)
+
+    with bp.profile(sync_mode="event", device_timing="traced") as p:
+        threads = [threading.Thread(target=work, args=(f"T{i}",)) for i in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+    assert not errors
+    paths = by_path(p.report.paths)
+    for name in ("T0", "T1"):
+        assert paths[f"{name}/aten::mm"].count == 20
+        assert paths[name].total_ns == paths[f"{name}/aten::mm"].total_ns > 0
+
+
+def test_bad_device_timings_are_refused_naming_what_is_expected():
+    with pytest.raises(ValueError, match=r"device_timing must be 'events' or 'traced', got str \('cupti'\)"):
+        bp.profile(device_timing="cupti")
+    with pytest.raises(ValueError, match="sync_mode is 'deferred': use sync_mode='event'"):
+        bp.profile(sync_mode="deferred", device_timing="traced")
+    assert not bp.is_enabled()
+
+
+def test_a_sync_mode_set_beforehand_that_traced_timing_cannot_serve_is_refused_at_entry():
+    bp.set_sync_mode("immediate")
+    profile = bp.profile(device_timing="traced")
+    with pytest.raises(RuntimeError, match="traced device timing gives Event mode's device times"):
+        with profile:
+            pass
+    assert not bp.is_enabled()
+    bp.set_sync_mode("event")
+    with bp.profile(sync_mode="event") as p:  # the settings were restored
+        torch.ones(2, device="brick").add_(1)
+    assert "device_timing" not in p.report.metadata
