@@ -6,6 +6,8 @@ Targets (from the CUDA backing issue):
   Event-mode profiled throughput / unprofiled:          at least 0.9x
   Event-mode per-op device time vs CUPTI kernel time:   within 5% for ops of 20 us or more
   ... and per brick of a decode (its small kernels):     within 5% or 0.5 us per call
+  traced timing (profile(device_timing="traced")): the same per brick, profiled throughput
+  at least 0.9x, and unprofiled speed after the profiles at least 0.98x of before any
 Immediate and Deferred modes are printed for comparison.
 
 Needs a GPU and a CUDA build of PyTorch (brick's runtime must be "cuda"); exits 0 with a note
@@ -121,6 +123,26 @@ def decode_agreement(model, config, device="brick:0"):
     return rows, sorted(set(bricks) - set(cupti))
 
 
+def traced_decode_times(model, config, device="brick:0"):
+    """Every brick of one decode profiled with ``device_timing="traced"`` (CUPTI's records of
+    the work each brick queued): ``{path: (calls, µs per call)}``, or None with the reason when
+    there is no tracer. A run of its own: CUPTI gives its records to one client, so torch.profiler
+    cannot watch the same decode."""
+    tracer, why = bp.work_tracer()
+    if tracer is None:
+        return None, why
+    with torch.no_grad():
+        demo.decode(model, config, device)
+    torch.brick.synchronize()
+    with bp.profile(sync_mode="event", device_timing="traced") as session, torch.no_grad():
+        demo.decode(model, config, device)
+    health = bp.health()
+    if health["traced_lost"] or health["timing_failures"]:
+        return None, f"the tracer lost work: {health}"
+    return {s.path: (s.count, s.total_ns / 1e3 / s.count)
+            for s in session.report.paths if s.kind != "host"}, None
+
+
 def per_op_costs(ops=2000):
     """Host µs per small op (a 256-element add, launch-bound) on plain cuda and on brick in each
     sync mode, the profile held open (its start and stop not counted); then a profile's start
@@ -143,6 +165,9 @@ def per_op_costs(ops=2000):
         rows[f"brick, {mode}"] = run("brick", lambda mode=mode: bp.profile(sync_mode=mode))
     rows["brick, event, kernels"] = run("brick",
                                         lambda: bp.profile(sync_mode="event", ops="kernels"))
+    if bp.work_tracer()[0] is not None:
+        rows["brick, event, traced"] = run(
+            "brick", lambda: bp.profile(sync_mode="event", device_timing="traced"))
     print(f"Host cost per small op ({ops} adds of 256 floats, profile held open):")
     for name, us in rows.items():
         print(f"  {name:<22}{us:8.2f} us/op  ({us - rows['brick, no profiler']:+7.2f} vs brick)")
@@ -195,6 +220,17 @@ def main() -> int:
         "cuda, torch.profiler": ("cuda:0", lambda: torch.profiler.profile(activities=[
             torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])),
     }
+    tracer, no_tracer_why = bp.work_tracer()
+    if tracer is not None:
+        configurations["brick, event, traced"] = (
+            "brick:0", lambda: bp.profile(sync_mode="event", device_timing="traced"))
+    else:
+        print(f"traced device timing: no tracer ({no_tracer_why})")
+    # Unprofiled speed before any profile, against after them all (CUPTI left attached slowed
+    # unprofiled work in some reports): the same rounds at both ends.
+    decode_seconds(models["brick:0"], config, "brick:0")
+    never_profiled = [decode_seconds(models["brick:0"], config, "brick:0")
+                      for _ in range(args.rounds)]
     for device, factory in configurations.values():  # warm-up: kernels, allocator, pools
         decode_seconds(models[device], config, device, factory)
     times = {name: [] for name in configurations}
@@ -202,6 +238,8 @@ def main() -> int:
         for name, (device, factory) in configurations.items():
             times[name].append(decode_seconds(models[device], config, device, factory))
     median = {name: statistics.median(values) for name, values in times.items()}
+    after_profiles = [decode_seconds(models["brick:0"], config, "brick:0")
+                      for _ in range(args.rounds)]
 
     print(f"device: {torch.cuda.get_device_name(0)}; torch {torch.__version__}; "
           f"{config.layers} layers, hidden {config.hidden}, {config.tokens} tokens, "
@@ -222,6 +260,15 @@ def main() -> int:
     ok &= event_throughput >= 0.9
     print(f"event-profiled throughput / unprofiled, ops at kernels: "
           f"{median['brick, no profiler'] / median['brick, event, kernels']:.3f}x")
+    if "brick, event, traced" in median:
+        traced_throughput = median["brick, no profiler"] / median["brick, event, traced"]
+        print(f"traced-profiled throughput / unprofiled: {traced_throughput:.3f}x "
+              f"(target >= 0.9x): {'ok' if traced_throughput >= 0.9 else 'MISSED'}")
+    after = statistics.median(never_profiled) / statistics.median(after_profiles)
+    print(f"unprofiled speed after the profiles / before any: {after:.3f}x (target >= 0.98x; "
+          f"before {statistics.median(never_profiled) * 1e3:.2f} ms, after "
+          f"{statistics.median(after_profiles) * 1e3:.2f} ms): "
+          f"{'ok' if after >= 0.98 else 'MISSED'}")
 
     per_op_costs()
     print("Event-mode device time vs CUPTI kernel time (matmul, fp32, each size's first call "
@@ -233,17 +280,32 @@ def main() -> int:
               f"difference {100 * error:4.1f}% (target <= 5%): {verdict}")
         ok &= error <= 0.05
     rows, unmatched = decode_agreement(models["brick:0"], config)
-    print(f"Event-mode device time vs CUPTI kernel time per brick of one decode ({config.tokens} "
-          f"tokens; target: within 5% or 0.5 us per call, whichever is larger):")
-    print(f"  {'brick path':<58}{'calls':>7}{'brick us':>10}{'CUPTI us':>10}{'error':>8}")
+    traced, traced_why = traced_decode_times(models["brick:0"], config)
+    print(f"Device time per brick of one decode against CUPTI's kernel time ({config.tokens} "
+          f"tokens; target: within 5% or 0.5 us per call, whichever is larger): Event mode in "
+          f"the same run as torch.profiler; traced timing (CUPTI through brick) in a run of its "
+          f"own, {'below' if traced else 'not run: ' + str(traced_why)}")
+    print(f"  {'brick path':<50}{'calls':>7}{'CUPTI us':>10}{'event us':>10}{'error':>8}"
+          f"{'traced us':>10}{'error':>8}")
+    traced_missed = 0
     for path, calls, cupti_calls, brick_us, cupti_us, within in rows:
         error = (brick_us - cupti_us) / cupti_us if cupti_us else float("inf")
         calls_text = str(calls) if calls == cupti_calls else f"{calls}/{cupti_calls}"
-        print(f"  {path[-58:]:<58}{calls_text:>7}{brick_us:>10.2f}{cupti_us:>10.2f}"
-              f"{100 * error:>7.1f}%{'' if within else '  MISSED'}")
+        line = (f"  {path[-50:]:<50}{calls_text:>7}{cupti_us:>10.2f}{brick_us:>10.2f}"
+                f"{100 * error:>7.1f}%{'' if within else '!'}")
+        if traced:
+            traced_calls, traced_us = traced.get(path, (0, float("nan")))
+            traced_error = (traced_us - cupti_us) / cupti_us if cupti_us else float("inf")
+            traced_within = traced_calls == cupti_calls and \
+                abs(traced_us - cupti_us) <= max(0.05 * cupti_us, 0.5)
+            traced_missed += not traced_within
+            line += f"{traced_us:>10.2f}{100 * traced_error:>7.1f}%{'' if traced_within else '!'}"
+        print(line)
     missed = sum(not row[-1] for row in rows)
-    print(f"  {len(rows) - missed} of {len(rows)} bricks within the target; {len(unmatched)} "
-          f"brick paths torch.profiler does not have")
+    print(f"  event: {len(rows) - missed} of {len(rows)} bricks within the target; "
+          f"{len(unmatched)} brick paths torch.profiler does not have ('!': missed)")
+    if traced:
+        print(f"  traced: {len(rows) - traced_missed} of {len(rows)} bricks within the target")
     return 0 if ok else 1
 
 

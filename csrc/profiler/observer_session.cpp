@@ -4,6 +4,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/profiler/orchestration/observer.h>
 
 #include <memory>
 #include <mutex>
@@ -118,6 +119,16 @@ void start_work_tracer(runtime::Runtime& rt) {
               "sync mode is ",
               registry::sync_mode_name(mode),
               " (which reads the host's clock): use sync_mode='event', or device_timing='events'");
+  // CUPTI hands its activity records to one client: inside torch.profiler with CUDA activities
+  // (Kineto's CUPTI) brick's records would go to Kineto, or Kineto's to brick.
+  if (rt.backing_kind() == runtime::BackingKind::Cuda && torch::profiler::impl::profilerEnabled()) {
+    const auto state = torch::profiler::impl::getProfilerConfig().state;
+    TORCH_CHECK(state != torch::profiler::impl::ProfilerState::KINETO &&
+                    state != torch::profiler::impl::ProfilerState::KINETO_ONDEMAND,
+                "brick profiler: traced device timing reads CUPTI, which torch.profiler is "
+                "using now (CUPTI gives its records to one client): profile with "
+                "device_timing='events' inside torch.profiler, or end torch.profiler first");
+  }
   std::string why;
   runtime::WorkTracer* tracer = work_tracer_for(rt, &why);
   TORCH_CHECK(tracer != nullptr,
@@ -133,6 +144,9 @@ void start_work_tracer(runtime::Runtime& rt) {
     } else {
       g_observer.correlator->reset();
     }
+    g_observer.traced_ops_closed.store(0, std::memory_order_relaxed);
+    g_observer.traced_work_delivered = false;
+    g_observer.traced_bricks_lost = 0;
   }
   g_observer.traced_devices.store(0, std::memory_order_relaxed);
   try {
@@ -321,7 +335,7 @@ Health health() {
     std::lock_guard<std::mutex> resolving(g_observer.traced_mutex);
     if (g_observer.correlator != nullptr) {
       h.traced_unattributed = g_observer.correlator->unattributed();
-      h.traced_lost = g_observer.correlator->dropped_by_tracer();
+      h.traced_lost = g_observer.correlator->dropped_by_tracer() + g_observer.traced_bricks_lost;
     }
   }
   h.capture_skipped = capture_skipped(TimingClient::Registry) -

@@ -87,10 +87,16 @@ struct ObserverState {
   // the snapshot that follows).
   std::atomic<bool> traced{false};
   std::atomic<runtime::WorkTracer*> tracer{nullptr};
-  std::atomic<uint64_t> next_interval{1};      // interval ids: nested ones open later, larger
-  std::atomic<uint64_t> traced_devices{0};     // bit d: a traced brick ran on device d
-  std::mutex traced_mutex;                     // one resolution at a time; guards the correlator
+  std::atomic<uint64_t> next_interval{1};   // interval ids: nested ones open later, larger
+  std::atomic<uint64_t> traced_devices{0};  // bit d: a traced brick ran on device d
+  std::mutex traced_mutex;  // one resolution at a time; guards the correlator and below
   std::unique_ptr<WorkCorrelator> correlator;  // made by the first traced profile
+  // Since the traced profile's start: ops with device work closed, and whether the tracer has
+  // delivered any work. Ops with work and none delivered: another client took the tracer's
+  // records (CUPTI gives them to one); those bricks are lost, and counted, not recorded as 0.
+  std::atomic<uint64_t> traced_ops_closed{0};
+  bool traced_work_delivered = false;
+  uint64_t traced_bricks_lost = 0;
 
   // Every live thread's state, so snapshot() can resolve the pairs each thread still owes.
   std::mutex states_mutex;

@@ -45,6 +45,7 @@ void start_traced_timing(runtime::Runtime& rt, Frame& frame, uint64_t parent_int
 
 // Queues `frame`'s closed interval (its tracer push already popped) for resolution.
 void finish_traced_timing(ThreadState& state, const Frame& frame) {
+  if (frame.is_op) g_observer.traced_ops_closed.fetch_add(1, std::memory_order_relaxed);
   size_t held = 0;
   {
     std::lock_guard<std::mutex> lock(state.pending.mutex);
@@ -83,6 +84,12 @@ void resolve_traced() {
     }
     runtime::TracedRecords records;
     tracer->drain(&records);
+    if (!records.work.empty()) g_observer.traced_work_delivered = true;
+    if (!g_observer.traced_work_delivered &&
+        g_observer.traced_ops_closed.load(std::memory_order_relaxed) > 0) {
+      g_observer.traced_bricks_lost += closed.size();
+      return;
+    }
     WorkCorrelator& correlator = *g_observer.correlator;
     correlator.add(records);
     resolved.reserve(closed.size());

@@ -79,7 +79,8 @@ struct Health {
   uint64_t stub_failures = 0;         // legacy-profiler records or elapsed times that failed (no
                                       // device time for that op)
   // Traced timing: work the tracer recorded that no brick queued (outside every brick, or its
-  // call never named), and records the tracer lost (its buffers full).
+  // call never named); records the tracer lost (its buffers full), and bricks not recorded
+  // because the tracer delivered none of their work (another CUPTI client took it).
   uint64_t traced_unattributed = 0;
   uint64_t traced_lost = 0;
 };

@@ -204,6 +204,66 @@ def test_event_mode_agrees_with_cupti_kernel_times():
         assert abs(brick_us - cupti_us) <= 0.05 * cupti_us, (n, brick_us, cupti_us)
 
 
+def traced_profile():
+    tracer, why = bp.work_tracer()
+    if tracer is None:
+        pytest.fail(f"no CUPTI tracer on a GPU machine: {why}")
+    assert tracer == "CUPTI"
+    return bp.profile(sync_mode="event", device_timing="traced")
+
+
+def test_traced_timing_of_a_long_op_agrees_with_event_pairs_on_a_backed_up_stream():
+    """A 4096^3 matmul queued behind others: an event pair then brackets the kernel alone, so
+    CUPTI's kernel time through brick's tracer must agree with it."""
+    a, b = big_matmul_inputs(4096)
+    for _ in range(3):
+        a @ b
+    torch.brick.synchronize()
+    times = {}
+    for name, factory in (("events", lambda: bp.profile(sync_mode="event")),
+                          ("traced", traced_profile)):
+        with factory() as session:
+            for _ in range(20):
+                a @ b
+        times[name] = session.report.brick("aten::mm")
+        health = bp.health()
+        assert health["timing_failures"] == 0 and health["traced_lost"] == 0, health
+    assert times["traced"].count == 20
+    assert abs(times["traced"].avg_us() - times["events"].avg_us()) <= \
+        0.05 * times["events"].avg_us(), (times["traced"].avg_us(), times["events"].avg_us())
+
+
+def test_traced_timing_gives_every_brick_of_a_decode_its_kernels():
+    from torch_brickdev.tools import demo
+    config = demo.DecodeConfig(tokens=8)
+    model = demo.build_model(config, "brick:0")
+    with torch.no_grad():
+        demo.decode(model, config, "brick:0")
+        torch.brick.synchronize()
+        with traced_profile() as session:
+            demo.decode(model, config, "brick:0")
+    report = session.report
+    assert report.metadata["device_timing"] == {"timing": "traced", "tracer": "CUPTI"}
+    lm_head = report.brick("LmHead")
+    assert lm_head.count == config.tokens and lm_head.total_ns > 0
+    ops = [p for p in report.paths if p.kind == "op" and p.path.endswith("aten::mm")]
+    assert ops and all(p.total_ns > 0 for p in ops)
+    health = bp.health()
+    assert health["traced_lost"] == 0 and health["timing_failures"] == 0, health
+
+
+def test_traced_timing_inside_torch_profiler_with_cuda_is_refused_saying_which_to_change():
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities):
+        with pytest.raises(RuntimeError, match="device_timing='events' inside torch.profiler"):
+            with traced_profile():
+                pass
+    assert not bp.is_enabled()
+    with traced_profile() as session:  # after torch.profiler: CUPTI is brick's again
+        torch.ones(1 << 20, device="brick").mul_(2)
+    assert session.report.brick("aten::mul_").total_ns > 0
+
+
 def test_deferred_mode_measures_launch_cost_only():
     a, b = big_matmul_inputs(4096)
     torch.brick.synchronize()
