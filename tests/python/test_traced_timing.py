@@ -12,6 +12,7 @@ import time
 import pytest
 import torch
 
+from helpers import run_python
 from profiler_helpers import (  # noqa: F401  (clean_profiler is a fixture)
     TwoLayer,
     by_name,
@@ -166,3 +167,21 @@ def test_a_sync_mode_set_beforehand_that_traced_timing_cannot_serve_is_refused_a
     with bp.profile(sync_mode="event") as p:  # the settings were restored
         torch.ones(2, device="brick").add_(1)
     assert "device_timing" not in p.report.metadata
+
+
+@needs_host_tracer
+def test_the_command_line_profiles_a_script_with_traced_timing(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text("import torch, torch_brickdev\n"
+                      "x = torch.randn(64, 64, device='brick')\n"
+                      "with torch.profiler.record_function('Step'):\n"
+                      "    torch.mm(x, x)\n")
+    done = run_python("-m", "torch_brickdev", "profile", "--no-trace", "--device-timing",
+                      "traced", "-o", str(tmp_path), str(script), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = bp.load_report(tmp_path / "report.json")
+    assert report.metadata["device_timing"] == {"timing": "traced", "tracer": "host"}
+    assert by_path(report.paths)["Step"].total_ns == by_path(report.paths)["Step/aten::mm"].total_ns
+    done = run_python("-m", "torch_brickdev", "profile", "--device-timing", "cupti", str(script),
+                      cwd=tmp_path)
+    assert done.returncode == 2 and "invalid choice: 'cupti'" in done.stderr

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 # Only what every command needs: the commands that read JSON (check, diff, merge, top, and every
 # --help) never load torch; the others call _load_torch() first.
-from torch_brickdev.profiler._stats import OP_TIMINGS, SyncMode, shapes_refused
+from torch_brickdev.profiler._stats import DEVICE_TIMINGS, OP_TIMINGS, SyncMode, shapes_refused
 from torch_brickdev.tools._args import fraction, positive_int
 
 # Exit status when standard output is a pipe whose reader left (`... | head -1`): 128 + SIGPIPE,
@@ -158,7 +158,8 @@ def decode_demo(args) -> int:
     torch.set_num_threads(args.threads if args.threads is not None else decode.default_threads())
     result = decode.run_demo(config, device=args.device, sync_mode=args.sync_mode, runs=args.runs,
                              out_dir=args.output, legacy=args.legacy, progress=not args.no_progress,
-                             compile=args.compile, ops=args.ops)
+                             compile=args.compile, ops=args.ops,
+                             device_timing=args.device_timing)
     print(decode.format_summary(result))
     from torch_brickdev.tools import contract
 
@@ -206,7 +207,7 @@ def profile_script(args) -> int:
             quiet_legacy.__enter__()
         with bp.profile(sync_mode=args.sync_mode, modules=args.modules, live=args.live or None,
                         record_shapes=args.record_shapes, roofline=args.roofline, ops=args.ops,
-                        metadata=target.metadata()) as p:
+                        device_timing=args.device_timing, metadata=target.metadata()) as p:
             try:
                 target.run()
             except BaseException as error:  # Ctrl-C too: what ran is reported
@@ -306,6 +307,9 @@ def _parser():
     p.add_argument("--ops", choices=OP_TIMINGS, default="dispatcher",
                    help="where the profiled runs time ops: every op the dispatcher runs "
                    "(default), or brick's kernels only (cheaper)")
+    p.add_argument("--device-timing", choices=DEVICE_TIMINGS, default="events",
+                   help="what gives event mode its device times: an event pair per brick "
+                   "(default), or the device's own record of its work (CUPTI on a GPU)")
     p.add_argument("--compile", action="store_true",
                    help="compile the forward with torch.compile (Inductor), each block still a "
                    "brick; the warm-up decode compiles")
@@ -391,6 +395,10 @@ def _parser():
                        help="where ops are timed: every op the dispatcher runs (default), or "
                        "brick's kernels only (cheaper: no RecordFunction per op; no composites "
                        "or views)"),
+        p.add_argument("--device-timing", choices=DEVICE_TIMINGS, default="events",
+                       help="what gives event mode its device times: an event pair per brick "
+                       "(default), or the device's own record of its work (CUPTI on a GPU), "
+                       "each brick the sum of the work queued inside it"),
     ]
     p.add_argument("--no-trace", dest="trace", action="store_false",
                    help="skip the legacy profiler and the chrome trace (less overhead)")

@@ -13,6 +13,7 @@ import torch
 import torch_brickdev  # noqa: F401  (registers brick)
 from torch_brickdev import profiler as bp
 from torch_brickdev.argcheck import check_bool, check_int, check_path, describe
+from torch_brickdev.profiler._stats import DEVICE_TIMINGS
 from torch_brickdev.profiler.session import check_ops
 from torch_brickdev.tools.demo.config import (LEGACY_NEEDS_DISPATCHER, DecodeConfig, _check_config,
                                               _check_device, legacy_refused)
@@ -79,7 +80,8 @@ def _is_terminal(stream) -> bool:
 def run_demo(config: Optional[DecodeConfig] = None, device: Union[str, torch.device] = "brick:0",
              sync_mode: str = "event", runs: int = 5, out_dir: Union[str, os.PathLike] = ".",
              legacy: bool = False, progress: bool = True, legacy_rows: int = 15,
-             compile: bool = False, ops: str = "dispatcher") -> dict:
+             compile: bool = False, ops: str = "dispatcher",
+             device_timing: str = "events") -> dict:
     """Builds the model on ``device``, warms up, profiles ``runs`` decodes with the brick
     registry (the last run's report is kept and written to ``out_dir/report.json``), then runs
     one decode under the legacy autograd profiler for ``out_dir/trace.json`` and its
@@ -87,7 +89,9 @@ def run_demo(config: Optional[DecodeConfig] = None, device: Union[str, torch.dev
     ``compile=True`` compiles the forward with torch.compile, each block still a brick (see
     :class:`QwenStyleDecoder`); the warm-up decode compiles, so no profiled run does.
     ``ops="kernels"`` times ops at brick's kernels (``profile(ops="kernels")``): the profiled
-    runs cost less; the blocks, the contract's bricks, are timed alike."""
+    runs cost less; the blocks, the contract's bricks, are timed alike. ``device_timing``: as
+    :class:`torch_brickdev.profiler.profile`'s (``"traced"``: the device's own record of its
+    work)."""
     # Every argument is checked before any work (no model built, no folder created).
     where = "run_demo()"
     config = _check_config(DecodeConfig() if config is None else config, where)
@@ -109,6 +113,9 @@ def run_demo(config: Optional[DecodeConfig] = None, device: Union[str, torch.dev
     if legacy_refused(check_ops(ops, f"decode demo: {where}"), legacy):
         raise ValueError(f"decode demo: {where}: legacy=True {LEGACY_NEEDS_DISPATCHER}: use "
                          f"ops='dispatcher'")
+    if device_timing not in DEVICE_TIMINGS:
+        raise ValueError(f"decode demo: {where}: device_timing must be 'events' or 'traced', "
+                         f"got {describe(device_timing)}")
     # As key_averages().table(row_limit=...): a positive count, or <= 0 for every row.
     check_int(legacy_rows, "legacy_rows", f"decode demo: {where}")
     os.makedirs(out_dir, exist_ok=True)
@@ -121,7 +128,7 @@ def run_demo(config: Optional[DecodeConfig] = None, device: Union[str, torch.dev
         run_means, run_medians, run_denied, prof, result = [], [], [], None, None
         for r in range(runs):
             bar.start(f"run {r + 1}/{runs}")
-            prof = bp.profile(sync_mode=mode, ops=ops)
+            prof = bp.profile(sync_mode=mode, ops=ops, device_timing=device_timing)
             result = _decode(model, config, device, region=prof, progress=bar)
             run_means.append(result.mean_token_ns)
             run_medians.append(result.median_token_ns)
