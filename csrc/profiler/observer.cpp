@@ -63,8 +63,7 @@ struct ThreadStateOwner {
       // Its closed traced bricks wait for the next resolution without it.
       std::lock_guard<std::mutex> pending(state.pending.mutex);
       try {
-        g_observer.exited_closed.insert(g_observer.exited_closed.end(),
-                                        state.pending.closed.begin(), state.pending.closed.end());
+        state.pending.closed.append_to(g_observer.exited_closed);
       } catch (...) {  // out of memory: these bricks are lost, and counted
         g_observer.timing_failures.fetch_add(state.pending.closed.size(),
                                              std::memory_order_relaxed);

@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/chunked_log.h"
 #include "profiler/device_timer.h"
 #include "profiler/profiler.h"
 #include "profiler/shape_table.h"
@@ -242,7 +243,7 @@ struct PendingQueue {
   std::atomic<size_t> size{0};  // pairs.size(), readable without the lock
   std::atomic<bool> has_returned{false};
   // Traced timing: closed bricks whose work the tracer may still deliver.
-  std::vector<ClosedInterval> closed;
+  ChunkedLog<ClosedInterval> closed;
   std::atomic<size_t> closed_size{0};
 };
 

@@ -3,42 +3,47 @@
 #include <algorithm>
 #include <cstddef>
 #include <iterator>
-#include <unordered_set>
 
 namespace brick::profiler {
 
-void WorkCorrelator::attribute(const runtime::TracedWork& work, uint64_t interval) {
-  Sum& sum = own_[interval];
-  sum.ns += std::max<int64_t>(0, work.end_ns - work.start_ns);
-  ++sum.work;
+namespace {
+
+bool by_call(const runtime::TracedCall& a, const runtime::TracedCall& b) noexcept {
+  return a.call < b.call;
+}
+
+}  // namespace
+
+void WorkCorrelator::bind_unbound() {
+  if (unbound_.empty() || calls_.empty()) return;
+  auto still_unbound = unbound_.begin();
+  for (const runtime::TracedWork& work : unbound_) {
+    const auto found =
+        std::lower_bound(calls_.begin(), calls_.end(), runtime::TracedCall{work.call, 0}, by_call);
+    if (found != calls_.end() && found->call == work.call) {
+      attributed_.push_back({found->interval, std::max<int64_t>(0, work.end_ns - work.start_ns)});
+    } else {
+      *still_unbound++ = work;
+    }
+  }
+  unbound_.erase(still_unbound, unbound_.end());
 }
 
 void WorkCorrelator::add(runtime::TracedRecords& records) {
   dropped_ += records.dropped;
-  for (const runtime::TracedCall& call : records.calls) {
-    interval_of_call_[call.call] = call.interval;
-  }
-  // Work whose call was named only now (its call record came in a later delivery).
-  if (!records.calls.empty() && !unbound_.empty()) {
-    auto still_unbound = unbound_.begin();
-    for (const runtime::TracedWork& work : unbound_) {
-      const auto found = interval_of_call_.find(work.call);
-      if (found != interval_of_call_.end()) {
-        attribute(work, found->second);
-      } else {
-        *still_unbound++ = work;
-      }
-    }
-    unbound_.erase(still_unbound, unbound_.end());
-  }
-  for (const runtime::TracedWork& work : records.work) {
-    const auto found = interval_of_call_.find(work.call);
-    if (found != interval_of_call_.end()) {
-      attribute(work, found->second);
-    } else {
-      unbound_.push_back(work);
+  if (!records.calls.empty()) {
+    // Calls come mostly in order (a tracer numbers them as they are made): sorting is then a
+    // check, and a late delivery a merge.
+    const size_t old_size = calls_.size();
+    calls_.insert(calls_.end(), records.calls.begin(), records.calls.end());
+    const auto middle = calls_.begin() + static_cast<std::ptrdiff_t>(old_size);
+    if (!std::is_sorted(middle, calls_.end(), by_call)) std::sort(middle, calls_.end(), by_call);
+    if (old_size > 0 && by_call(*middle, *(middle - 1))) {
+      std::inplace_merge(calls_.begin(), middle, calls_.end(), by_call);
     }
   }
+  unbound_.insert(unbound_.end(), records.work.begin(), records.work.end());
+  bind_unbound();
   // Work outside every interval (CUDA work of the process that no brick queued) waits here for a
   // call that never comes, until the next resolve that has everything: bounded meanwhile.
   if (unbound_.size() > kMaxUnbound) {
@@ -56,13 +61,26 @@ void WorkCorrelator::resolve(std::vector<ClosedInterval>& closed, bool all_deliv
   // Children (larger ids) first, so each is in its parent's sum before the parent is taken.
   std::sort(closed.begin(), closed.end(),
             [](const ClosedInterval& a, const ClosedInterval& b) { return a.id > b.id; });
-  std::unordered_set<uint64_t> resolved;
-  resolved.reserve(closed.size());
+  // The attributed work in descending intervals too: one merge gives each closed interval its
+  // own work; work of intervals still open stays for a later resolve.
+  std::sort(attributed_.begin(), attributed_.end(),
+            [](const Attributed& a, const Attributed& b) { return a.interval > b.interval; });
+  auto work = attributed_.begin();
+  auto kept = attributed_.begin();
+  const auto is_closed = [&closed](uint64_t interval) {
+    return std::binary_search(
+        closed.begin(), closed.end(), ClosedInterval{interval, 0, 0},
+        [](const ClosedInterval& a, const ClosedInterval& b) { return a.id > b.id; });
+  };
   for (const ClosedInterval& interval : closed) {
     Sum total;
-    if (const auto own = own_.find(interval.id); own != own_.end()) {
-      total = own->second;
-      own_.erase(own);
+    for (; work != attributed_.end() && work->interval >= interval.id; ++work) {
+      if (work->interval == interval.id) {
+        total.ns += work->ns;
+        ++total.work;
+      } else {
+        *kept++ = *work;  // an interval still open
+      }
     }
     if (const auto nested = children_.find(interval.id); nested != children_.end()) {
       total.ns += nested->second.ns;
@@ -75,15 +93,15 @@ void WorkCorrelator::resolve(std::vector<ClosedInterval>& closed, bool all_deliv
       parent.work += total.work;
     }
     out->push_back({interval.tag, total.ns, total.work});
-    resolved.insert(interval.id);
+  }
+  kept = std::move(work, attributed_.end(), kept);
+  attributed_.erase(kept, attributed_.end());
+  // The calls of resolved intervals have delivered all their work: forget them.
+  if (!closed.empty()) {
+    std::erase_if(calls_,
+                  [&](const runtime::TracedCall& call) { return is_closed(call.interval); });
   }
   closed.clear();
-  // The calls of resolved intervals have delivered all their work: forget them.
-  if (!resolved.empty()) {
-    for (auto it = interval_of_call_.begin(); it != interval_of_call_.end();) {
-      it = resolved.count(it->second) != 0 ? interval_of_call_.erase(it) : std::next(it);
-    }
-  }
   if (all_delivered) {
     unattributed_ += unbound_.size();
     unbound_.clear();
@@ -91,10 +109,10 @@ void WorkCorrelator::resolve(std::vector<ClosedInterval>& closed, bool all_deliv
 }
 
 void WorkCorrelator::reset() {
-  own_.clear();
-  children_.clear();
-  interval_of_call_.clear();
+  calls_.clear();
   unbound_.clear();
+  attributed_.clear();
+  children_.clear();
   unattributed_ = 0;
   dropped_ = 0;
 }

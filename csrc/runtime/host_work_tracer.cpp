@@ -1,7 +1,7 @@
 // The host runtime's work tracer: each launch brick makes is work stamped on the steady clock
 // from its queueing to its end on the launching thread, one call per piece naming the thread's
-// innermost pushed interval. Records stay with their thread until drained (an
-// uncontended lock per launch); a thread's records outlive it.
+// innermost pushed interval. Records stay with their thread until drained (an uncontended lock
+// per piece); a thread's records outlive it.
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -9,6 +9,7 @@
 #include <mutex>
 #include <vector>
 
+#include "common/chunked_log.h"
 #include "runtime/launch_observer.h"
 #include "runtime/work_tracer.h"
 
@@ -21,9 +22,13 @@ int64_t steady_ns() noexcept {
       .count();
 }
 
+// A thread's records until drained (common/chunked_log.h: outside the malloc heap, never
+// copied as they grow).
 struct ThreadRecords {
   std::mutex mutex;
-  TracedRecords records;
+  ChunkedLog<TracedWork> work;
+  ChunkedLog<TracedCall> calls;
+  uint64_t dropped = 0;
 };
 
 struct Tracing {
@@ -39,41 +44,52 @@ Tracing& tracing() {
 
 struct ThreadTrace {
   std::vector<uint64_t> intervals;  // pushed, innermost last
+  uint32_t unpushed = 0;            // pushes that could not be kept (out of memory)
   std::shared_ptr<ThreadRecords> records;
   int64_t queued_ns = -1;  // the piece in flight started then (-1: no launch in flight)
   uint32_t launch_depth = 0;
 };
-thread_local ThreadTrace tls_trace;
 
-ThreadRecords& thread_records() {
-  if (tls_trace.records == nullptr) {
-    auto records = std::make_shared<ThreadRecords>();
-    std::lock_guard<std::mutex> lock(tracing().threads_mutex);
-    tracing().threads.push_back(records);
-    tls_trace.records = std::move(records);
+// The calling thread's trace: a direct %fs access (initial-exec, 8 bytes of static TLS) to the
+// state its owner keeps on the heap until the thread exits.
+[[gnu::tls_model("initial-exec")]] constinit thread_local ThreadTrace* tls_trace = nullptr;
+
+[[gnu::noinline]] ThreadTrace* create_thread_trace() noexcept {
+  try {
+    thread_local std::unique_ptr<ThreadTrace> owner;
+    auto trace = std::make_unique<ThreadTrace>();
+    trace->records = std::make_shared<ThreadRecords>();
+    {
+      std::lock_guard<std::mutex> lock(tracing().threads_mutex);
+      tracing().threads.push_back(trace->records);
+    }
+    owner = std::move(trace);
+    tls_trace = owner.get();
+  } catch (...) {  // out of memory: this thread's launches and pushes go untraced
+    return nullptr;
   }
-  return *tls_trace.records;
+  return tls_trace;
+}
+
+ThreadTrace* thread_trace() noexcept {
+  ThreadTrace* trace = tls_trace;
+  return trace != nullptr ? trace : create_thread_trace();
 }
 
 // Records the piece of the thread's launch in flight from its start until now, for the innermost
 // interval pushed (none: a piece outside every interval), and starts the next piece now.
-void record_piece() noexcept {
+void record_piece(ThreadTrace& trace) noexcept {
   const int64_t now = steady_ns();
-  const int64_t start_ns = tls_trace.queued_ns;
-  tls_trace.queued_ns = now;
+  const int64_t start_ns = trace.queued_ns;
+  trace.queued_ns = now;
+  ThreadRecords& mine = *trace.records;
+  const uint32_t call = tracing().next_call.fetch_add(1, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(mine.mutex);
   try {
-    ThreadRecords& mine = thread_records();
-    const uint32_t call = tracing().next_call.fetch_add(1, std::memory_order_relaxed);
-    std::lock_guard<std::mutex> lock(mine.mutex);
-    mine.records.work.push_back({call, start_ns, now});
-    if (!tls_trace.intervals.empty()) {
-      mine.records.calls.push_back({call, tls_trace.intervals.back()});
-    }
+    mine.work.push_back({call, start_ns, now});
+    if (!trace.intervals.empty()) mine.calls.push_back({call, trace.intervals.back()});
   } catch (...) {  // out of memory: the piece is lost, and counted
-    if (tls_trace.records != nullptr) {
-      std::lock_guard<std::mutex> lock(tls_trace.records->mutex);
-      ++tls_trace.records->records.dropped;
-    }
+    ++mine.dropped;
   }
 }
 
@@ -81,17 +97,20 @@ void record_piece() noexcept {
 // same stretch of work: pieces are cut at each boundary, and the work ends with the outermost.
 void on_queued() noexcept {
   if (!tracing().on.load(std::memory_order_relaxed)) return;
-  if (tls_trace.launch_depth++ > 0) {
-    record_piece();
+  ThreadTrace* trace = thread_trace();
+  if (trace == nullptr) return;
+  if (trace->launch_depth++ > 0) {
+    record_piece(*trace);
   } else {
-    tls_trace.queued_ns = steady_ns();
+    trace->queued_ns = steady_ns();
   }
 }
 
 void on_done() noexcept {
-  if (tls_trace.launch_depth == 0) return;  // queued while tracing was off
-  record_piece();
-  if (--tls_trace.launch_depth == 0) tls_trace.queued_ns = -1;
+  ThreadTrace* trace = tls_trace;
+  if (trace == nullptr || trace->launch_depth == 0) return;  // queued while tracing was off
+  record_piece(*trace);
+  if (--trace->launch_depth == 0) trace->queued_ns = -1;
 }
 
 constexpr LaunchTrace kLaunchTrace{&on_queued, &on_done};
@@ -115,20 +134,24 @@ class HostWorkTracer final : public WorkTracer {
   // piece belongs to the innermost brick open while it ran, as a GPU kernel belongs to the op
   // that launched it.
   void push(uint64_t interval) noexcept override {
-    if (tls_trace.queued_ns >= 0) record_piece();
+    ThreadTrace* trace = thread_trace();
+    if (trace == nullptr) return;  // (its pop finds no trace either)
+    if (trace->queued_ns >= 0) record_piece(*trace);
     try {
-      tls_trace.intervals.push_back(interval);
+      trace->intervals.push_back(interval);
     } catch (...) {  // out of memory: this interval's calls go to the one around it
-      ++unpushed_depth();
+      ++trace->unpushed;
     }
   }
 
   void pop() noexcept override {
-    if (tls_trace.queued_ns >= 0) record_piece();
-    if (unpushed_depth() > 0) {
-      --unpushed_depth();
-    } else if (!tls_trace.intervals.empty()) {
-      tls_trace.intervals.pop_back();
+    ThreadTrace* trace = tls_trace;
+    if (trace == nullptr) return;
+    if (trace->queued_ns >= 0) record_piece(*trace);
+    if (trace->unpushed > 0) {
+      --trace->unpushed;
+    } else if (!trace->intervals.empty()) {
+      trace->intervals.pop_back();
     }
   }
 
@@ -137,24 +160,17 @@ class HostWorkTracer final : public WorkTracer {
     auto& threads = tracing().threads;
     for (const auto& thread : threads) {
       std::lock_guard<std::mutex> thread_lock(thread->mutex);
-      TracedRecords& held = thread->records;
-      into->work.insert(into->work.end(), held.work.begin(), held.work.end());
-      into->calls.insert(into->calls.end(), held.calls.begin(), held.calls.end());
-      into->dropped += held.dropped;
-      held.work.clear();
-      held.calls.clear();
-      held.dropped = 0;
+      thread->work.append_to(into->work);
+      thread->calls.append_to(into->calls);
+      into->dropped += thread->dropped;
+      thread->work.clear();
+      thread->calls.clear();
+      thread->dropped = 0;
     }
     // Threads that have exited, now drained, are forgotten.
     std::erase_if(threads, [](const std::shared_ptr<ThreadRecords>& thread) {
       return thread.use_count() == 1;
     });
-  }
-
- private:
-  static uint32_t& unpushed_depth() noexcept {
-    thread_local uint32_t depth = 0;
-    return depth;
   }
 };
 

@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/chunked_log.h"
 #include "common/steady_clock.h"
 #include "common/thread_claims.h"
 
@@ -120,3 +121,35 @@ TEST(ThreadClaimsTest, AThreadClaimsNothingOnceItsClaimsWereGivenBack) {
 }
 
 }  // namespace
+
+namespace chunked_log_test {
+
+struct Record {
+  uint64_t id;
+  int64_t value;
+};
+
+TEST(ChunkedLog, KeepsEveryRecordInOrderAcrossBlocksAndReusesItsFirstBlockAfterClear) {
+  brick::ChunkedLog<Record> log;
+  EXPECT_TRUE(log.empty());
+  const size_t count = 2 * brick::ChunkedLog<Record>::kPerBlock + 7;  // three blocks
+  for (size_t i = 0; i < count; ++i) log.push_back({i, -static_cast<int64_t>(i)});
+  EXPECT_EQ(log.size(), count);
+  std::vector<Record> out = {{999, 999}};
+  log.append_to(out);
+  ASSERT_EQ(out.size(), count + 1);
+  EXPECT_EQ(out[0].id, 999u) << "appended after what was there";
+  for (size_t i = 0; i < count; ++i) {
+    ASSERT_EQ(out[i + 1].id, i);
+    ASSERT_EQ(out[i + 1].value, -static_cast<int64_t>(i));
+  }
+  log.clear();
+  EXPECT_TRUE(log.empty());
+  log.push_back({5, 6});
+  out.clear();
+  log.append_to(out);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].id, 5u);
+}
+
+}  // namespace chunked_log_test

@@ -185,3 +185,18 @@ def test_the_command_line_profiles_a_script_with_traced_timing(tmp_path):
     done = run_python("-m", "torch_brickdev", "profile", "--device-timing", "cupti", str(script),
                       cwd=tmp_path)
     assert done.returncode == 2 and "invalid choice: 'cupti'" in done.stderr
+
+
+@needs_host_tracer
+def test_a_long_profile_holds_a_bounded_number_of_closed_bricks_and_loses_none():
+    x = torch.ones(4, device="brick")
+    with bp.profile(sync_mode="event", device_timing="traced") as p:
+        with record_function("Long"):
+            for _ in range(6000):
+                x.add_(1)
+            held = bp.health()["pending_events"]
+    assert held < 4096, "resolved as they go on the host, not all kept to the end"
+    paths = by_path(p.report.paths)
+    assert paths["Long/aten::add_"].count == 6000
+    assert paths["Long"].total_ns == paths["Long/aten::add_"].total_ns > 0
+    assert float(x[0].cpu()) == 6001.0
