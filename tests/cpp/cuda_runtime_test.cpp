@@ -31,14 +31,6 @@ using brick::test::enqueue_sleep;
 using brick::test::error_message;
 using brick::test::EventPtr;
 
-#define ASSERT_CUDA(expr)                                                \
-  do {                                                                   \
-    const cudaError_t assert_cuda_status = (expr);                       \
-    ASSERT_EQ(assert_cuda_status, cudaSuccess)                           \
-        << #expr << ": " << cudaGetErrorName(assert_cuda_status) << ": " \
-        << cudaGetErrorString(assert_cuda_status);                       \
-  } while (0)
-
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())

@@ -14,17 +14,10 @@
 
 #include "runtime/runtime.h"
 #include "runtime/work_tracer.h"
+#include "runtime_test_util.h"
 
 namespace brick::runtime {
 namespace {
-
-#define ASSERT_CUDA(expr)                                                \
-  do {                                                                   \
-    const cudaError_t assert_cuda_status = (expr);                       \
-    ASSERT_EQ(assert_cuda_status, cudaSuccess)                           \
-        << #expr << ": " << cudaGetErrorName(assert_cuda_status) << ": " \
-        << cudaGetErrorString(assert_cuda_status);                       \
-  } while (0)
 
 TEST(CuptiTracerLoading, ALibraryThatCannotBeLoadedIsNamedInTheReason) {
   const char* asked = std::getenv("BRICK_CUPTI_LIBRARY");

@@ -133,6 +133,15 @@ class HostRuntimeKind {
 
 #if BRICK_WITH_CUDA
 
+// Fails the calling test, naming the call and CUDA's error, when a CUDA call in it fails.
+#define ASSERT_CUDA(expr)                                                \
+  do {                                                                   \
+    const cudaError_t assert_cuda_status = (expr);                       \
+    ASSERT_EQ(assert_cuda_status, cudaSuccess)                           \
+        << #expr << ": " << cudaGetErrorName(assert_cuda_status) << ": " \
+        << cudaGetErrorString(assert_cuda_status);                       \
+  } while (0)
+
 // Throws (failing the test) when a CUDA call of a test helper fails.
 inline void cuda_or_throw(cudaError_t status, const char* what) {
   if (status != cudaSuccess) {
