@@ -483,6 +483,7 @@ void bind_profiler(py::module_& parent) {
         d["stub_failures"] = h.stub_failures;
         d["traced_unattributed"] = h.traced_unattributed;
         d["traced_lost"] = h.traced_lost;
+        d["traced_work_ns"] = h.traced_work_ns;
         d["discarded_by_reset"] =
             since_reset ? discarded_since_reset() : profiler::brick_registry().discarded_by_reset();
         return d;

@@ -336,6 +336,7 @@ Health health() {
     if (g_observer.correlator != nullptr) {
       h.traced_unattributed = g_observer.correlator->unattributed();
       h.traced_lost = g_observer.correlator->dropped_by_tracer() + g_observer.traced_bricks_lost;
+      h.traced_work_ns = g_observer.correlator->traced_ns();
     }
   }
   h.capture_skipped = capture_skipped(TimingClient::Registry) -

@@ -83,6 +83,9 @@ struct Health {
   // because the tracer delivered none of their work (another CUPTI client took it).
   uint64_t traced_unattributed = 0;
   uint64_t traced_lost = 0;
+  // Traced timing: the durations of all the device work the tracer delivered, a brick's or not
+  // (what top-level bricks' traced time covers).
+  int64_t traced_work_ns = 0;
 };
 Health health();
 // Health::live_events per brick device (empty before the runtime exists): events are made only

@@ -42,6 +42,9 @@ void WorkCorrelator::add(runtime::TracedRecords& records) {
       std::inplace_merge(calls_.begin(), middle, calls_.end(), by_call);
     }
   }
+  for (const runtime::TracedWork& work : records.work) {
+    traced_ns_ += std::max<int64_t>(0, work.end_ns - work.start_ns);
+  }
   unbound_.insert(unbound_.end(), records.work.begin(), records.work.end());
   bind_unbound();
   // Work outside every interval (CUDA work of the process that no brick queued) waits here for a
@@ -115,6 +118,7 @@ void WorkCorrelator::reset() {
   children_.clear();
   unattributed_ = 0;
   dropped_ = 0;
+  traced_ns_ = 0;
 }
 
 }  // namespace brick::profiler

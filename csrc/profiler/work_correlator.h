@@ -51,6 +51,8 @@ class WorkCorrelator {
 
   // Work whose call was never named by the tracer, or named no interval: dropped.
   uint64_t unattributed() const noexcept { return unattributed_; }
+  // The durations of every piece of work added since the reset, given to an interval or not.
+  int64_t traced_ns() const noexcept { return traced_ns_; }
   uint64_t dropped_by_tracer() const noexcept { return dropped_; }
   // What is held for intervals and calls not yet resolved (bounded by what is outstanding).
   size_t held() const noexcept {
@@ -84,6 +86,7 @@ class WorkCorrelator {
   std::unordered_map<uint64_t, Sum> children_;
   uint64_t unattributed_ = 0;
   uint64_t dropped_ = 0;
+  int64_t traced_ns_ = 0;
 };
 
 }  // namespace brick::profiler

@@ -541,6 +541,8 @@ RUN = dict(keyword=True, out_dir=NEVER_WRITTEN, progress=False)
 CONFIG_TYPE = r"config must be a DecodeConfig, got "
 DEVICE_ARG_TYPE = r"device must be a str or a torch\.device such as 'brick:0', got "
 TABLE += [
+    bad(demo.run_demo, "device_timing", "cupti", ValueError,
+        r"device_timing must be 'events' or 'traced', got str \('cupti'\)", **RUN),
     bad(demo.run_demo, "config", "tiny", TypeError, CONFIG_TYPE + "str", **RUN),
     bad(demo.run_demo, "config", dict(TINY), TypeError, CONFIG_TYPE + "dict", **RUN),
     bad(demo.run_demo, "device", None, TypeError, DEVICE_ARG_TYPE + "None", **RUN),

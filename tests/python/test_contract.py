@@ -121,6 +121,32 @@ def test_format_results_lines_and_verdict(base_dict):
     assert lines[1].startswith("verdict: PASS")
 
 
+def _traced(d, work_ns):
+    d["metadata"]["device_timing"] = {"timing": "traced", "tracer": "CUPTI"}
+    d["health"]["traced_work_ns"] = work_ns
+
+
+@pytest.mark.parametrize("work, status, words", [
+    (1.0, "pass", "top-level 1.00 of the device work traced"),
+    (1.05, "pass", "top-level 0.95 of the device work traced"),
+    (2.0, "fail", "0.50 of the device work traced (expected 0.85-1.0)"),
+    (0.5, "fail", "work is counted twice"),
+    (None, "fail", "health['traced_work_ns'] is None: expected the device work"),
+])
+def test_traced_bricks_cover_the_device_work_traced_not_the_wall(base_dict, work, status, words):
+    """Traced timing sums each brick's work: on a GPU a launch-bound decode's bricks cover a
+    fraction of the wall, but must cover all the work the tracer saw."""
+    d = copy.deepcopy(base_dict)
+    d["wall_ns"] = d["top_level_ns"] * 3  # the host's time between launches
+    _traced(d, int(d["top_level_ns"] * work) if work is not None else 0)
+    if work is None:  # a report that says it was traced without the figure
+        del d["health"]["traced_work_ns"]
+    result = by_id(run_checks(d, only=["coverage", "sync-mode"]))
+    assert result["coverage"].status == status, result["coverage"].message
+    assert words in result["coverage"].message
+    assert "traced by CUPTI" in result["sync-mode"].message
+
+
 def test_only_selects_and_rejects_unknown_ids(reports):
     results = run_checks(reports["event"], only=["stability", "coverage"])
     assert [r.id for r in results] == ["coverage", "stability"]

@@ -200,3 +200,25 @@ def test_a_long_profile_holds_a_bounded_number_of_closed_bricks_and_loses_none()
     assert paths["Long/aten::add_"].count == 6000
     assert paths["Long"].total_ns == paths["Long/aten::add_"].total_ns > 0
     assert float(x[0].cpu()) == 6001.0
+
+
+@needs_host_tracer
+def test_the_demo_traced_passes_the_checks_that_do_not_depend_on_the_machine(tmp_path):
+    from torch_brickdev.tools import demo
+    from torch_brickdev.tools.contract import run_checks
+
+    small = demo.DecodeConfig(layers=1, hidden=64, heads=4, kv_heads=2, vocab=256,
+                              prompt_tokens=4, tokens=6)
+    result = demo.run_demo(small, runs=2, out_dir=tmp_path, progress=False,
+                           device_timing="traced")
+    report = result["report"]
+    assert report.metadata["device_timing"] == {"timing": "traced", "tracer": "host"}
+    checks = {r.id: r for r in run_checks(report)}
+    # Coverage: the bricks' work against all the work traced, which no load changes.
+    assert checks["coverage"].status == "pass", checks["coverage"].message
+    assert "of the device work traced" in checks["coverage"].message
+    assert "traced by host" in checks["sync-mode"].message
+    for check in ("lmhead-count", "structure", "completeness", "graph-capture"):
+        assert checks[check].status == "pass", checks[check].message
+    with pytest.raises(ValueError, match="device_timing must be 'events' or 'traced'"):
+        demo.run_demo(small, out_dir=tmp_path, device_timing="yes")

@@ -407,6 +407,8 @@ class Report:
             "capture_skipped": "bricks skipped: their stream was being captured into a CUDA graph",
             "timing_failures": "bricks dropped: a device call failed while timing them",
             "unbalanced_exits": "exits without an open brick (started before profiling)",
+            "traced_lost": "records or bricks the device's work tracer lost",
+            "traced_unattributed": "pieces of traced device work no brick queued",
         }
         for key, meaning in missed.items():
             value = self.health.get(key, 0)

@@ -32,6 +32,13 @@ def _denied(s: Subject) -> Tuple[Optional[float], str]:
     return None, "the report says nothing of what the machine denied the thread"
 
 
+def _traced(report) -> bool:
+    """Whether the report's bricks were timed from the device's record of its work
+    (``profile(device_timing="traced")``)."""
+    timing = report.metadata.get("device_timing")
+    return isinstance(timing, dict) and timing.get("timing") == "traced"
+
+
 def coverage(p: dict, s: Subject, result: Result) -> CheckResult:
     report = s.report
     low, high = p["min"], p["max"]
@@ -40,6 +47,26 @@ def coverage(p: dict, s: Subject, result: Result) -> CheckResult:
         return result(FAIL, f"wall time is {wall!r} ns: expected a measured region (a finite "
                       "number > 0)", wall_ns=wall)
     top = report.top_level_ns()
+    if _traced(report):
+        # Traced timing: bricks are the device's work, not the wall; what they must cover is all
+        # the work the device's tracer recorded (the rest ran outside every brick).
+        traced_ns = report.health.get("traced_work_ns")
+        if isinstance(traced_ns, bool) or not isinstance(traced_ns, int) or traced_ns <= 0:
+            return result(FAIL, f"the bricks were traced (metadata device_timing) but "
+                          f"health['traced_work_ns'] is {traced_ns!r}: expected the device work "
+                          f"of the profiled region in ns (an int > 0)", top_level_ns=top)
+        ratio = top / traced_ns
+        status = PASS if low <= ratio <= high else FAIL
+        message = (f"top-level {ratio:.2f} of the device work traced (expected {low}-{high}): "
+                   f"{_fmt_ms(top)} of {_fmt_ms(traced_ns)} (traced timing: bricks sum their "
+                   f"work; the wall, {_fmt_ms(wall)}, also holds the host's time between "
+                   f"launches)")
+        if ratio < low:
+            message += "; work runs outside the bricks"
+        elif ratio > high:
+            message += "; work is counted twice"
+        return result(status, message, coverage=ratio, top_level_ns=top, wall_ns=wall,
+                      traced_work_ns=traced_ns)
     ratio = top / wall
     status = PASS if low <= ratio <= high else FAIL
     message = (f"top-level {ratio:.2f} of wall (expected {low}-{high}): {_fmt_ms(top)} of "
@@ -164,6 +191,10 @@ def sync_mode(p: dict, s: Subject, result: Result) -> CheckResult:
     elif mode is SyncMode.IMMEDIATE:
         message = (f"immediate: device time: the device is synchronized at every brick's start "
                    f"and stop; {spread}")
+    elif _traced(s.report):
+        tracer = s.report.metadata["device_timing"].get("tracer")
+        message = (f"event: device time: the device's own record of the work each brick queued "
+                   f"(traced by {tracer}); {spread}")
     else:
         message = (f"event: device time: device events recorded on the stream at every brick's "
                    f"start and stop; {spread}")

@@ -12,7 +12,7 @@ import torch
 
 import torch_brickdev  # noqa: F401  (registers brick)
 from torch_brickdev import profiler as bp
-from torch_brickdev.argcheck import check_bool, check_int, check_path, describe
+from torch_brickdev.argcheck import check_bool, check_int, check_path, describe, describe_value
 from torch_brickdev.profiler._stats import DEVICE_TIMINGS
 from torch_brickdev.profiler.session import check_ops
 from torch_brickdev.tools.demo.config import (LEGACY_NEEDS_DISPATCHER, DecodeConfig, _check_config,
@@ -115,7 +115,7 @@ def run_demo(config: Optional[DecodeConfig] = None, device: Union[str, torch.dev
                          f"ops='dispatcher'")
     if device_timing not in DEVICE_TIMINGS:
         raise ValueError(f"decode demo: {where}: device_timing must be 'events' or 'traced', "
-                         f"got {describe(device_timing)}")
+                         f"got {describe_value(device_timing)}")
     # As key_averages().table(row_limit=...): a positive count, or <= 0 for every row.
     check_int(legacy_rows, "legacy_rows", f"decode demo: {where}")
     os.makedirs(out_dir, exist_ok=True)
