@@ -206,6 +206,9 @@ print(found[0] if found else "libcupti.so")' || echo libcupti.so)
     fi
     gpu_step demo-event 120 "$PYTHON" -m torch_brickdev demo --sync-mode event --runs 3 \
       --no-progress -o "$logs/demo-event" "${demo_size[@]}"
+    # The same with each brick timed from the device's own record of its work (CUPTI).
+    gpu_step demo-traced 90 "$PYTHON" -m torch_brickdev demo --sync-mode event \
+      --device-timing traced --runs 3 --no-progress -o "$logs/demo-traced" "${demo_size[@]}"
     if [ "$rehearse" = 1 ]; then  # bench_cuda.py only notes that no GPU backs brick here
       gpu_step bench 120 "$PYTHON" benchmarks/bench_profiler.py --rounds 1 --iterations 200 \
         --report-ops 2000 --no-instructions
