@@ -88,7 +88,9 @@ void observer_after_fork_in_child() {
     state->pending.closed.clear();
     state->pending.closed_size.store(0, std::memory_order_relaxed);
     state->published_top.store(registry::kNoParent, std::memory_order_relaxed);
+    state->published_interval.store(0, std::memory_order_relaxed);
   }
+  runtime::host_work_tracer_after_fork_in_child();
   g_observer.owner.store(g_observer.enabled.load(std::memory_order_relaxed) ? state : nullptr,
                          std::memory_order_relaxed);
 }
@@ -110,6 +112,17 @@ runtime::WorkTracer* work_tracer_for(const runtime::Runtime& rt, std::string* wh
   return cupti;
 }
 
+// Whether torch.profiler (Kineto) is profiling with CUPTI now, on CUDA backing.
+bool kineto_uses_cupti(const runtime::Runtime& rt) {
+  if (rt.backing_kind() != runtime::BackingKind::Cuda ||
+      !torch::profiler::impl::profilerEnabled()) {
+    return false;
+  }
+  const auto state = torch::profiler::impl::getProfilerConfig().state;
+  return state == torch::profiler::impl::ProfilerState::KINETO ||
+         state == torch::profiler::impl::ProfilerState::KINETO_ONDEMAND;
+}
+
 // Called under g_observer.control_mutex by enable(): starts the tracer DeviceTiming::Traced
 // uses, or throws saying why there is none.
 void start_work_tracer(runtime::Runtime& rt) {
@@ -121,14 +134,10 @@ void start_work_tracer(runtime::Runtime& rt) {
               " (which reads the host's clock): use sync_mode='event', or device_timing='events'");
   // CUPTI hands its activity records to one client: inside torch.profiler with CUDA activities
   // (Kineto's CUPTI) brick's records would go to Kineto, or Kineto's to brick.
-  if (rt.backing_kind() == runtime::BackingKind::Cuda && torch::profiler::impl::profilerEnabled()) {
-    const auto state = torch::profiler::impl::getProfilerConfig().state;
-    TORCH_CHECK(state != torch::profiler::impl::ProfilerState::KINETO &&
-                    state != torch::profiler::impl::ProfilerState::KINETO_ONDEMAND,
-                "brick profiler: traced device timing reads CUPTI, which torch.profiler is "
-                "using now (CUPTI gives its records to one client): profile with "
-                "device_timing='events' inside torch.profiler, or end torch.profiler first");
-  }
+  TORCH_CHECK(!kineto_uses_cupti(rt),
+              "brick profiler: traced device timing reads CUPTI, which torch.profiler is "
+              "using now (CUPTI gives its records to one client): profile with "
+              "device_timing='events' inside torch.profiler, or end torch.profiler first");
   std::string why;
   runtime::WorkTracer* tracer = work_tracer_for(rt, &why);
   TORCH_CHECK(tracer != nullptr,
@@ -137,6 +146,7 @@ void start_work_tracer(runtime::Runtime& rt) {
               why,
               " (device_timing='events' times bricks by "
               "device events instead)");
+  discard_traced();
   {
     std::lock_guard<std::mutex> resolving(g_observer.traced_mutex);
     if (g_observer.correlator == nullptr) {
@@ -144,7 +154,6 @@ void start_work_tracer(runtime::Runtime& rt) {
     } else {
       g_observer.correlator->reset();
     }
-    g_observer.traced_ops_closed.store(0, std::memory_order_relaxed);
     g_observer.traced_work_delivered = false;
     g_observer.traced_bricks_lost = 0;
   }
@@ -231,7 +240,11 @@ void disable() {
   runtime::set_queue_hook(nullptr);
   if (g_observer.traced.load(std::memory_order_relaxed)) {
     g_observer.traced.store(false, std::memory_order_relaxed);
-    g_observer.tracer.load(std::memory_order_relaxed)->stop();  // its records stay to drain
+    // Its records stay to drain. (Inside a torch.profiler that started since, CUPTI's activity
+    // kinds are Kineto's too: they are left enabled for it.)
+    if (!kineto_uses_cupti(*g_observer.runtime.load(std::memory_order_relaxed))) {
+      g_observer.tracer.load(std::memory_order_relaxed)->stop();
+    }
   }
   g_observer.owner.store(nullptr, std::memory_order_release);
   g_observer.enabled.store(false, std::memory_order_release);
@@ -295,7 +308,7 @@ std::pair<std::string, std::string> work_tracer_status() {
 registry::Snapshot snapshot() {
   // Every closed traced brick, and every thread's outstanding pairs (asynchronous runtimes
   // only), resolve here, waiting for their device work.
-  resolve_traced();
+  resolve_traced(TracedResolution::Snapshot);
   {
     ThreadState* self = &thread_state();
     std::lock_guard<std::mutex> states(g_observer.states_mutex);

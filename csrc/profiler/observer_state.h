@@ -92,10 +92,9 @@ struct ObserverState {
   std::atomic<uint64_t> traced_devices{0};  // bit d: a traced brick ran on device d
   std::mutex traced_mutex;  // one resolution at a time; guards the correlator and below
   std::unique_ptr<WorkCorrelator> correlator;  // made by the first traced profile
-  // Since the traced profile's start: ops with device work closed, and whether the tracer has
-  // delivered any work. Ops with work and none delivered: another client took the tracer's
+  // Since the traced profile's start: whether the tracer has delivered any work. Brick launched
+  // work (the tracer's launches()) and none was delivered: another client took the tracer's
   // records (CUPTI gives them to one); those bricks are lost, and counted, not recorded as 0.
-  std::atomic<uint64_t> traced_ops_closed{0};
   bool traced_work_delivered = false;
   uint64_t traced_bricks_lost = 0;
 
@@ -317,8 +316,14 @@ void start_awaiting_bricks(runtime::DeviceIndex device) noexcept;
 void start_traced_timing(runtime::Runtime& rt, Frame& frame, uint64_t parent_interval);
 void finish_traced_timing(ThreadState& state, const Frame& frame);
 // Waits for the devices traced bricks ran on, drains the tracer and records every closed
-// brick's device time. Takes traced_mutex, then states_mutex and each thread's pending mutex.
-void resolve_traced();
+// brick's device time: for a snapshot (on an asynchronous device only once the profile has
+// ended), or because a thread holds too many closed bricks. Takes traced_mutex, then
+// states_mutex and every thread's pending mutex.
+enum class TracedResolution : uint8_t { Snapshot, Bound };
+void resolve_traced(TracedResolution why);
+// Forgets what an earlier traced profile left unresolved (its closed bricks, the tracer's
+// records): a new profile starts from nothing.
+void discard_traced();
 
 #pragma GCC visibility pop
 

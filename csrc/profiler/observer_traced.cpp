@@ -49,7 +49,6 @@ void start_traced_timing(runtime::Runtime& rt, Frame& frame, uint64_t parent_int
 
 // Queues `frame`'s closed interval (its tracer push already popped) for resolution.
 void finish_traced_timing(ThreadState& state, const Frame& frame) {
-  if (frame.is_op) g_observer.traced_ops_closed.fetch_add(1, std::memory_order_relaxed);
   size_t held = 0;
   {
     std::lock_guard<std::mutex> lock(state.pending.mutex);
@@ -61,28 +60,47 @@ void finish_traced_timing(ThreadState& state, const Frame& frame) {
   const size_t bound = g_observer.async.load(std::memory_order_relaxed) ? kMaxClosedIntervals
                                                                         : kResolveSynchronousEvery;
   if (held >= bound) [[unlikely]]
-    resolve_traced();
+    resolve_traced(TracedResolution::Bound);
 }
 
-void resolve_traced() {
+namespace {
+
+// Every closed brick of every thread (and of threads that exited), taken at one instant: all
+// threads' pending locks are held together, so a brick whose close is taken has every brick
+// that closed before it taken too (the autograd engine's children before the owner's parent).
+std::vector<ClosedInterval> take_closed() {
+  std::vector<ClosedInterval> closed;
+  std::lock_guard<std::mutex> states(g_observer.states_mutex);
+  std::vector<std::unique_lock<std::mutex>> locks;
+  locks.reserve(g_observer.states.size());
+  for (ThreadState* state : g_observer.states) locks.emplace_back(state->pending.mutex);
+  closed.swap(g_observer.exited_closed);
+  for (ThreadState* state : g_observer.states) {
+    state->pending.closed.append_to(closed);
+    state->pending.closed.clear();
+    state->pending.closed_size.store(0, std::memory_order_relaxed);
+  }
+  return closed;
+}
+
+}  // namespace
+
+void resolve_traced(TracedResolution why) {
   std::lock_guard<std::mutex> resolving(g_observer.traced_mutex);
   runtime::WorkTracer* tracer = g_observer.tracer.load(std::memory_order_relaxed);
   if (tracer == nullptr || g_observer.correlator == nullptr) return;
+  // On an asynchronous device, work queued by threads still running may be in flight when the
+  // tracer is flushed, and its records would come incomplete (lost): while the traced profile
+  // runs, its bricks resolve only when too many are held; a snapshot resolves them once the
+  // profile has ended. (The host's work is traced by the time its brick closes.)
+  const bool running = g_observer.enabled.load(std::memory_order_acquire);
+  const bool asynchronous = g_observer.async.load(std::memory_order_relaxed);
+  if (asynchronous && running && why == TracedResolution::Snapshot) return;
   std::vector<ClosedInterval> closed;
-  {
-    std::lock_guard<std::mutex> states(g_observer.states_mutex);
-    closed.swap(g_observer.exited_closed);
-    for (ThreadState* state : g_observer.states) {
-      if (state->pending.closed_size.load(std::memory_order_relaxed) == 0) continue;
-      std::lock_guard<std::mutex> lock(state->pending.mutex);
-      state->pending.closed.append_to(closed);
-      state->pending.closed.clear();
-      state->pending.closed_size.store(0, std::memory_order_relaxed);
-    }
-  }
-  if (closed.empty()) return;
   std::vector<ResolvedInterval> resolved;
   try {
+    closed = take_closed();
+    if (closed.empty()) return;
     runtime::Runtime& rt = runtime::get();
     const uint64_t devices = g_observer.traced_devices.load(std::memory_order_relaxed);
     for (int device = 0; device < runtime::kMaxDevices; ++device) {
@@ -91,15 +109,15 @@ void resolve_traced() {
     runtime::TracedRecords records;
     tracer->drain(&records);
     if (!records.work.empty()) g_observer.traced_work_delivered = true;
-    if (!g_observer.traced_work_delivered &&
-        g_observer.traced_ops_closed.load(std::memory_order_relaxed) > 0) {
+    WorkCorrelator& correlator = *g_observer.correlator;
+    correlator.add(records);
+    if (!g_observer.traced_work_delivered && tracer->launches() > 0) {
+      // Brick launched work and the tracer delivered none: another client took its records.
       g_observer.traced_bricks_lost += closed.size();
       return;
     }
-    WorkCorrelator& correlator = *g_observer.correlator;
-    correlator.add(records);
     resolved.reserve(closed.size());
-    correlator.resolve(closed, /*all_delivered=*/true, &resolved);
+    correlator.resolve(closed, /*all_delivered=*/!running, &resolved);
   } catch (...) {  // the devices or the tracer failed: these bricks cannot be timed
     g_observer.timing_failures.fetch_add(closed.size(), std::memory_order_relaxed);
     return;
@@ -108,6 +126,15 @@ void resolve_traced() {
   const int64_t now = registry::Registry::now_ns();
   for (const ResolvedInterval& interval : resolved) {
     record_brick(registry, node_of(interval.tag), shape_of(interval.tag), interval.device_ns, now);
+  }
+}
+
+void discard_traced() {
+  std::lock_guard<std::mutex> resolving(g_observer.traced_mutex);
+  (void)take_closed();
+  if (runtime::WorkTracer* tracer = g_observer.tracer.load(std::memory_order_relaxed)) {
+    runtime::TracedRecords stale;
+    tracer->drain(&stale);
   }
 }
 

@@ -75,32 +75,46 @@ void WorkCorrelator::resolve(std::vector<ClosedInterval>& closed, bool all_deliv
         closed.begin(), closed.end(), ClosedInterval{interval, 0, 0},
         [](const ClosedInterval& a, const ClosedInterval& b) { return a.id > b.id; });
   };
-  for (const ClosedInterval& interval : closed) {
-    Sum total;
-    for (; work != attributed_.end() && work->interval >= interval.id; ++work) {
-      if (work->interval == interval.id) {
-        total.ns += work->ns;
-        ++total.work;
-      } else {
-        *kept++ = *work;  // an interval still open
+  // The work not merged yet (from `work` on) is kept whatever happens below: an allocation
+  // that fails midway leaves no record both consumed and kept.
+  const auto keep_the_rest = [&] {
+    kept = std::move(work, attributed_.end(), kept);
+    attributed_.erase(kept, attributed_.end());
+  };
+  try {
+    for (const ClosedInterval& interval : closed) {
+      Sum total;
+      for (; work != attributed_.end() && work->interval >= interval.id; ++work) {
+        if (work->interval == interval.id) {
+          total.ns += work->ns;
+          ++total.work;
+        } else {
+          *kept++ = *work;  // an interval still open
+        }
       }
+      if (const auto nested = children_.find(interval.id); nested != children_.end()) {
+        total.ns += nested->second.ns;
+        total.work += nested->second.work;
+        children_.erase(nested);
+      }
+      if (interval.parent != 0 && total.work > 0) {
+        Sum& parent = children_[interval.parent];
+        parent.ns += total.ns;
+        parent.work += total.work;
+      }
+      out->push_back({interval.tag, total.ns, total.work});
     }
-    if (const auto nested = children_.find(interval.id); nested != children_.end()) {
-      total.ns += nested->second.ns;
-      total.work += nested->second.work;
-      children_.erase(nested);
-    }
-    if (interval.parent != 0 && total.work > 0) {
-      Sum& parent = children_[interval.parent];
-      parent.ns += total.ns;
-      parent.work += total.work;
-    }
-    out->push_back({interval.tag, total.ns, total.work});
+  } catch (...) {
+    keep_the_rest();
+    throw;
   }
-  kept = std::move(work, attributed_.end(), kept);
-  attributed_.erase(kept, attributed_.end());
-  // The calls of resolved intervals have delivered all their work: forget them.
-  if (!closed.empty()) {
+  keep_the_rest();
+  if (all_delivered) {
+    // Nothing more will come for any call made so far: calls that queued no work (most API
+    // calls inside a long brick) are not kept for later.
+    calls_.clear();
+  } else if (!closed.empty()) {
+    // The calls of resolved intervals have delivered all their work: forget them.
     std::erase_if(calls_,
                   [&](const runtime::TracedCall& call) { return is_closed(call.interval); });
   }

@@ -7,6 +7,7 @@
 #include <cupti.h>
 #include <dlfcn.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/launch_observer.h"
 #include "runtime/runtime.h"
 #include "runtime/work_tracer.h"
 
@@ -107,6 +109,15 @@ struct Inbox {
   TracedRecords records;
   std::vector<uint8_t*> free_buffers;
 };
+// Records held beyond this (work of the process that no resolution drains, say) are dropped,
+// and counted.
+constexpr size_t kMaxHeldRecords = size_t{1} << 22;
+
+// Brick's launches while tracing, counted through the launch hooks (CUPTI itself sees them all).
+std::atomic<uint64_t> g_launches{0};
+void count_launch() noexcept { g_launches.fetch_add(1, std::memory_order_relaxed); }
+void launch_done() noexcept {}
+constexpr LaunchTrace kCountLaunches{&count_launch, &launch_done};
 Inbox& inbox() {
   static Inbox* const kept = new Inbox();  // CUPTI may call back during exit
   return *kept;
@@ -146,6 +157,10 @@ void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream_id, uint8_t* b
   try {
     CUpti_Activity* record = nullptr;
     while (api.next_record(buffer, valid_bytes, &record) == CUPTI_SUCCESS) {
+      if (into.work.size() + into.calls.size() >= kMaxHeldRecords) [[unlikely]] {
+        ++into.dropped;
+        continue;
+      }
       switch (record->kind) {
         case CUPTI_ACTIVITY_KIND_KERNEL:
         case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
@@ -211,9 +226,14 @@ class CuptiTracer final : public WorkTracer {
       }
       ++enabled;
     }
+    g_launches.store(0, std::memory_order_relaxed);
+    set_launch_trace(&kCountLaunches);
   }
 
+  uint64_t launches() const noexcept override { return g_launches.load(std::memory_order_relaxed); }
+
   void stop() noexcept override {
+    set_launch_trace(nullptr);
     for (const CUpti_ActivityKind kind : kKinds) cupti().api.disable(kind);
   }
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <vector>
 
 #include "common/chunked_log.h"
@@ -34,6 +35,7 @@ struct ThreadRecords {
 struct Tracing {
   std::atomic<bool> on{false};
   std::atomic<uint32_t> next_call{1};
+  std::atomic<uint64_t> launches{0};  // since start()
   std::mutex threads_mutex;
   std::vector<std::shared_ptr<ThreadRecords>> threads;  // every thread that recorded
 };
@@ -54,17 +56,24 @@ struct ThreadTrace {
 // state its owner keeps on the heap until the thread exits.
 [[gnu::tls_model("initial-exec")]] constinit thread_local ThreadTrace* tls_trace = nullptr;
 
+// Owns the calling thread's trace until the thread exits; the pointer goes first, so nothing
+// later in the thread's teardown reaches a freed trace.
+struct ThreadTraceOwner {
+  std::unique_ptr<ThreadTrace> owned;
+  ~ThreadTraceOwner() { tls_trace = nullptr; }
+};
+
 [[gnu::noinline]] ThreadTrace* create_thread_trace() noexcept {
   try {
-    thread_local std::unique_ptr<ThreadTrace> owner;
+    thread_local ThreadTraceOwner owner;
     auto trace = std::make_unique<ThreadTrace>();
     trace->records = std::make_shared<ThreadRecords>();
     {
       std::lock_guard<std::mutex> lock(tracing().threads_mutex);
       tracing().threads.push_back(trace->records);
     }
-    owner = std::move(trace);
-    tls_trace = owner.get();
+    owner.owned = std::move(trace);
+    tls_trace = owner.owned.get();
   } catch (...) {  // out of memory: this thread's launches and pushes go untraced
     return nullptr;
   }
@@ -102,6 +111,7 @@ void on_queued() noexcept {
   if (trace->launch_depth++ > 0) {
     record_piece(*trace);
   } else {
+    tracing().launches.fetch_add(1, std::memory_order_relaxed);
     trace->queued_ns = steady_ns();
   }
 }
@@ -120,8 +130,13 @@ class HostWorkTracer final : public WorkTracer {
   const char* name() const noexcept override { return "host"; }
 
   void start() override {
+    tracing().launches.store(0, std::memory_order_relaxed);
     tracing().on.store(true, std::memory_order_relaxed);
     set_launch_trace(&kLaunchTrace);
+  }
+
+  uint64_t launches() const noexcept override {
+    return tracing().launches.load(std::memory_order_relaxed);
   }
 
   void stop() noexcept override {
@@ -144,6 +159,8 @@ class HostWorkTracer final : public WorkTracer {
     }
   }
 
+  // (A push that could not be kept is undone by the pop that ends it: counted pushes are the
+  // innermost, so the `unpushed` ones are popped first.)
   void pop() noexcept override {
     ThreadTrace* trace = tls_trace;
     if (trace == nullptr) return;
@@ -177,5 +194,23 @@ class HostWorkTracer final : public WorkTracer {
 }  // namespace
 
 std::unique_ptr<WorkTracer> make_host_work_tracer() { return std::make_unique<HostWorkTracer>(); }
+
+void host_work_tracer_after_fork_in_child() noexcept {
+  Tracing& shared = tracing();
+  new (&shared.threads_mutex) std::mutex();
+  // The other threads' records are the parent's (and their locks may be held): left behind.
+  (void)new std::vector<std::shared_ptr<ThreadRecords>>(std::move(shared.threads));
+  shared.threads.clear();  // (moved from: empty; said, not assumed)
+  ThreadTrace* trace = tls_trace;
+  if (trace == nullptr) return;
+  trace->queued_ns = -1;
+  trace->launch_depth = 0;
+  try {
+    trace->records = std::make_shared<ThreadRecords>();
+    shared.threads.push_back(trace->records);
+  } catch (...) {  // out of memory: this thread goes untraced in the child
+    tls_trace = nullptr;
+  }
+}
 
 }  // namespace brick::runtime

@@ -48,6 +48,9 @@ class WorkTracer {
   // Hands over every record of work that completed on the device before this call (the caller
   // waited for the work it needs), and of the calls that queued it.
   virtual void drain(TracedRecords* into) = 0;
+  // Brick's launches (kernels, copies) seen through the launch hooks since start(): work the
+  // tracer must have recorded.
+  virtual uint64_t launches() const noexcept = 0;
 };
 
 // The host's: brick's launches on the host runtime run on the launching thread, so a launch's
@@ -55,6 +58,9 @@ class WorkTracer {
 // domain for the host). Sees the launches through the launch hooks (runtime/launch_observer.h)
 // while started. One per process is in use at a time.
 std::unique_ptr<WorkTracer> make_host_work_tracer();
+// In a forked child: the host tracer's locks renewed (a parent's thread may have held one at the
+// fork) and the parent's records forgotten.
+void host_work_tracer_after_fork_in_child() noexcept;
 
 // CUPTI's activity API, loaded at run time (BRICK_CUPTI_LIBRARY, else libcupti.so by the
 // loader's search): nullptr where this build has no CUDA or CUPTI cannot be loaded, with the

@@ -64,6 +64,7 @@ TEST_F(HostWorkTracerTest, ALaunchIsWorkOfTheInnermostIntervalForItsWholeDuratio
   launch();
   tracer_->pop();
   launch();  // outside every interval: work with no call naming one
+  EXPECT_EQ(tracer_->launches(), 3u);
   const auto by_interval = drain();
   ASSERT_EQ(by_interval.count(2), 1u);
   EXPECT_EQ(by_interval.at(2).first, 1);

@@ -25,6 +25,7 @@ PyTorch itself, so this module does not.
 
 from __future__ import annotations
 
+import gc
 import inspect
 import math
 import os
@@ -805,12 +806,20 @@ def shared_objects():
 # ---- the tests -------------------------------------------------------------------------------
 
 def _judge(case: Case) -> List[str]:
-    before = _snapshot()
+    # No garbage collection between the two snapshots: freeing an earlier test's cycles (a model
+    # on brick) would change the allocated memory the call is judged by.
+    collecting = gc.isenabled()
+    gc.disable()
     try:
-        error = _run(case)
-        after = _snapshot()
+        before = _snapshot()
+        try:
+            error = _run(case)
+            after = _snapshot()
+        finally:
+            _restore(before)
     finally:
-        _restore(before)
+        if collecting:
+            gc.enable()
     reasons = _unclear_reasons(case, error)
     reasons += [f"state changed by the bad call: {change}" for change in _changes(before, after)]
     TRIED[case.id] = not reasons

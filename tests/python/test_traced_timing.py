@@ -6,6 +6,7 @@ host runtime, whose tracer stamps brick's launches; on a GPU the same path reads
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -188,6 +189,8 @@ def test_the_command_line_profiles_a_script_with_traced_timing(tmp_path):
 
 
 @needs_host_tracer
+@pytest.mark.skipif(os.environ.get("BRICK_HOST_COMPLETION") == "deferred",
+                    reason="an asynchronous runtime resolves traced bricks when the profile ends")
 def test_a_long_profile_holds_a_bounded_number_of_closed_bricks_and_loses_none():
     x = torch.ones(4, device="brick")
     with bp.profile(sync_mode="event", device_timing="traced") as p:
