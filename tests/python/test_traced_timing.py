@@ -6,7 +6,9 @@ host runtime, whose tracer stamps brick's launches; on a GPU the same path reads
 
 from __future__ import annotations
 
+import json
 import os
+import textwrap
 import threading
 import time
 
@@ -225,3 +227,54 @@ def test_the_demo_traced_passes_the_checks_that_do_not_depend_on_the_machine(tmp
         assert checks[check].status == "pass", checks[check].message
     with pytest.raises(ValueError, match="device_timing must be 'events' or 'traced'"):
         demo.run_demo(small, out_dir=tmp_path, device_timing="yes")
+
+
+@needs_host_tracer
+@pytest.mark.skipif(os.environ.get("BRICK_HOST_COMPLETION") == "deferred",
+                    reason="the child reads its bricks while the profile runs: a synchronous "
+                    "runtime's")
+def test_a_fork_inside_a_traced_profile_leaves_both_processes_exact():
+    """The child gets a fresh registry and tracer state (a lock the parent's threads held at the
+    fork is renewed), times its own bricks, and none of the parent's."""
+    code = textwrap.dedent("""
+        import json, os, threading, torch, torch_brickdev
+        import torch_brickdev.profiler as bp
+        x = torch.ones(64, device="brick")
+        busy = threading.Event()
+        stop = threading.Event()
+        def launches():  # another thread launching while the fork happens
+            y = torch.ones(64, device="brick")
+            while not stop.is_set():
+                y.add_(1)
+                busy.set()
+        with bp.profile(sync_mode="event", device_timing="traced") as p:
+            for _ in range(300):
+                x.add_(1)
+            worker = threading.Thread(target=launches)
+            worker.start()
+            busy.wait(60)
+            pid = os.fork()
+            if pid == 0:
+                for _ in range(10):
+                    x.mul_(1.0)
+                rows = {b.name: b for b in bp.stats()}
+                ok = rows["aten::mul_"].count == 10 and rows["aten::mul_"].total_ns > 0 \\
+                    and "aten::add_" not in rows
+                os._exit(0 if ok else 3)
+            stop.set()
+            worker.join(60)
+            _, status = os.waitpid(pid, 0)
+            for _ in range(300):
+                x.add_(1)
+        add = p.report.brick("aten::add_")
+        print(json.dumps({"child": os.waitstatus_to_exitcode(status),
+                          "main_adds": p.report.paths and
+                          {b.path: b.count for b in p.report.paths}.get("aten::add_"),
+                          "add_ns": add.total_ns, "health": bp.health()}))
+    """)
+    done = run_python("-c", code)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["child"] == 0
+    assert seen["main_adds"] >= 600 and seen["add_ns"] > 0
+    assert seen["health"]["traced_lost"] == 0 and seen["health"]["timing_failures"] == 0
