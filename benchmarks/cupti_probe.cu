@@ -15,7 +15,7 @@
 // BRICK_CUPTI_LIBRARY, else by the loader's search for libcupti.so. Built and run by the GPU job;
 // the test command compiles it wherever nvcc is.
 //
-//   nvcc -O2 -o cupti_probe benchmarks/cupti_probe.cu -ldl && ./cupti_probe [libcupti.so]
+//   nvcc -O2 -Icsrc -o cupti_probe benchmarks/cupti_probe.cu -ldl && ./cupti_probe [libcupti.so]
 #include <cuda_runtime.h>
 #include <cupti.h>
 #include <dlfcn.h>
@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "cuda_host_timing.h"
+#include "runtime/cupti_api.h"
 
 namespace {
 
@@ -47,18 +48,7 @@ __global__ void spin_kernel(int iterations, float* sink) {
 }
 
 // The CUPTI entry points the probe calls, resolved from the loaded library.
-struct Cupti {
-  decltype(&cuptiActivityEnable) enable = nullptr;
-  decltype(&cuptiActivityDisable) disable = nullptr;
-  decltype(&cuptiActivityRegisterCallbacks) register_callbacks = nullptr;
-  decltype(&cuptiActivityGetNextRecord) next_record = nullptr;
-  decltype(&cuptiActivityFlushAll) flush_all = nullptr;
-  decltype(&cuptiActivityPushExternalCorrelationId) push = nullptr;
-  decltype(&cuptiActivityPopExternalCorrelationId) pop = nullptr;
-  decltype(&cuptiGetResultString) result_string = nullptr;
-  decltype(&cuptiFinalize) finalize = nullptr;
-};
-Cupti g_cupti;
+brick::runtime::cupti::Api g_cupti;
 
 void check(CUptiResult status, const char* what) {
   if (status == CUPTI_SUCCESS) return;
@@ -69,30 +59,16 @@ void check(CUptiResult status, const char* what) {
   std::exit(2);
 }
 
-template <typename Fn>
-void resolve(void* library, const char* name, Fn& fn) {
-  fn = reinterpret_cast<Fn>(dlsym(library, name));
-  if (fn == nullptr) {
-    std::fprintf(stderr, "cupti_probe: %s not found in the CUPTI library\n", name);
-    std::exit(2);
-  }
-}
-
 void load_cupti(const char* path) {
   void* library = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (library == nullptr) {
     std::fprintf(stderr, "cupti_probe: cannot load CUPTI from %s: %s\n", path, dlerror());
     std::exit(2);
   }
-  resolve(library, "cuptiActivityEnable", g_cupti.enable);
-  resolve(library, "cuptiActivityDisable", g_cupti.disable);
-  resolve(library, "cuptiActivityRegisterCallbacks", g_cupti.register_callbacks);
-  resolve(library, "cuptiActivityGetNextRecord", g_cupti.next_record);
-  resolve(library, "cuptiActivityFlushAll", g_cupti.flush_all);
-  resolve(library, "cuptiActivityPushExternalCorrelationId", g_cupti.push);
-  resolve(library, "cuptiActivityPopExternalCorrelationId", g_cupti.pop);
-  resolve(library, "cuptiGetResultString", g_cupti.result_string);
-  resolve(library, "cuptiFinalize", g_cupti.finalize);
+  if (const char* missing = brick::runtime::cupti::resolve_api(library, &g_cupti)) {
+    std::fprintf(stderr, "cupti_probe: %s not found in the CUPTI library\n", missing);
+    std::exit(2);
+  }
 }
 
 // What the completed buffers held since the last take(): kernels (by correlation id) and the

@@ -186,10 +186,10 @@ found = sorted(glob.glob(os.path.join(os.path.dirname(os.path.dirname(torch.__fi
                                       "nvidia", "**", "libcupti.so*"), recursive=True))
 print(found[0] if found else "libcupti.so")' || echo libcupti.so)
       gpu_step cupti-probe 60 bash -c \
-        "'$nvcc' -O2 -o '$build_dir/cupti_probe' benchmarks/cupti_probe.cu -ldl && '$build_dir/cupti_probe' '$cupti_library'"
+        "'$nvcc' -O2 -Icsrc -o '$build_dir/cupti_probe' benchmarks/cupti_probe.cu -ldl && '$build_dir/cupti_probe' '$cupti_library'"
     elif [ -x "$nvcc" ]; then
       gpu_step cupti-probe 60 bash -c \
-        "'$nvcc' -O2 -o '$build_dir/cupti_probe' benchmarks/cupti_probe.cu -ldl && echo 'cupti_probe: compiled (it runs on a GPU)'"
+        "'$nvcc' -O2 -Icsrc -o '$build_dir/cupti_probe' benchmarks/cupti_probe.cu -ldl && echo 'cupti_probe: compiled (it runs on a GPU)'"
     fi
     # The test command's rehearsal runs on its own build, whose GoogleTests it has just passed
     # (BRICK_REHEARSAL_GTEST_PASSED): the step is named, not repeated.

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/cupti_api.h"
 #include "runtime/launch_observer.h"
 #include "runtime/runtime.h"
 #include "runtime/work_tracer.h"
@@ -27,32 +28,12 @@ constexpr CUpti_ExternalCorrelationKind kBrickIntervals = CUPTI_EXTERNAL_CORRELA
 constexpr size_t kBufferBytes = size_t{4} << 20;
 constexpr size_t kBufferAlignment = 8;
 
-// The entry points brick calls, from the loaded library.
-struct CuptiApi {
-  decltype(&cuptiActivityEnable) enable = nullptr;
-  decltype(&cuptiActivityDisable) disable = nullptr;
-  decltype(&cuptiActivityRegisterCallbacks) register_callbacks = nullptr;
-  decltype(&cuptiActivityGetNextRecord) next_record = nullptr;
-  decltype(&cuptiActivityGetNumDroppedRecords) dropped_records = nullptr;
-  decltype(&cuptiActivityFlushAll) flush_all = nullptr;
-  decltype(&cuptiActivityPushExternalCorrelationId) push = nullptr;
-  decltype(&cuptiActivityPopExternalCorrelationId) pop = nullptr;
-  decltype(&cuptiGetResultString) result_string = nullptr;
-};
-
 // The library, loaded once: the process's own copy when it has one, else BRICK_CUPTI_LIBRARY,
 // else the loader's search. Empty `why` on success.
 struct LoadedCupti {
-  CuptiApi api;
+  cupti::Api api;
   std::string why;
 };
-
-template <typename Fn>
-bool resolve(void* library, const char* name, Fn& fn, std::string* why) {
-  fn = reinterpret_cast<Fn>(dlsym(library, name));
-  if (fn == nullptr && why->empty()) *why = std::string(name) + " is missing from the library";
-  return fn != nullptr;
-}
 
 LoadedCupti load_cupti() {
   LoadedCupti loaded;
@@ -78,28 +59,20 @@ LoadedCupti load_cupti() {
                  "BRICK_CUPTI_LIBRARY to its path (PyTorch's nvidia packages have one)";
     return loaded;
   }
-  CuptiApi& api = loaded.api;
-  std::string* why = &loaded.why;
-  resolve(library, "cuptiActivityEnable", api.enable, why);
-  resolve(library, "cuptiActivityDisable", api.disable, why);
-  resolve(library, "cuptiActivityRegisterCallbacks", api.register_callbacks, why);
-  resolve(library, "cuptiActivityGetNextRecord", api.next_record, why);
-  resolve(library, "cuptiActivityGetNumDroppedRecords", api.dropped_records, why);
-  resolve(library, "cuptiActivityFlushAll", api.flush_all, why);
-  resolve(library, "cuptiActivityPushExternalCorrelationId", api.push, why);
-  resolve(library, "cuptiActivityPopExternalCorrelationId", api.pop, why);
-  resolve(library, "cuptiGetResultString", api.result_string, why);
+  if (const char* missing = cupti::resolve_api(library, &loaded.api)) {
+    loaded.why = std::string(missing) + " is missing from the CUPTI library";
+  }
   return loaded;
 }
 
-const LoadedCupti& cupti() {
+const LoadedCupti& loaded_cupti() {
   static const LoadedCupti loaded = load_cupti();
   return loaded;
 }
 
 std::string result_text(CUptiResult status) {
   const char* text = nullptr;
-  if (cupti().api.result_string != nullptr) cupti().api.result_string(status, &text);
+  if (loaded_cupti().api.result_string != nullptr) loaded_cupti().api.result_string(status, &text);
   return text != nullptr ? text : "CUPTI error " + std::to_string(static_cast<int>(status));
 }
 
@@ -151,7 +124,7 @@ void take_work(const Record& record, TracedRecords& into) {
 
 void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream_id, uint8_t* buffer, size_t,
                                size_t valid_bytes) {
-  const CuptiApi& api = cupti().api;
+  const cupti::Api& api = loaded_cupti().api;
   std::lock_guard<std::mutex> lock(inbox().mutex);
   TracedRecords& into = inbox().records;
   try {
@@ -210,7 +183,7 @@ class CuptiTracer final : public WorkTracer {
   const char* name() const noexcept override { return "CUPTI"; }
 
   void start() override {
-    const CuptiApi& api = cupti().api;
+    const cupti::Api& api = loaded_cupti().api;
     if (const CUptiResult status = api.register_callbacks(buffer_requested, buffer_completed);
         status != CUPTI_SUCCESS) {
       throw Error("brick: CUPTI's activity buffers cannot be registered: " + result_text(status));
@@ -234,18 +207,20 @@ class CuptiTracer final : public WorkTracer {
 
   void stop() noexcept override {
     set_launch_trace(nullptr);
-    for (const CUpti_ActivityKind kind : kKinds) cupti().api.disable(kind);
+    for (const CUpti_ActivityKind kind : kKinds) loaded_cupti().api.disable(kind);
   }
 
-  void push(uint64_t interval) noexcept override { cupti().api.push(kBrickIntervals, interval); }
+  void push(uint64_t interval) noexcept override {
+    loaded_cupti().api.push(kBrickIntervals, interval);
+  }
 
   void pop() noexcept override {
     uint64_t popped = 0;
-    cupti().api.pop(kBrickIntervals, &popped);
+    loaded_cupti().api.pop(kBrickIntervals, &popped);
   }
 
   void drain(TracedRecords* into) override {
-    if (const CUptiResult status = cupti().api.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+    if (const CUptiResult status = loaded_cupti().api.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
         status != CUPTI_SUCCESS) {
       throw Error("brick: CUPTI's activity buffers cannot be flushed: " + result_text(status));
     }
@@ -268,8 +243,8 @@ class CuptiTracer final : public WorkTracer {
 }  // namespace
 
 std::unique_ptr<WorkTracer> make_cupti_tracer(std::string* why) {
-  if (!cupti().why.empty()) {
-    if (why != nullptr) *why = cupti().why;
+  if (!loaded_cupti().why.empty()) {
+    if (why != nullptr) *why = loaded_cupti().why;
     return nullptr;
   }
   return std::make_unique<CuptiTracer>();

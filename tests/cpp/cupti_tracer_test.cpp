@@ -31,6 +31,17 @@ TEST(CuptiTracerLoading, ALibraryThatCannotBeLoadedIsNamedInTheReason) {
   EXPECT_NE(why.find("cannot be loaded"), std::string::npos) << why;
 }
 
+TEST(CuptiTracerLoading, ARealCuptiLibraryGivesEveryEntryPointWithoutAGpu) {
+  const char* asked = std::getenv("BRICK_CUPTI_LIBRARY");
+  if (asked == nullptr || std::string(asked).find("/nonexistent/") != std::string::npos) {
+    GTEST_SKIP() << "run with BRICK_CUPTI_LIBRARY naming a CUPTI library (CTest: "
+                    "cupti_tracer_loads_the_toolkits_library, where the toolkit has one)";
+  }
+  std::string why;
+  EXPECT_NE(make_cupti_tracer(&why), nullptr) << why;
+  EXPECT_EQ(why, "");
+}
+
 class CuptiTracerTest : public ::testing::Test {
  protected:
   void SetUp() override {
