@@ -48,11 +48,15 @@ class LaunchScope {
     }
     if (hooks_.trace != nullptr && !traced_) {
       traced_ = true;
+      ++runtime::detail::tls_traced_launches;
       hooks_.trace->queued();
     }
   }
   [[gnu::noinline]] void end() noexcept {
-    if (traced_) hooks_.trace->done();
+    if (traced_) {
+      hooks_.trace->done();
+      --runtime::detail::tls_traced_launches;
+    }
     if (hooks_.observer != nullptr) hooks_.observer->end(launch_);
     if (hooks_.kernel_timer != nullptr) hooks_.kernel_timer->end();
   }

@@ -64,6 +64,9 @@ struct ThreadStateOwner {
       std::lock_guard<std::mutex> pending(state.pending.mutex);
       try {
         state.pending.closed.append_to(g_observer.exited_closed);
+        if (const uint64_t floor = state.traced_floor.load(std::memory_order_relaxed); floor != 0) {
+          g_observer.exited_traced_threads.push_back(static_cast<uint32_t>(floor >> kSegmentBits));
+        }
       } catch (...) {  // out of memory: these bricks are lost, and counted
         g_observer.timing_failures.fetch_add(state.pending.closed.size(),
                                              std::memory_order_relaxed);
@@ -167,9 +170,9 @@ void publish_top(ThreadState& state) {
 void drop_open_bricks(ThreadState& state) {
   for (const Frame& frame : state.stack) {
     if (frame.start_event != nullptr) state.events.release(frame.device, frame.start_event);
-    if (frame.interval != 0) g_observer.tracer.load(std::memory_order_relaxed)->pop();
   }
   state.stack.clear();
+  if (state.marking) (void)close_traced_mark(state);
   state.awaiting = 0;
   forget_last_op_end(state);
 }
@@ -188,12 +191,15 @@ NodeId top_level_parent(ThreadState& state, IsEngineWork&& engine_work) {
 
 // Traced timing: the interval a brick opening now with `parent` opens in: the thread's innermost
 // open brick's, or, for an autograd engine thread's work, the owner's (a top-level brick with a
-// parent).
-uint64_t parent_interval(const ThreadState& state, NodeId parent) {
+// parent, on another thread: `elsewhere`).
+uint64_t parent_interval(const ThreadState& state, NodeId parent, bool* elsewhere) {
+  *elsewhere = false;
   if (!state.stack.empty()) return state.stack.back().interval;
   if (parent == registry::kNoParent) return 0;
   const ThreadState* owner = g_observer.owner.load(std::memory_order_relaxed);
-  return owner != nullptr ? owner->published_interval.load(std::memory_order_relaxed) : 0;
+  if (owner == nullptr) return 0;
+  *elsewhere = true;
+  return owner->published_interval.load(std::memory_order_relaxed);
 }
 
 // Opens a brick on the calling thread: pushes its frame and starts its timing. `name_frame(state,
@@ -211,7 +217,8 @@ void open_brick(bool is_op, IsEngineWork&& engine_work, NameFrame&& name_frame) 
     return;  // no thread state: its close finds none either (counted as unbalanced)
   }
   runtime::Runtime& rt = *g_observer.runtime.load(std::memory_order_relaxed);
-  Frame frame{kIgnored, 0, 0, nullptr};
+  Frame frame{};
+  frame.node = kIgnored;
   frame.is_op = is_op;
   if (is_op) {
     frame.work_at_open = runtime::device_work_seen();
@@ -235,7 +242,9 @@ void open_brick(bool is_op, IsEngineWork&& engine_work, NameFrame&& name_frame) 
     name_frame(*state, parent, frame);
     if (frame.node != kIgnored) {
       if (g_observer.traced.load(std::memory_order_relaxed)) [[unlikely]] {
-        start_traced_timing(rt, frame, parent_interval(*state, parent));
+        bool elsewhere = false;
+        const uint64_t parent_id = parent_interval(*state, parent, &elsewhere);
+        start_traced_timing(rt, *state, frame, parent_id, elsewhere);
       } else if (g_observer.async.load(std::memory_order_relaxed)) [[unlikely]] {
         start_async_timing(*state, rt, frame, frame.is_op);
       } else {
@@ -254,7 +263,6 @@ void open_brick(bool is_op, IsEngineWork&& engine_work, NameFrame&& name_frame) 
   } catch (...) {  // out of memory: the close for this call is told to pop nothing
     g_observer.timing_failures.fetch_add(1, std::memory_order_relaxed);
     if (frame.start_event != nullptr) state->events.release(frame.device, frame.start_event);
-    if (frame.interval != 0) g_observer.tracer.load(std::memory_order_relaxed)->pop();
     ++state->unpushed;
     return;
   }
@@ -344,7 +352,7 @@ void close_brick(const at::RecordFunction* fn) noexcept {
     state.stack.pop_back();
     if (frame.awaiting_work) --state.awaiting;
     publish_top(state);
-    if (frame.interval != 0) g_observer.tracer.load(std::memory_order_relaxed)->pop();
+    const uint64_t close_segment = state.marking ? close_traced_mark(state) : 0;
     if (frame.node == kIgnored || frame.node == kSkippedInCapture) return;
     if (frame.is_op && !frame.inside_device_work &&
         runtime::device_work_seen() == frame.work_at_open &&
@@ -352,7 +360,7 @@ void close_brick(const at::RecordFunction* fn) noexcept {
       return;
     }
     if (frame.interval != 0) [[unlikely]] {
-      finish_traced_timing(state, frame);
+      finish_traced_timing(state, frame, close_segment);
       return;
     }
     if (g_observer.async.load(std::memory_order_relaxed)) [[unlikely]] {

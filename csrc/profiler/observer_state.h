@@ -101,8 +101,10 @@ struct ObserverState {
   // Every live thread's state, so snapshot() can resolve the pairs each thread still owes.
   std::mutex states_mutex;
   std::vector<ThreadState*> states;
-  // Closed traced bricks of threads that have exited, for the next resolution (states_mutex).
+  // Closed traced bricks of threads that have exited, for the next resolution, and those
+  // threads' work-mark numbers, whose segments it then forgets (states_mutex).
   std::vector<ClosedInterval> exited_closed;
+  std::vector<uint32_t> exited_traced_threads;
 };
 
 extern constinit ObserverState g_observer;
@@ -120,9 +122,12 @@ struct Frame {
   // An op: the thread's brick work count (runtime::device_work_seen()) when it opened. Its
   // start_ns is then read on every runtime and mode: the host time of an op that ran none.
   uint64_t work_at_open = 0;
-  // Traced timing: this brick's interval id (0: not traced) and the one it opened in.
+  // Traced timing: this brick's id (0: not traced), the one it opened in (another thread's:
+  // `parent_elsewhere`) and its thread's work mark at its open.
   uint64_t interval = 0;
   uint64_t parent_interval = 0;
+  WorkMark open_mark;
+  bool parent_elsewhere = false;
   // An op that opened inside an op that had already run brick work: part of that work (brick's
   // kernels run the backing device's ops, e.g. a CPU aten::copy_ inside brick's aten::addmm),
   // timed as an op whatever it queued.
@@ -260,11 +265,16 @@ struct ThreadState {
   // The innermost open brick, readable by other threads (see on_enter: autograd workers).
   std::atomic<NodeId> published_top{registry::kNoParent};
   std::atomic<uint64_t> published_interval{0};  // its interval (traced timing)
+  // Traced timing: segment_interval() of a mark no mark of this thread's open bricks, nor any it
+  // makes later, is below (its outermost open brick's open mark, or the mark its last outermost
+  // brick closed at); 0: none yet. What a resolution may fold below.
+  std::atomic<uint64_t> traced_floor{0};
   EventPool events;
   // This thread opened an autograd node while another thread owned the profile: it is one of
   // the autograd engine's threads, whose kernels outside any brick are that backward's work.
   bool runs_autograd_nodes = false;
   uint32_t unpushed = 0;  // enters whose frame could not be pushed (out of memory)
+  bool marking = false;   // traced timing: it has marked its work since its stack was empty
   uint32_t awaiting = 0;  // frames on the stack with awaiting_work set
   // Event mode: the end event of the op that ended last on this thread, held (one reference)
   // while this thread has queued no work since: an enclosing op that ends now ends at the same
@@ -313,8 +323,13 @@ void finish_async_timing(ThreadState& state, runtime::Runtime& rt, const Frame& 
 void start_awaiting_bricks(runtime::DeviceIndex device) noexcept;
 
 // ---- traced timing (observer_traced.cpp) ----
-void start_traced_timing(runtime::Runtime& rt, Frame& frame, uint64_t parent_interval);
-void finish_traced_timing(ThreadState& state, const Frame& frame);
+void start_traced_timing(runtime::Runtime& rt, ThreadState& state, Frame& frame,
+                         uint64_t parent_interval, bool parent_elsewhere);
+// Marks the calling thread's work where a brick closed (state.marking): its stack now empty,
+// its marks end (nothing of brick's stays pushed on the tracer). Returns the mark's segment.
+uint64_t close_traced_mark(ThreadState& state) noexcept;
+// Queues `frame`'s interval, closed at `close_segment`, for resolution.
+void finish_traced_timing(ThreadState& state, const Frame& frame, uint64_t close_segment);
 // Waits for the devices traced bricks ran on, drains the tracer and records every closed
 // brick's device time: for a snapshot (on an asynchronous device only once the profile has
 // ended), or because a thread holds too many closed bricks. Takes traced_mutex, then

@@ -1,14 +1,16 @@
-// The observer's traced timing (DeviceTiming::Traced): each brick is an interval id pushed on
-// the work tracer while it is open, so that the device's records of the work queued in it name
-// it; closed, it waits with its parent's id until a resolution (a snapshot, or the bound on
-// closed bricks) has waited for the devices and drained the tracer, and the correlator
-// (work_correlator.h) gives it the sum of its work, its nested bricks' included.
+// The observer's traced timing (DeviceTiming::Traced): each brick marks its thread's work where
+// it opens and closes (profiler/work_marks.h); closed, it waits with its parent's id until a
+// resolution (a snapshot, or the bound on closed bricks) has waited for the devices and drained
+// the tracer, and the correlator (work_correlator.h) gives it the work its thread queued between
+// its marks, plus what other threads' bricks nested in it queued.
 #include <cstdint>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "profiler/device_timer.h"
 #include "profiler/observer_state.h"
+#include "profiler/work_marks.h"
 #include "runtime/runtime.h"
 
 namespace brick::profiler::detail {
@@ -20,19 +22,24 @@ namespace {
 constexpr size_t kMaxClosedIntervals = 1 << 16;
 // On a synchronous runtime (the host's) a closed brick's work has all been traced when it
 // closes, so resolving waits for nothing: done every this many, the records stay few and their
-// memory warm (fresh pages cost ~10 µs each on a VM).
+// memory warm (fresh pages cost ~10 us each on a VM).
 constexpr size_t kResolveSynchronousEvery = 1 << 12;
 
 uint64_t tag_of(NodeId node, uint32_t shape) noexcept { return uint64_t{node} << 32 | shape; }
 NodeId node_of(uint64_t tag) noexcept { return static_cast<NodeId>(tag >> 32); }
 uint32_t shape_of(uint64_t tag) noexcept { return static_cast<uint32_t>(tag); }
 
+runtime::WorkTracer& tracer() noexcept {
+  return *g_observer.tracer.load(std::memory_order_relaxed);
+}
+
 }  // namespace
 
 // Opens `frame`'s interval (its device and node set), inside `parent_interval` (0: none). A
 // brick on a stream being captured into a CUDA graph is skipped, as in Event mode: its work
 // runs only at replay.
-void start_traced_timing(runtime::Runtime& rt, Frame& frame, uint64_t parent_interval) {
+void start_traced_timing(runtime::Runtime& rt, ThreadState& state, Frame& frame,
+                         uint64_t parent_interval, bool parent_elsewhere) {
   if (skip_in_capture(rt, frame.device, rt.current_stream(frame.device), TimingClient::Registry))
       [[unlikely]] {
     frame.node = kSkippedInCapture;
@@ -44,16 +51,33 @@ void start_traced_timing(runtime::Runtime& rt, Frame& frame, uint64_t parent_int
   frame.start_ns = registry::Registry::now_ns();  // its host time, if it queues no work
   frame.interval = g_observer.next_interval.fetch_add(1, std::memory_order_relaxed);
   frame.parent_interval = parent_interval;
-  g_observer.tracer.load(std::memory_order_relaxed)->push(frame.interval);
+  frame.parent_elsewhere = parent_elsewhere;
+  frame.open_mark = mark_work(tracer());
+  if (!state.marking) {  // its outermost brick: nothing of this thread's from now is below it
+    state.marking = true;
+    state.traced_floor.store(segment_interval(frame.open_mark.thread, frame.open_mark.segment),
+                             std::memory_order_release);
+  }
 }
 
-// Queues `frame`'s closed interval (its tracer push already popped) for resolution.
-void finish_traced_timing(ThreadState& state, const Frame& frame) {
+uint64_t close_traced_mark(ThreadState& state) noexcept {
+  if (!state.stack.empty()) return mark_work(tracer()).segment;
+  const WorkMark end = end_work_marks(tracer());
+  state.marking = false;
+  if (end.thread != 0) {
+    state.traced_floor.store(segment_interval(end.thread, end.segment), std::memory_order_release);
+  }
+  return end.segment;
+}
+
+// Queues `frame`'s closed interval for resolution.
+void finish_traced_timing(ThreadState& state, const Frame& frame, uint64_t close_segment) {
   size_t held = 0;
   {
     std::lock_guard<std::mutex> lock(state.pending.mutex);
-    state.pending.closed.push_back(
-        {frame.interval, frame.parent_interval, tag_of(frame.node, frame.shape)});
+    state.pending.closed.push_back({frame.interval, frame.parent_interval,
+                                    tag_of(frame.node, frame.shape), frame.open_mark, close_segment,
+                                    frame.parent_elsewhere});
     held = state.pending.closed.size();
     state.pending.closed_size.store(held, std::memory_order_relaxed);
   }
@@ -65,12 +89,27 @@ void finish_traced_timing(ThreadState& state, const Frame& frame) {
 
 namespace {
 
+// Where a resolution may fold each thread's segments (the correlator forgets what no mark will
+// ask about again): the live threads' floors, and the threads that exited.
+struct Floors {
+  std::unordered_map<uint32_t, uint64_t> live;
+  std::vector<uint32_t> exited;
+};
+
 // Every closed brick of every thread (and of threads that exited), taken at one instant: all
 // threads' pending locks are held together, so a brick whose close is taken has every brick
 // that closed before it taken too (the autograd engine's children before the owner's parent).
-std::vector<ClosedInterval> take_closed() {
+// The floors are read first: a brick not taken now (still open) has its marks above its
+// thread's floor read before.
+std::vector<ClosedInterval> take_closed(Floors* floors) {
   std::vector<ClosedInterval> closed;
   std::lock_guard<std::mutex> states(g_observer.states_mutex);
+  for (const ThreadState* state : g_observer.states) {
+    const uint64_t floor = state->traced_floor.load(std::memory_order_acquire);
+    if (floor != 0)
+      floors->live[static_cast<uint32_t>(floor >> kSegmentBits)] = floor & kSegmentMask;
+  }
+  floors->exited.swap(g_observer.exited_traced_threads);
   std::vector<std::unique_lock<std::mutex>> locks;
   locks.reserve(g_observer.states.size());
   for (ThreadState* state : g_observer.states) locks.emplace_back(state->pending.mutex);
@@ -98,8 +137,9 @@ void resolve_traced(TracedResolution why) {
   if (asynchronous && running && why == TracedResolution::Snapshot) return;
   std::vector<ClosedInterval> closed;
   std::vector<ResolvedInterval> resolved;
+  Floors floors;
   try {
-    closed = take_closed();
+    closed = take_closed(&floors);
     if (closed.empty()) return;
     runtime::Runtime& rt = runtime::get();
     const uint64_t devices = g_observer.traced_devices.load(std::memory_order_relaxed);
@@ -116,8 +156,11 @@ void resolve_traced(TracedResolution why) {
       g_observer.traced_bricks_lost += closed.size();
       return;
     }
-    resolved.reserve(closed.size());
-    correlator.resolve(closed, /*all_delivered=*/!running, &resolved);
+    correlator.resolve(closed, &resolved);
+    // (The host's work is all delivered by the time its records are: none is in flight.)
+    correlator.settle(/*all_delivered=*/!running || !asynchronous);
+    for (const uint32_t thread : floors.exited) correlator.fold(thread, kNoFloor);
+    for (const auto& [thread, floor] : floors.live) correlator.fold(thread, floor);
   } catch (...) {  // the devices or the tracer failed: these bricks cannot be timed
     g_observer.timing_failures.fetch_add(closed.size(), std::memory_order_relaxed);
     return;
@@ -131,7 +174,8 @@ void resolve_traced(TracedResolution why) {
 
 void discard_traced() {
   std::lock_guard<std::mutex> resolving(g_observer.traced_mutex);
-  (void)take_closed();
+  Floors unused;
+  (void)take_closed(&unused);
   if (runtime::WorkTracer* tracer = g_observer.tracer.load(std::memory_order_relaxed)) {
     runtime::TracedRecords stale;
     tracer->drain(&stale);

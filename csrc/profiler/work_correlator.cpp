@@ -8,20 +8,42 @@ namespace brick::profiler {
 
 namespace {
 
-bool by_call(const runtime::TracedCall& a, const runtime::TracedCall& b) noexcept {
-  return a.call < b.call;
+void add_to(WorkSum& into, const WorkSum& sum) noexcept {
+  into.ns += sum.ns;
+  into.work += sum.work;
 }
 
 }  // namespace
+
+void WorkCorrelator::attribute(uint64_t interval, int64_t ns) {
+  const auto thread = static_cast<uint32_t>(interval >> kSegmentBits);
+  if (thread == 0) {  // not a segment of brick's
+    ++unattributed_;
+    return;
+  }
+  ThreadWork& mine = threads_[thread];
+  const uint64_t segment = interval & kSegmentMask;
+  // Below the floor: before every mark that will be asked about, so in none of their sums.
+  if (segment < mine.floor) return;
+  if (!mine.segments.empty() && mine.segments.back().segment == segment) {
+    mine.segments.back().sum.ns += ns;
+    ++mine.segments.back().sum.work;
+    if (mine.sorted == mine.segments.size()) mine.sorted = mine.segments.size() - 1;
+    return;
+  }
+  mine.segments.push_back({segment, {ns, 1}});
+}
 
 void WorkCorrelator::bind_unbound() {
   if (unbound_.empty() || calls_.empty()) return;
   auto still_unbound = unbound_.begin();
   for (const runtime::TracedWork& work : unbound_) {
     const auto found =
-        std::lower_bound(calls_.begin(), calls_.end(), runtime::TracedCall{work.call, 0}, by_call);
+        std::lower_bound(calls_.begin(), calls_.end(), work.call,
+                         [](const Call& call, uint32_t id) noexcept { return call.call < id; });
     if (found != calls_.end() && found->call == work.call) {
-      attributed_.push_back({found->interval, std::max<int64_t>(0, work.end_ns - work.start_ns)});
+      attribute(found->interval, std::max<int64_t>(0, work.end_ns - work.start_ns));
+      found->used = true;
     } else {
       *still_unbound++ = work;
     }
@@ -34,8 +56,12 @@ void WorkCorrelator::add(runtime::TracedRecords& records) {
   if (!records.calls.empty()) {
     // Calls come mostly in order (a tracer numbers them as they are made): sorting is then a
     // check, and a late delivery a merge.
+    const auto by_call = [](const Call& a, const Call& b) noexcept { return a.call < b.call; };
     const size_t old_size = calls_.size();
-    calls_.insert(calls_.end(), records.calls.begin(), records.calls.end());
+    calls_.reserve(old_size + records.calls.size());
+    for (const runtime::TracedCall& call : records.calls) {
+      calls_.push_back({call.call, false, call.interval});
+    }
     const auto middle = calls_.begin() + static_cast<std::ptrdiff_t>(old_size);
     if (!std::is_sorted(middle, calls_.end(), by_call)) std::sort(middle, calls_.end(), by_call);
     if (old_size > 0 && by_call(*middle, *(middle - 1))) {
@@ -47,8 +73,8 @@ void WorkCorrelator::add(runtime::TracedRecords& records) {
   }
   unbound_.insert(unbound_.end(), records.work.begin(), records.work.end());
   bind_unbound();
-  // Work outside every interval (CUDA work of the process that no brick queued) waits here for a
-  // call that never comes, until the next resolve that has everything: bounded meanwhile.
+  // Work outside every segment (CUDA work of the process that brick did not trace) waits here
+  // for a call that never comes, until the next settle that has everything: bounded meanwhile.
   if (unbound_.size() > kMaxUnbound) {
     const size_t excess = unbound_.size() - kMaxUnbound / 2;
     unattributed_ += excess;
@@ -59,77 +85,127 @@ void WorkCorrelator::add(runtime::TracedRecords& records) {
   records.dropped = 0;
 }
 
-void WorkCorrelator::resolve(std::vector<ClosedInterval>& closed, bool all_delivered,
-                             std::vector<ResolvedInterval>* out) {
-  // Children (larger ids) first, so each is in its parent's sum before the parent is taken.
-  std::sort(closed.begin(), closed.end(),
-            [](const ClosedInterval& a, const ClosedInterval& b) { return a.id > b.id; });
-  // The attributed work in descending intervals too: one merge gives each closed interval its
-  // own work; work of intervals still open stays for a later resolve.
-  std::sort(attributed_.begin(), attributed_.end(),
-            [](const Attributed& a, const Attributed& b) { return a.interval > b.interval; });
-  auto work = attributed_.begin();
-  auto kept = attributed_.begin();
-  const auto is_closed = [&closed](uint64_t interval) {
-    return std::binary_search(
-        closed.begin(), closed.end(), ClosedInterval{interval, 0, 0},
-        [](const ClosedInterval& a, const ClosedInterval& b) { return a.id > b.id; });
+void WorkCorrelator::prepare(ThreadWork& thread) {
+  auto& segments = thread.segments;
+  if (thread.sorted == segments.size() && thread.running.size() == segments.size() + 1) return;
+  const auto by_segment = [](const Segment& a, const Segment& b) noexcept {
+    return a.segment < b.segment;
   };
-  // The work not merged yet (from `work` on) is kept whatever happens below: an allocation
-  // that fails midway leaves no record both consumed and kept.
-  const auto keep_the_rest = [&] {
-    kept = std::move(work, attributed_.end(), kept);
-    attributed_.erase(kept, attributed_.end());
-  };
-  try {
-    for (const ClosedInterval& interval : closed) {
-      Sum total;
-      for (; work != attributed_.end() && work->interval >= interval.id; ++work) {
-        if (work->interval == interval.id) {
-          total.ns += work->ns;
-          ++total.work;
-        } else {
-          *kept++ = *work;  // an interval still open
-        }
-      }
-      if (const auto nested = children_.find(interval.id); nested != children_.end()) {
-        total.ns += nested->second.ns;
-        total.work += nested->second.work;
-        children_.erase(nested);
-      }
-      if (interval.parent != 0 && total.work > 0) {
-        Sum& parent = children_[interval.parent];
-        parent.ns += total.ns;
-        parent.work += total.work;
-      }
-      out->push_back({interval.tag, total.ns, total.work});
+  const auto middle = segments.begin() + static_cast<std::ptrdiff_t>(thread.sorted);
+  if (!std::is_sorted(middle, segments.end(), by_segment)) {
+    std::sort(middle, segments.end(), by_segment);
+  }
+  std::inplace_merge(segments.begin(), middle, segments.end(), by_segment);
+  // One entry per segment (a segment's work may come in several deliveries).
+  size_t kept = 0;
+  for (size_t i = 0; i < segments.size(); ++i) {
+    if (kept > 0 && segments[kept - 1].segment == segments[i].segment) {
+      add_to(segments[kept - 1].sum, segments[i].sum);
+    } else {
+      segments[kept++] = segments[i];
     }
-  } catch (...) {
-    keep_the_rest();
-    throw;
   }
-  keep_the_rest();
-  if (all_delivered) {
-    // Nothing more will come for any call made so far: calls that queued no work (most API
-    // calls inside a long brick) are not kept for later.
-    calls_.clear();
-  } else if (!closed.empty()) {
-    // The calls of resolved intervals have delivered all their work: forget them.
-    std::erase_if(calls_,
-                  [&](const runtime::TracedCall& call) { return is_closed(call.interval); });
-  }
-  closed.clear();
-  if (all_delivered) {
-    unattributed_ += unbound_.size();
-    unbound_.clear();
+  segments.resize(kept);
+  thread.sorted = segments.size();
+  thread.running.resize(segments.size() + 1);
+  thread.running[0] = thread.folded;
+  for (size_t i = 0; i < segments.size(); ++i) {
+    thread.running[i + 1] = thread.running[i];
+    add_to(thread.running[i + 1], segments[i].sum);
   }
 }
 
+WorkSum WorkCorrelator::before(ThreadWork& thread, uint64_t segment) {
+  prepare(thread);
+  const auto found =
+      std::lower_bound(thread.segments.begin(), thread.segments.end(), segment,
+                       [](const Segment& s, uint64_t id) noexcept { return s.segment < id; });
+  return thread.running[static_cast<size_t>(found - thread.segments.begin())];
+}
+
+WorkSum WorkCorrelator::between(WorkMark from, WorkMark to) {
+  if (from.thread == 0 || from.thread != to.thread) return {};
+  const auto found = threads_.find(from.thread);
+  if (found == threads_.end()) return {};
+  const WorkSum end = before(found->second, to.segment);
+  const WorkSum start = before(found->second, from.segment);
+  return {end.ns - start.ns, end.work - start.work};
+}
+
+void WorkCorrelator::resolve(std::vector<ClosedInterval>& closed,
+                             std::vector<ResolvedInterval>* out) {
+  // Children (larger ids) first, so each is carried into its parent before the parent is taken.
+  std::sort(closed.begin(), closed.end(),
+            [](const ClosedInterval& a, const ClosedInterval& b) { return a.id > b.id; });
+  out->reserve(out->size() + closed.size());
+  for (const ClosedInterval& brick : closed) {
+    WorkSum total = between(brick.open, {brick.open.thread, brick.close_segment});
+    WorkSum elsewhere;  // what other threads' bricks nested in it queued
+    if (const auto nested = carried_.find(brick.id); nested != carried_.end()) {
+      elsewhere = nested->second;
+      carried_.erase(nested);
+    }
+    add_to(total, elsewhere);
+    // A parent on this thread has this brick's own work in its own marks: only what came from
+    // elsewhere is carried to it. A parent on another thread gets it all.
+    const WorkSum& to_parent = brick.parent_elsewhere ? total : elsewhere;
+    if (brick.parent != 0 && to_parent.work > 0) add_to(carried_[brick.parent], to_parent);
+    out->push_back({brick.tag, total.ns, total.work});
+  }
+  closed.clear();
+}
+
+void WorkCorrelator::fold(uint32_t thread, uint64_t floor) {
+  const auto found = threads_.find(thread);
+  if (found == threads_.end()) return;
+  if (floor == kNoFloor) {
+    threads_.erase(found);
+    return;
+  }
+  ThreadWork& mine = found->second;
+  if (floor <= mine.floor) return;
+  prepare(mine);
+  const auto end =
+      std::lower_bound(mine.segments.begin(), mine.segments.end(), floor,
+                       [](const Segment& s, uint64_t id) noexcept { return s.segment < id; });
+  const auto folded = static_cast<size_t>(end - mine.segments.begin());
+  mine.folded = mine.running[folded];
+  mine.floor = floor;
+  if (folded == 0) return;
+  mine.segments.erase(mine.segments.begin(), end);
+  mine.running.erase(mine.running.begin(),
+                     mine.running.begin() + static_cast<std::ptrdiff_t>(folded));
+  mine.sorted = mine.segments.size();
+}
+
+std::vector<uint32_t> WorkCorrelator::threads() const {
+  std::vector<uint32_t> out;
+  out.reserve(threads_.size());
+  for (const auto& [thread, work] : threads_) out.push_back(thread);
+  return out;
+}
+
+void WorkCorrelator::settle(bool all_delivered) {
+  if (all_delivered) {
+    calls_.clear();
+    unattributed_ += unbound_.size();
+    unbound_.clear();
+    return;
+  }
+  std::erase_if(calls_, [](const Call& call) { return call.used; });
+}
+
+size_t WorkCorrelator::held() const noexcept {
+  size_t segments = 0;
+  for (const auto& [thread, work] : threads_) segments += work.segments.size();
+  return segments + calls_.size() + unbound_.size() + carried_.size();
+}
+
 void WorkCorrelator::reset() {
+  threads_.clear();
   calls_.clear();
   unbound_.clear();
-  attributed_.clear();
-  children_.clear();
+  carried_.clear();
   unattributed_ = 0;
   dropped_ = 0;
   traced_ns_ = 0;

@@ -1,19 +1,28 @@
-// A brick's device time from the device's own records of its work (runtime/work_tracer.h): the
-// sum of the durations of every kernel, copy and memset queued while the brick was open, its
-// nested bricks' included. The tracer names each piece of work's host call, and each call the
-// innermost interval pushed on its thread; the profiler says which interval each one was opened
-// in. Records arrive late, out of order and across deliveries (a call's work before the call, a
-// child's interval after its parent's), so nothing here assumes an order.
+// Device time from the device's own records of its work (runtime/work_tracer.h), for every
+// profiler that reads it: the registry's bricks, the legacy profiler's ops (its stubs) and
+// torch.profiler's. A profiler marks the calling thread's stream of work where a brick, range or
+// op opens and closes (profiler/work_marks.h); the work a thread queued between two of its marks
+// is what ran in between: the sum of the durations of every kernel, copy and memset queued
+// there, nested bricks' included, never the span across the gaps between them.
 //
-// Interval ids come from one process-wide counter at each open: a nested interval opens after
-// the one around it, so it has the larger id, and resolving in descending ids adds every child
-// into its parent before the parent is summed.
+// How: a thread's work is cut into segments, one tracer interval id each (the thread's number in
+// the high bits, the segment's in the low ones), pushed on the tracer while the segment lasts. A
+// mark starts a new segment only if the thread queued work since the segment began, so a mark
+// costs the tracer nothing where no work was queued (views, CPU ops). The tracer names each
+// piece of work's host call, and each call the segment it was made in; the correlator sums the
+// work per segment, and a thread's running sum over its segments answers any two of its marks.
+// Records arrive late, out of order and across deliveries (a call's work before the call), so
+// nothing here assumes an order.
 //
-// Plain C++ and single-threaded: the observer calls it under its own lock.
+// Work a thread queues for a brick of another thread (PyTorch's autograd engine runs a backward
+// on its own threads, inside the caller's open range) is carried to that brick by resolve().
+//
+// Plain C++ and single-threaded: its owner calls it under its own lock.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <unordered_map>
 #include <vector>
 
@@ -21,17 +30,43 @@
 
 namespace brick::profiler {
 
-// An interval the profiler closed: `parent` is the interval it was opened in (0: none), `tag`
-// the caller's (the brick and its signature).
+// Segment interval ids: the thread's number (1 and up) above kSegmentBits, the segment below.
+inline constexpr int kSegmentBits = 40;
+inline constexpr uint64_t kSegmentMask = (uint64_t{1} << kSegmentBits) - 1;
+inline constexpr uint64_t kNoFloor = std::numeric_limits<uint64_t>::max();
+
+constexpr uint64_t segment_interval(uint32_t thread, uint64_t segment) noexcept {
+  return uint64_t{thread} << kSegmentBits | (segment & kSegmentMask);
+}
+
+// A point in one thread's stream of work: the work queued before it is in the segments below
+// `segment`; the work after it in `segment` and above. thread 0: no mark (nothing traced).
+struct WorkMark {
+  uint32_t thread = 0;
+  uint64_t segment = 0;
+};
+
+struct WorkSum {
+  int64_t ns = 0;     // the summed durations
+  uint32_t work = 0;  // of how many pieces of work
+};
+
+// A brick the profiler closed: its marks, `tag` the profiler's (the brick and its signature).
+// `id` comes from one process-wide counter at each open: a brick nested in another opened after
+// it, so resolving in descending ids meets every child before its parent. `parent`: the id of
+// the brick it was opened in (0: none); `parent_elsewhere`: that brick is another thread's.
 struct ClosedInterval {
   uint64_t id;
   uint64_t parent;
   uint64_t tag;
+  WorkMark open;
+  uint64_t close_segment;  // the close's mark, on open.thread
+  bool parent_elsewhere = false;
 };
 
 struct ResolvedInterval {
   uint64_t tag;
-  int64_t device_ns;  // the work's summed durations, its nested intervals' included
+  int64_t device_ns;  // the work's summed durations, its nested bricks' included
   uint32_t work;      // how many pieces of work that is
 };
 
@@ -40,24 +75,35 @@ class WorkCorrelator {
   // Takes the tracer's records (`records` is left empty).
   void add(runtime::TracedRecords& records);
 
-  // Resolves `closed`, intervals whose work the caller knows has all been added (it waited for
-  // the device, then drained the tracer), in any order; appends one result per interval to
-  // `out`. An interval's total goes into its parent, resolved now or later.
-  // `all_delivered`: everything the device ran until now has been added (a snapshot after
-  // waiting for the devices): work still without its call then never gets one, and is dropped
-  // and counted (unattributed()).
-  void resolve(std::vector<ClosedInterval>& closed, bool all_delivered,
-               std::vector<ResolvedInterval>* out);
+  // The work `from.thread` queued from `from` to `to` (two marks of one thread, in that order),
+  // of the work added so far. A mark below the thread's fold floor reads as the floor.
+  WorkSum between(WorkMark from, WorkMark to);
 
-  // Work whose call was never named by the tracer, or named no interval: dropped.
+  // Resolves `closed` (whose work the caller knows has all been added: it waited for the
+  // devices, then drained the tracer), in any order; appends one result per brick to `out`. A
+  // brick's total from other threads' bricks nested in it goes into it, resolved now or later.
+  // Marks are read before anything is folded: call fold() after.
+  void resolve(std::vector<ClosedInterval>& closed, std::vector<ResolvedInterval>* out);
+
+  // No mark of `thread` below segment `floor` will be asked about again: those segments are
+  // summed into one (kNoFloor: the thread is done, everything of it forgotten).
+  void fold(uint32_t thread, uint64_t floor);
+  // The threads with work held, for a caller that folds them.
+  std::vector<uint32_t> threads() const;
+
+  // After a resolution: forgets the calls whose work has come. `all_delivered`: everything the
+  // device ran until now has been added (after waiting for the devices, with no thread queueing
+  // more): work still without its call never gets one, and is counted unattributed and dropped,
+  // and every call is forgotten.
+  void settle(bool all_delivered);
+
+  // Work whose call was never named by the tracer, or named no segment: dropped.
   uint64_t unattributed() const noexcept { return unattributed_; }
-  // The durations of every piece of work added since the reset, given to an interval or not.
+  // The durations of every piece of work added since the reset, attributed or not.
   int64_t traced_ns() const noexcept { return traced_ns_; }
   uint64_t dropped_by_tracer() const noexcept { return dropped_; }
-  // What is held for intervals and calls not yet resolved (bounded by what is outstanding).
-  size_t held() const noexcept {
-    return calls_.size() + unbound_.size() + attributed_.size() + children_.size();
-  }
+  // Records held: segments, calls, unbound work, open bricks' carried sums.
+  size_t held() const noexcept;
   // Forgets everything (a new profile).
   void reset();
 
@@ -65,25 +111,35 @@ class WorkCorrelator {
   static constexpr size_t kMaxUnbound = size_t{1} << 16;
 
  private:
-  struct Sum {
-    int64_t ns = 0;
-    uint32_t work = 0;
+  struct Segment {
+    uint64_t segment;
+    WorkSum sum;
   };
-  // A piece of work whose interval is known: flat records, sorted when resolved (no node per
-  // record: a resolution costs tens of ns per interval, not hundreds).
-  struct Attributed {
-    uint64_t interval;
-    int64_t ns;
+  // One thread's segments with work, summed; sorted and prefixed lazily, when asked.
+  struct ThreadWork {
+    std::vector<Segment> segments;  // [0, sorted) sorted by segment, unique; then as added
+    size_t sorted = 0;
+    std::vector<WorkSum> running;  // running[i]: `folded` plus segments [0, i)
+    WorkSum folded;                // the segments below `floor`
+    uint64_t floor = 0;
   };
-  // Gives `unbound_` its calls where `calls_` (sorted by call) names them.
   void bind_unbound();
+  void attribute(uint64_t interval, int64_t ns);
+  // Sorts and merges what was added since, and rebuilds the running sums.
+  static void prepare(ThreadWork& thread);
+  static WorkSum before(ThreadWork& thread, uint64_t segment);
 
-  std::vector<runtime::TracedCall> calls_;    // sorted by call once bound; of unresolved intervals
+  std::unordered_map<uint32_t, ThreadWork> threads_;
+  struct Call {
+    uint32_t call;
+    bool used;  // work of it has been attributed
+    uint64_t interval;
+  };
+  std::vector<Call> calls_;                   // sorted by call
   std::vector<runtime::TracedWork> unbound_;  // work whose call has not been named yet
-  std::vector<Attributed> attributed_;        // work of intervals not resolved yet
-  // Interval -> its resolved children's totals, for parents not resolved yet (few: the ranges
-  // open across a resolution).
-  std::unordered_map<uint64_t, Sum> children_;
+  // Brick -> what other threads' bricks nested in it queued, for bricks not resolved yet (few:
+  // the ranges open across a resolution).
+  std::unordered_map<uint64_t, WorkSum> carried_;
   uint64_t unattributed_ = 0;
   uint64_t dropped_ = 0;
   int64_t traced_ns_ = 0;

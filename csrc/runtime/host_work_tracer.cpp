@@ -172,6 +172,17 @@ class HostWorkTracer final : public WorkTracer {
     }
   }
 
+  void replace(uint64_t interval) noexcept override {
+    ThreadTrace* trace = tls_trace;
+    if (trace == nullptr || trace->unpushed > 0 || trace->intervals.empty()) {
+      pop();
+      push(interval);
+      return;
+    }
+    if (trace->queued_ns >= 0) record_piece(*trace);
+    trace->intervals.back() = interval;
+  }
+
   void drain(TracedRecords* into) override {
     std::lock_guard<std::mutex> lock(tracing().threads_mutex);
     auto& threads = tracing().threads;

@@ -154,6 +154,15 @@ inline uint64_t device_work_seen() noexcept {
   return device_work_count();
 }
 
+// The launches of the calling thread that a work tracer (LaunchTrace) has been told are queued
+// and not yet done: while one is, work marks (profiler/work_marks.h) cannot know whether more of
+// its work is coming, so each starts a new segment.
+namespace detail {
+[[gnu::tls_model("initial-exec")]] inline constinit thread_local uint32_t tls_traced_launches = 0;
+}  // namespace detail
+
+inline bool traced_launch_in_flight() noexcept { return detail::tls_traced_launches != 0; }
+
 // What the backend calls right before it queues work on `device`: the count, then the hook of
 // the table its launch read.
 inline void announce_queue(const LaunchHooks& hooks, DeviceIndex device) noexcept {

@@ -45,6 +45,11 @@ class WorkTracer {
   // until the matching pop(). Nested pushes form a stack; a call belongs to the innermost.
   virtual void push(uint64_t interval) noexcept = 0;
   virtual void pop() noexcept = 0;
+  // pop() then push(interval), with no instant between them in which a call belongs to neither.
+  virtual void replace(uint64_t interval) noexcept {
+    pop();
+    push(interval);
+  }
   // Hands over every record of work that completed on the device before this call (the caller
   // waited for the work it needs), and of the calls that queued it.
   virtual void drain(TracedRecords* into) = 0;

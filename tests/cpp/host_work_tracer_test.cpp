@@ -92,6 +92,23 @@ TEST_F(HostWorkTracerTest, ABrickOpeningInsideALaunchSplitsItsWorkAtThatPoint) {
   EXPECT_GE(by_interval.at(10).second, 500'000);
 }
 
+TEST_F(HostWorkTracerTest, ReplacingTheIntervalInsideALaunchSplitsItWithNoPieceOutsideBoth) {
+  tracer_->push(30);
+  const LaunchTrace* trace = launch_hooks().trace;
+  trace->queued();
+  std::this_thread::sleep_for(std::chrono::microseconds(300));
+  tracer_->replace(31);
+  std::this_thread::sleep_for(std::chrono::microseconds(300));
+  trace->done();
+  tracer_->pop();
+  const auto by_interval = drain();
+  EXPECT_EQ(by_interval.size(), 2u) << "no piece of the launch belongs to no interval";
+  EXPECT_EQ(by_interval.at(30).first, 1);
+  EXPECT_GE(by_interval.at(30).second, 300'000);
+  EXPECT_EQ(by_interval.at(31).first, 1);
+  EXPECT_GE(by_interval.at(31).second, 300'000);
+}
+
 TEST_F(HostWorkTracerTest, ALaunchInsideALaunchContinuesItAndTheOutermostEndsIt) {
   tracer_->push(20);
   const LaunchTrace* trace = launch_hooks().trace;

@@ -1,6 +1,6 @@
-// GoogleTest suite for the correlation of a device tracer's records with brick's intervals
-// (profiler/work_correlator.h), on synthetic records: the orders, splits and losses a real
-// tracer (CUPTI) delivers, without a GPU.
+// GoogleTest suite for traced device time (profiler/work_correlator.h, profiler/work_marks.h):
+// threads' work marks and the correlation of a device tracer's records with them, on synthetic
+// records with the orders, splits and losses a real tracer (CUPTI) delivers, without a GPU.
 #include "profiler/work_correlator.h"
 
 #include <gtest/gtest.h>
@@ -9,20 +9,66 @@
 #include <cstdint>
 #include <map>
 #include <random>
+#include <string>
 #include <vector>
+
+#include "profiler/work_marks.h"
+#include "runtime/launch_observer.h"
 
 namespace {
 
 using brick::profiler::ClosedInterval;
+using brick::profiler::kNoFloor;
 using brick::profiler::ResolvedInterval;
+using brick::profiler::segment_interval;
 using brick::profiler::WorkCorrelator;
+using brick::profiler::WorkMark;
+using brick::profiler::WorkSum;
 using brick::runtime::TracedCall;
 using brick::runtime::TracedRecords;
 using brick::runtime::TracedWork;
 
 TracedWork work(uint32_t call, int64_t start, int64_t ns) { return {call, start, start + ns}; }
 
-// tag -> (device ns, pieces of work), for the resolved intervals.
+// One thread's stream of work as work_marks.cpp cuts it: a mark starts a new segment where work
+// was queued since the segment began. Its calls and their work go to `records`.
+class SimulatedThread {
+ public:
+  SimulatedThread(uint32_t number, uint32_t* next_call) : number_(number), next_call_(next_call) {}
+
+  WorkMark mark() {
+    if (dirty_ || segment_ == 0) {
+      ++segment_;
+      dirty_ = false;
+    }
+    return {number_, segment_};
+  }
+  // One host call that queues a piece of work of each of `durations`.
+  void call(const std::vector<int64_t>& durations, TracedRecords* records, int64_t start = 0) {
+    if (segment_ == 0) mark();
+    const uint32_t id = (*next_call_)++;
+    records->calls.push_back({id, segment_interval(number_, segment_)});
+    for (const int64_t ns : durations) {
+      records->work.push_back(work(id, start, ns));
+      start += ns + 1'000;
+    }
+    dirty_ = true;
+  }
+  uint32_t number() const { return number_; }
+
+ private:
+  uint32_t number_;
+  uint32_t* next_call_;
+  uint64_t segment_ = 0;
+  bool dirty_ = false;
+};
+
+ClosedInterval brick(uint64_t id, uint64_t parent, WorkMark open, WorkMark close,
+                     bool parent_elsewhere = false) {
+  return {id, parent, id * 10, open, close.segment, parent_elsewhere};
+}
+
+// tag -> (device ns, pieces of work), for the resolved bricks.
 std::map<uint64_t, std::pair<int64_t, uint32_t>> by_tag(const std::vector<ResolvedInterval>& out) {
   std::map<uint64_t, std::pair<int64_t, uint32_t>> result;
   for (const ResolvedInterval& interval : out) {
@@ -32,120 +78,153 @@ std::map<uint64_t, std::pair<int64_t, uint32_t>> by_tag(const std::vector<Resolv
   return result;
 }
 
-TEST(WorkCorrelator, AnIntervalsTimeIsTheSumOfItsWorkNotTheSpanAcrossTheGapsBetween) {
-  WorkCorrelator correlator;
+TEST(WorkCorrelator, TheWorkBetweenTwoMarksIsTheSumOfItsDurationsNotTheSpanAcrossTheGaps) {
+  uint32_t calls = 1;
+  SimulatedThread thread(1, &calls);
   TracedRecords records;
-  records.calls = {{1, 7}, {2, 7}};
+  const WorkMark open = thread.mark();
   // Two kernels 100 us apart on the device (a starved stream): 3 us and 5 us of work.
-  records.work = {work(1, 1'000, 3'000), work(2, 101'000, 5'000)};
+  thread.call({3'000}, &records, 1'000);
+  thread.call({5'000}, &records, 101'000);
+  const WorkMark close = thread.mark();
+  WorkCorrelator correlator;
   correlator.add(records);
   EXPECT_TRUE(records.work.empty() && records.calls.empty()) << "the records are taken";
-  std::vector<ClosedInterval> closed = {{7, 0, 70}};
+  const WorkSum sum = correlator.between(open, close);
+  EXPECT_EQ(sum.ns, 8'000);
+  EXPECT_EQ(sum.work, 2u);
+  EXPECT_EQ(correlator.between(close, thread.mark()).work, 0u) << "nothing after the close";
+  std::vector<ClosedInterval> closed = {brick(7, 0, open, close)};
   std::vector<ResolvedInterval> out;
-  correlator.resolve(closed, /*all_delivered=*/true, &out);
+  correlator.resolve(closed, &out);
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(out[0].tag, 70u);
   EXPECT_EQ(out[0].device_ns, 8'000);
-  EXPECT_EQ(out[0].work, 2u);
   EXPECT_TRUE(closed.empty());
-  EXPECT_EQ(correlator.held(), 0u) << "nothing kept for a resolved interval";
   EXPECT_EQ(correlator.unattributed(), 0u);
 }
 
-TEST(WorkCorrelator, NestedIntervalsIncludeTheirChildrenWhateverOrderTheyAreHandedIn) {
-  // A range (1) around aten::linear (2) around aten::addmm (3), then aten::relu (4) in the range.
-  WorkCorrelator correlator;
+TEST(WorkCorrelator, NestedBricksOnOneThreadIncludeTheirChildrenWhateverOrderTheyAreHandedIn) {
+  // A range (1) around aten::linear (2) around aten::t (3, no work) and aten::addmm (4), then
+  // aten::relu (5) in the range.
+  uint32_t calls = 1;
+  SimulatedThread thread(1, &calls);
   TracedRecords records;
-  records.calls = {{10, 3}, {11, 3}, {12, 4}};
-  records.work = {work(10, 0, 1'000), work(11, 2'000, 500), work(12, 5'000, 250)};
+  const WorkMark range_open = thread.mark();
+  const WorkMark linear_open = thread.mark();
+  const WorkMark t_open = thread.mark();
+  const WorkMark t_close = thread.mark();
+  const WorkMark addmm_open = thread.mark();
+  thread.call({1'000, 500}, &records);
+  const WorkMark addmm_close = thread.mark();
+  const WorkMark linear_close = thread.mark();
+  const WorkMark relu_open = thread.mark();
+  thread.call({250}, &records);
+  const WorkMark relu_close = thread.mark();
+  const WorkMark range_close = thread.mark();
+  EXPECT_EQ(range_open.segment, t_close.segment) << "marks with no work between share a segment";
+  WorkCorrelator correlator;
   correlator.add(records);
-  std::vector<ClosedInterval> closed = {{1, 0, 100}, {4, 1, 400}, {2, 1, 200}, {3, 2, 300}};
+  std::vector<ClosedInterval> closed = {
+      brick(1, 0, range_open, range_close), brick(5, 1, relu_open, relu_close),
+      brick(2, 1, linear_open, linear_close), brick(4, 2, addmm_open, addmm_close),
+      brick(3, 2, t_open, t_close)};
   std::vector<ResolvedInterval> out;
-  correlator.resolve(closed, true, &out);
+  correlator.resolve(closed, &out);
   const auto sums = by_tag(out);
-  EXPECT_EQ(sums.at(300), std::make_pair(int64_t{1'500}, 2u));
-  EXPECT_EQ(sums.at(200), std::make_pair(int64_t{1'500}, 2u)) << "linear: addmm's work";
-  EXPECT_EQ(sums.at(400), std::make_pair(int64_t{250}, 1u));
-  EXPECT_EQ(sums.at(100), std::make_pair(int64_t{1'750}, 3u)) << "the range: everything in it";
-  EXPECT_EQ(correlator.held(), 0u);
+  EXPECT_EQ(sums.at(40), std::make_pair(int64_t{1'500}, 2u));
+  EXPECT_EQ(sums.at(30), std::make_pair(int64_t{0}, 0u)) << "a view queues nothing";
+  EXPECT_EQ(sums.at(20), std::make_pair(int64_t{1'500}, 2u)) << "linear: addmm's work";
+  EXPECT_EQ(sums.at(50), std::make_pair(int64_t{250}, 1u));
+  EXPECT_EQ(sums.at(10), std::make_pair(int64_t{1'750}, 3u)) << "the range: everything in it";
 }
 
-TEST(WorkCorrelator, AChildResolvedBeforeItsParentClosesIsCarriedIntoItLater) {
-  WorkCorrelator correlator;
+TEST(WorkCorrelator, AnotherThreadsBrickNestedInARangeIsCarriedIntoItAndItsAncestorsLater) {
+  // The autograd engine's thread (2) runs a backward node inside `backward` (thread 1), itself
+  // inside `step`: the node resolves in one batch, the ranges (still open) in the next.
+  uint32_t calls = 1;
+  SimulatedThread owner(1, &calls);
+  SimulatedThread engine(2, &calls);
   TracedRecords records;
-  records.calls = {{1, 2}, {2, 1}};
-  records.work = {work(1, 0, 700), work(2, 1'000, 300)};
+  const WorkMark step_open = owner.mark();
+  owner.call({300}, &records);
+  const WorkMark backward_open = owner.mark();
+  const WorkMark node_open = engine.mark();
+  engine.call({700}, &records);
+  const WorkMark node_close = engine.mark();
+  WorkCorrelator correlator;
   correlator.add(records);
-  std::vector<ClosedInterval> closed = {{2, 1, 20}};  // the parent (1) is still open
+  std::vector<ClosedInterval> closed = {brick(3, 2, node_open, node_close, true)};
   std::vector<ResolvedInterval> out;
-  correlator.resolve(closed, false, &out);
+  correlator.resolve(closed, &out);
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(out[0].device_ns, 700);
-  closed = {{1, 0, 10}};
+  const WorkMark backward_close = owner.mark();
+  const WorkMark step_close = owner.mark();
+  closed = {brick(1, 0, step_open, step_close), brick(2, 1, backward_open, backward_close)};
   out.clear();
-  correlator.resolve(closed, true, &out);
-  ASSERT_EQ(out.size(), 1u);
-  EXPECT_EQ(out[0].device_ns, 1'000) << "its own 300 ns and its child's 700";
-  EXPECT_EQ(out[0].work, 2u);
-  EXPECT_EQ(correlator.held(), 0u);
+  correlator.resolve(closed, &out);
+  const auto sums = by_tag(out);
+  EXPECT_EQ(sums.at(20), std::make_pair(int64_t{700}, 1u)) << "backward: the engine's node";
+  EXPECT_EQ(sums.at(10), std::make_pair(int64_t{1'000}, 2u))
+      << "step: its own 300 ns and, through backward, the node's 700";
+  correlator.settle(true);
+  EXPECT_EQ(correlator.held(), 2u) << "only the two threads' segments: nothing carried is left";
 }
 
 TEST(WorkCorrelator, WorkDeliveredBeforeItsCallIsAttributedOnceTheCallArrives) {
+  uint32_t calls = 1;
+  SimulatedThread thread(1, &calls);
+  TracedRecords made;
+  const WorkMark open = thread.mark();
+  thread.call({900}, &made);
+  const WorkMark close = thread.mark();
   WorkCorrelator correlator;
   TracedRecords first;
-  first.work = {work(5, 0, 900)};  // the kernel's record came in the first buffer
+  first.work = made.work;  // the kernel's record came in the first buffer
   correlator.add(first);
+  EXPECT_EQ(correlator.between(open, close).work, 0u);
   TracedRecords second;
-  second.calls = {{5, 3}};  // its call's record in the next
+  second.calls = made.calls;  // its call's record in the next
   correlator.add(second);
-  std::vector<ClosedInterval> closed = {{3, 0, 30}};
-  std::vector<ResolvedInterval> out;
-  correlator.resolve(closed, true, &out);
-  ASSERT_EQ(out.size(), 1u);
-  EXPECT_EQ(out[0].device_ns, 900);
+  EXPECT_EQ(correlator.between(open, close).ns, 900);
+  correlator.settle(/*all_delivered=*/true);
   EXPECT_EQ(correlator.unattributed(), 0u);
 }
 
 TEST(WorkCorrelator, OneCallsManyPiecesOfWorkAllCountAsAGraphLaunchsNodesDo) {
-  WorkCorrelator correlator;
+  uint32_t calls = 1;
+  SimulatedThread thread(1, &calls);
   TracedRecords records;
-  records.calls = {{9, 4}};
-  for (int node = 0; node < 6; ++node) records.work.push_back(work(9, node * 1'000, 100));
+  const WorkMark open = thread.mark();
+  thread.call({100, 100, 100, 100, 100, 100}, &records);
+  const WorkMark close = thread.mark();
+  WorkCorrelator correlator;
   correlator.add(records);
-  std::vector<ClosedInterval> closed = {{4, 0, 40}};
-  std::vector<ResolvedInterval> out;
-  correlator.resolve(closed, true, &out);
-  ASSERT_EQ(out.size(), 1u);
-  EXPECT_EQ(out[0].device_ns, 600);
-  EXPECT_EQ(out[0].work, 6u);
+  const WorkSum sum = correlator.between(open, close);
+  EXPECT_EQ(sum.ns, 600);
+  EXPECT_EQ(sum.work, 6u);
 }
 
-TEST(WorkCorrelator, AnIntervalThatQueuedNothingHasNoDeviceTimeAndAddsNothingToItsParent) {
-  WorkCorrelator correlator;
-  std::vector<ClosedInterval> closed = {{2, 1, 20}, {1, 0, 10}};
-  std::vector<ResolvedInterval> out;
-  correlator.resolve(closed, true, &out);
-  const auto sums = by_tag(out);
-  EXPECT_EQ(sums.at(20), std::make_pair(int64_t{0}, 0u));
-  EXPECT_EQ(sums.at(10), std::make_pair(int64_t{0}, 0u));
-  EXPECT_EQ(correlator.held(), 0u);
-}
-
-TEST(WorkCorrelator, WorkNoIntervalQueuedIsCountedOnceEverythingIsDeliveredNeverGivenToABrick) {
-  WorkCorrelator correlator;
+TEST(WorkCorrelator, WorkOutsideEverySegmentIsCountedOnceEverythingIsDeliveredNeverGivenToABrick) {
+  uint32_t calls = 1;
+  SimulatedThread thread(1, &calls);
   TracedRecords records;
-  records.calls = {{1, 2}};
-  records.work = {work(1, 0, 100), work(77, 0, 5'000)};  // call 77: outside every interval
+  const WorkMark open = thread.mark();
+  thread.call({100}, &records);
+  const WorkMark close = thread.mark();
+  records.work.push_back(work(77, 0, 5'000));  // call 77: made outside every segment
+  records.calls.push_back({78, 5});            // a call of no thread of brick's
+  records.work.push_back(work(78, 0, 5'000));
+  WorkCorrelator correlator;
   correlator.add(records);
-  std::vector<ClosedInterval> closed = {{2, 0, 20}};
-  std::vector<ResolvedInterval> out;
-  correlator.resolve(closed, /*all_delivered=*/false, &out);
-  EXPECT_EQ(out[0].device_ns, 100);
-  EXPECT_EQ(correlator.unattributed(), 0u) << "its call may still come";
-  std::vector<ClosedInterval> none;
-  correlator.resolve(none, /*all_delivered=*/true, &out);
-  EXPECT_EQ(correlator.unattributed(), 1u);
-  EXPECT_EQ(correlator.held(), 0u);
+  EXPECT_EQ(correlator.between(open, close).ns, 100);
+  EXPECT_EQ(correlator.unattributed(), 1u) << "the call that names no segment";
+  correlator.settle(/*all_delivered=*/false);
+  EXPECT_EQ(correlator.unattributed(), 1u) << "call 77 may still come";
+  correlator.settle(/*all_delivered=*/true);
+  EXPECT_EQ(correlator.unattributed(), 2u);
+  EXPECT_EQ(correlator.traced_ns(), 10'100) << "all the work traced, attributed or not";
 }
 
 TEST(WorkCorrelator, WorkWithoutACallIsBoundedAndTheExcessCounted) {
@@ -155,18 +234,36 @@ TEST(WorkCorrelator, WorkWithoutACallIsBoundedAndTheExcessCounted) {
   for (size_t i = 0; i < pieces; ++i) records.work.push_back(work(1'000'000, 0, 1));
   correlator.add(records);
   EXPECT_LE(correlator.held(), WorkCorrelator::kMaxUnbound);
-  std::vector<ClosedInterval> none;
-  std::vector<ResolvedInterval> out;
-  correlator.resolve(none, true, &out);
+  correlator.settle(true);
   EXPECT_EQ(correlator.unattributed(), pieces) << "every piece counted once, dropped or not";
+  EXPECT_EQ(correlator.held(), 0u);
+}
+
+TEST(WorkCorrelator, CallsWhoseWorkCameAreForgottenAndAllOfThemOnceEverythingIsDelivered) {
+  uint32_t calls = 1;
+  SimulatedThread thread(1, &calls);
+  TracedRecords records;
+  thread.mark();
+  thread.call({100}, &records);
+  thread.call({}, &records);  // an API call that queued no work
+  WorkCorrelator correlator;
+  correlator.add(records);
+  EXPECT_EQ(correlator.held(), 3u) << "one segment, two calls";
+  correlator.settle(false);
+  EXPECT_EQ(correlator.held(), 2u) << "the call whose work came is forgotten";
+  correlator.settle(true);
+  EXPECT_EQ(correlator.held(), 1u);
 }
 
 TEST(WorkCorrelator, TheTracersLossesAreCountedAndResetForgetsEverything) {
-  WorkCorrelator correlator;
+  uint32_t calls = 1;
+  SimulatedThread thread(1, &calls);
   TracedRecords records;
   records.dropped = 3;
-  records.calls = {{1, 2}};
-  records.work = {work(1, 0, 100), work(2, 0, 100)};
+  const WorkMark open = thread.mark();
+  thread.call({100}, &records);
+  const WorkMark close = thread.mark();
+  WorkCorrelator correlator;
   correlator.add(records);
   EXPECT_EQ(correlator.dropped_by_tracer(), 3u);
   EXPECT_EQ(records.dropped, 0u);
@@ -174,85 +271,160 @@ TEST(WorkCorrelator, TheTracersLossesAreCountedAndResetForgetsEverything) {
   correlator.reset();
   EXPECT_EQ(correlator.held(), 0u);
   EXPECT_EQ(correlator.dropped_by_tracer(), 0u);
-  std::vector<ClosedInterval> closed = {{2, 0, 20}};
-  std::vector<ResolvedInterval> out;
-  correlator.resolve(closed, true, &out);
-  EXPECT_EQ(out[0].device_ns, 0) << "nothing of the last profile's work is kept";
+  EXPECT_EQ(correlator.between(open, close).ns, 0) << "nothing of the last profile's work is kept";
 }
 
-// A decode-like stream of intervals on two threads (their ids interleaved, as a process-wide
-// counter gives them), with records shuffled and split across deliveries and the intervals
-// resolved in batches: every interval's sum is what was queued inside it.
-TEST(WorkCorrelator, ShuffledSplitDeliveriesOfManyNestedIntervalsGiveEveryIntervalItsOwnWork) {
-  std::mt19937 random(12345);
+TEST(WorkCorrelator, FoldingBelowAFloorKeepsEveryLaterMarksSumsAndForgetsTheRest) {
+  uint32_t calls = 1;
+  SimulatedThread thread(1, &calls);
+  TracedRecords records;
+  std::vector<WorkMark> marks = {thread.mark()};
+  for (int64_t ns = 1; ns <= 100; ++ns) {
+    thread.call({ns}, &records);
+    marks.push_back(thread.mark());
+  }
   WorkCorrelator correlator;
+  correlator.add(records);
+  correlator.settle(false);
+  EXPECT_EQ(correlator.between(marks[50], marks[60]).ns,
+            51 + 52 + 53 + 54 + 55 + 56 + 57 + 58 + 59 + 60);
+  correlator.fold(thread.number(), marks[50].segment);
+  EXPECT_EQ(correlator.held(), 50u);
+  EXPECT_EQ(correlator.between(marks[50], marks[60]).ns,
+            51 + 52 + 53 + 54 + 55 + 56 + 57 + 58 + 59 + 60);
+  EXPECT_EQ(correlator.between(marks[90], marks[100]).work, 10u);
+  // A late record for a folded segment: below every mark still asked about, in none of their sums.
+  TracedRecords late;
+  late.calls = {{calls, segment_interval(thread.number(), marks[3].segment)}};
+  late.work = {work(calls, 0, 1'000'000)};
+  correlator.add(late);
+  EXPECT_EQ(correlator.between(marks[50], marks[100]).ns, (51 + 100) * 50 / 2);
+  correlator.fold(thread.number(), kNoFloor);
+  EXPECT_EQ(correlator.held(), 1u) << "the late call only (forgotten at the next settle)";
+  EXPECT_TRUE(correlator.threads().empty());
+}
+
+// The work marks themselves (work_marks.cpp) on a tracer that logs its pushes and pops.
+class LoggingTracer final : public brick::runtime::WorkTracer {
+ public:
+  const char* name() const noexcept override { return "log"; }
+  void start() override {}
+  void stop() noexcept override {}
+  void push(uint64_t interval) noexcept override {
+    log.push_back("push " + std::to_string(interval));
+  }
+  void pop() noexcept override { log.push_back("pop"); }
+  void drain(TracedRecords* /*into*/) override {}
+  uint64_t launches() const noexcept override { return 0; }
+  std::vector<std::string> log;
+};
+
+TEST(WorkMarks, ANewSegmentIsPushedOnlyWhereWorkWasQueuedSinceAndTheEndPopsIt) {
+  LoggingTracer tracer;
+  const WorkMark first = brick::profiler::mark_work(tracer);
+  ASSERT_NE(first.thread, 0u);
+  const std::string first_id = std::to_string(segment_interval(first.thread, first.segment));
+  ASSERT_EQ(tracer.log, std::vector<std::string>{"push " + first_id});
+  const WorkMark same = brick::profiler::mark_work(tracer);  // no work between: no tracer call
+  EXPECT_EQ(same.segment, first.segment);
+  EXPECT_EQ(tracer.log.size(), 1u);
+  brick::runtime::count_device_work();  // a launch
+  const WorkMark next = brick::profiler::mark_work(tracer);
+  EXPECT_EQ(next.segment, first.segment + 1);
+  EXPECT_EQ(tracer.log.size(), 3u);
+  EXPECT_EQ(tracer.log[1], "pop");
+  const WorkMark end = brick::profiler::end_work_marks(tracer);
+  EXPECT_EQ(tracer.log.back(), "pop");
+  EXPECT_EQ(end.segment, next.segment + 1) << "nothing after the end is in a segment below it";
+  const WorkMark again = brick::profiler::mark_work(tracer);
+  EXPECT_EQ(again.segment, end.segment) << "the next segment is the end's";
+  EXPECT_EQ(tracer.log.back(),
+            "push " + std::to_string(segment_interval(again.thread, again.segment)));
+  (void)brick::profiler::end_work_marks(tracer);
+}
+
+// A decode-like stream on two threads: each runs ranges of ops (some with no work, some with
+// several calls), the engine-like second thread's ops nested in the first thread's ranges; the
+// records shuffled and split across deliveries, the bricks resolved in batches with the threads
+// folded between them: every brick's sum is what was queued inside it.
+TEST(WorkCorrelator, ShuffledSplitDeliveriesOfManyNestedBricksGiveEveryBrickItsOwnWork) {
+  std::mt19937 random(12345);
+  uint32_t next_call = 1;
+  SimulatedThread threads[2] = {SimulatedThread(1, &next_call), SimulatedThread(2, &next_call)};
   struct Expected {
     uint64_t parent;
     int64_t ns = 0;
     uint32_t work = 0;
   };
-  std::map<uint64_t, Expected> expected;  // interval id -> its sum, children's included
-  std::vector<TracedCall> calls;
-  std::vector<TracedWork> pieces;
-  std::vector<ClosedInterval> closed_in_order;
+  std::map<uint64_t, Expected> expected;  // brick id -> its sum, nested bricks' included
+  TracedRecords all;
+  std::vector<std::vector<ClosedInterval>> batches(1);
   uint64_t next_id = 1;
-  uint32_t next_call = 1;
-  // Two threads, each in a range of 4 ops at a time, their opens interleaved; each op makes 0-2
-  // calls of 0-3 pieces of work.
-  for (int round = 0; round < 50; ++round) {
-    const uint64_t ranges[2] = {next_id++, next_id++};
-    expected[ranges[0]] = {0};
-    expected[ranges[1]] = {0};
+  for (int round = 0; round < 60; ++round) {
+    // A range on thread 1; inside it ops of thread 1 and of thread 2 (parent elsewhere).
+    const uint64_t range = next_id++;
+    expected[range] = {0};
+    const WorkMark range_open = threads[0].mark();
     for (int op = 0; op < 8; ++op) {
-      const uint64_t range = ranges[op % 2];
+      SimulatedThread& thread = threads[op % 2];
       const uint64_t id = next_id++;
       expected[id] = {range};
+      const WorkMark open = thread.mark();
       const int n_calls = static_cast<int>(random() % 3);
       for (int c = 0; c < n_calls; ++c) {
-        const uint32_t call = next_call++;
-        calls.push_back({call, id});
         const int n_pieces = static_cast<int>(random() % 4);
+        std::vector<int64_t> durations;
         for (int p = 0; p < n_pieces; ++p) {
-          const int64_t ns = 100 + static_cast<int64_t>(random() % 10'000);
-          pieces.push_back(work(call, static_cast<int64_t>(random() % 1'000'000), ns));
+          durations.push_back(100 + static_cast<int64_t>(random() % 10'000));
+        }
+        for (const int64_t ns : durations) {
           for (uint64_t at = id; at != 0; at = expected[at].parent) {
             expected[at].ns += ns;
             ++expected[at].work;
           }
         }
+        thread.call(durations, &all, static_cast<int64_t>(random() % 1'000'000));
       }
-      closed_in_order.push_back({id, range, id * 10});
+      batches.back().push_back(brick(id, range, open, thread.mark(), op % 2 == 1));
+      if (random() % 5 == 0) batches.emplace_back();
     }
-    closed_in_order.push_back({ranges[1], 0, ranges[1] * 10});
-    closed_in_order.push_back({ranges[0], 0, ranges[0] * 10});
+    batches.back().push_back(brick(range, 0, range_open, threads[0].mark()));
   }
-  std::shuffle(calls.begin(), calls.end(), random);
-  std::shuffle(pieces.begin(), pieces.end(), random);
-  // Deliver in 7 uneven parts; resolve a growing prefix of the closed intervals after each part
-  // that has delivered all of that prefix's work (here: everything, once the last part is in).
-  std::vector<ResolvedInterval> out;
+  std::shuffle(all.calls.begin(), all.calls.end(), random);
+  std::shuffle(all.work.begin(), all.work.end(), random);
+  WorkCorrelator correlator;
   const size_t parts = 7;
   for (size_t part = 0; part < parts; ++part) {
     TracedRecords records;
-    records.calls.assign(calls.begin() + part * calls.size() / parts,
-                         calls.begin() + (part + 1) * calls.size() / parts);
-    records.work.assign(pieces.begin() + part * pieces.size() / parts,
-                        pieces.begin() + (part + 1) * pieces.size() / parts);
+    records.calls.assign(all.calls.begin() + part * all.calls.size() / parts,
+                         all.calls.begin() + (part + 1) * all.calls.size() / parts);
+    records.work.assign(all.work.begin() + part * all.work.size() / parts,
+                        all.work.begin() + (part + 1) * all.work.size() / parts);
     correlator.add(records);
   }
-  // Resolved in three batches in closing order, the way the observer hands them over.
-  const size_t batch = closed_in_order.size() / 3 + 1;
-  for (size_t first = 0; first < closed_in_order.size(); first += batch) {
-    std::vector<ClosedInterval> closed(
-        closed_in_order.begin() + first,
-        closed_in_order.begin() + std::min(first + batch, closed_in_order.size()));
-    correlator.resolve(closed, first + batch >= closed_in_order.size(), &out);
+  std::vector<ResolvedInterval> out;
+  for (std::vector<ClosedInterval>& batch : batches) {
+    // The floor of each thread: the lowest open mark among the bricks not resolved yet.
+    std::map<uint32_t, uint64_t> floors;
+    for (const auto* later = &batch + 1; later < batches.data() + batches.size(); ++later) {
+      for (const ClosedInterval& b : *later) {
+        auto [at, fresh] = floors.emplace(b.open.thread, b.open.segment);
+        if (!fresh) at->second = std::min(at->second, b.open.segment);
+      }
+    }
+    correlator.resolve(batch, &out);
+    correlator.settle(false);
+    for (const uint32_t thread : correlator.threads()) {
+      const auto floor = floors.find(thread);
+      correlator.fold(thread, floor == floors.end() ? kNoFloor : floor->second);
+    }
   }
   const auto sums = by_tag(out);
   ASSERT_EQ(sums.size(), expected.size());
   for (const auto& [id, want] : expected) {
-    EXPECT_EQ(sums.at(id * 10), std::make_pair(want.ns, want.work)) << "interval " << id;
+    EXPECT_EQ(sums.at(id * 10), std::make_pair(want.ns, want.work)) << "brick " << id;
   }
+  correlator.settle(true);
   EXPECT_EQ(correlator.unattributed(), 0u);
   EXPECT_EQ(correlator.held(), 0u);
 }
