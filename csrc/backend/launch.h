@@ -6,6 +6,7 @@
 #include <c10/core/Device.h>
 
 #include "runtime/launch_observer.h"
+#include "runtime/work_marks.h"
 
 namespace brick::backend {
 
@@ -49,6 +50,7 @@ class LaunchScope {
     if (hooks_.trace != nullptr && !traced_) {
       traced_ = true;
       ++runtime::detail::tls_traced_launches;
+      runtime::push_segment_for_launch();
       hooks_.trace->queued();
     }
   }

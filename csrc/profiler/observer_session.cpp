@@ -18,6 +18,7 @@
 #include "profiler/observer_callback.h"
 #include "profiler/observer_state.h"
 #include "profiler/profiler.h"
+#include "profiler/traced_work.h"
 #include "runtime/launch_observer.h"
 #include "runtime/runtime.h"
 #include "runtime/work_tracer.h"
@@ -63,13 +64,10 @@ void observer_after_fork_in_child() {
   new (&g_observer.states_mutex) std::mutex();
   // A resolution under way in another thread at the fork: its lock and its correlator (possibly
   // mid-change) are left behind; the child's closed bricks start afresh.
-  new (&g_observer.traced_mutex) std::mutex();
-  if (g_observer.correlator != nullptr) {
-    (void)g_observer.correlator.release();
-    g_observer.correlator = std::make_unique<WorkCorrelator>();
-  }
+  TracedWork::instance().after_fork_in_child();
   g_observer.states.clear();
   g_observer.exited_closed.clear();
+  g_observer.exited_traced_threads.clear();
   if (state != nullptr) {
     g_observer.states.push_back(state);
     new (&state->pending.mutex) std::mutex();
@@ -99,19 +97,6 @@ namespace {
 
 constexpr runtime::KernelTimer kKernelTimer{&on_kernel_begin, &on_kernel_end};
 
-// The process's work tracer for `rt`'s backing device, made once and kept for the process
-// (CUPTI may call back until exit), or nullptr with the reason in `why`.
-runtime::WorkTracer* work_tracer_for(const runtime::Runtime& rt, std::string* why) {
-  if (rt.backing_kind() == runtime::BackingKind::Host) {
-    static runtime::WorkTracer* const host = runtime::make_host_work_tracer().release();
-    return host;
-  }
-  static std::string cupti_why;
-  static runtime::WorkTracer* const cupti = runtime::make_cupti_tracer(&cupti_why).release();
-  if (cupti == nullptr && why != nullptr) *why = cupti_why;
-  return cupti;
-}
-
 // Whether torch.profiler (Kineto) is profiling with CUPTI now, on CUDA backing.
 bool kineto_uses_cupti(const runtime::Runtime& rt) {
   if (rt.backing_kind() != runtime::BackingKind::Cuda ||
@@ -138,32 +123,19 @@ void start_work_tracer(runtime::Runtime& rt) {
               "brick profiler: traced device timing reads CUPTI, which torch.profiler is "
               "using now (CUPTI gives its records to one client): profile with "
               "device_timing='events' inside torch.profiler, or end torch.profiler first");
-  std::string why;
-  runtime::WorkTracer* tracer = work_tracer_for(rt, &why);
-  TORCH_CHECK(tracer != nullptr,
-              "brick profiler: traced device timing needs the device's work "
-              "tracer, and there is none: ",
-              why,
-              " (device_timing='events' times bricks by "
-              "device events instead)");
   discard_traced();
+  TracedWork& traced = TracedWork::instance();
   {
-    std::lock_guard<std::mutex> resolving(g_observer.traced_mutex);
-    if (g_observer.correlator == nullptr) {
-      g_observer.correlator = std::make_unique<WorkCorrelator>();
-    } else {
-      g_observer.correlator->reset();
+    std::lock_guard<std::mutex> lock(traced.lock());
+    try {
+      traced.acquire(TracedClient::Registry, rt);
+    } catch (const std::exception& error) {
+      TORCH_CHECK(false, "brick profiler: traced device timing needs the device's work tracer: ",
+                  error.what(), " (device_timing='events' times bricks by device events instead)");
     }
-    g_observer.traced_work_delivered = false;
     g_observer.traced_bricks_lost = 0;
   }
-  g_observer.traced_devices.store(0, std::memory_order_relaxed);
-  try {
-    tracer->start();
-  } catch (const std::exception& error) {
-    TORCH_CHECK(false, error.what());
-  }
-  g_observer.tracer.store(tracer, std::memory_order_relaxed);
+  g_observer.tracer.store(traced.tracer(), std::memory_order_relaxed);
 }
 
 class SchemaDeregistrationListener final : public c10::OpRegistrationListener {
@@ -242,9 +214,10 @@ void disable() {
     g_observer.traced.store(false, std::memory_order_relaxed);
     // Its records stay to drain. (Inside a torch.profiler that started since, CUPTI's activity
     // kinds are Kineto's too: they are left enabled for it.)
-    if (!kineto_uses_cupti(*g_observer.runtime.load(std::memory_order_relaxed))) {
-      g_observer.tracer.load(std::memory_order_relaxed)->stop();
-    }
+    TracedWork& traced = TracedWork::instance();
+    std::lock_guard<std::mutex> lock(traced.lock());
+    traced.release(TracedClient::Registry,
+                   kineto_uses_cupti(*g_observer.runtime.load(std::memory_order_relaxed)));
   }
   g_observer.owner.store(nullptr, std::memory_order_release);
   g_observer.enabled.store(false, std::memory_order_release);
@@ -300,7 +273,7 @@ DeviceTiming device_timing() noexcept {
 
 std::pair<std::string, std::string> work_tracer_status() {
   std::string why;
-  const runtime::WorkTracer* tracer = work_tracer_for(runtime::get(), &why);
+  const runtime::WorkTracer* tracer = TracedWork::tracer_for(runtime::get(), &why);
   return tracer != nullptr ? std::make_pair(std::string(tracer->name()), std::string())
                            : std::make_pair(std::string(), why);
 }
@@ -345,12 +318,12 @@ Health health() {
     }
   }
   {
-    std::lock_guard<std::mutex> resolving(g_observer.traced_mutex);
-    if (g_observer.correlator != nullptr) {
-      h.traced_unattributed = g_observer.correlator->unattributed();
-      h.traced_lost = g_observer.correlator->dropped_by_tracer() + g_observer.traced_bricks_lost;
-      h.traced_work_ns = g_observer.correlator->traced_ns();
-    }
+    TracedWork& traced = TracedWork::instance();
+    std::lock_guard<std::mutex> lock(traced.lock());
+    const WorkCorrelator& correlator = traced.correlator();
+    h.traced_unattributed = correlator.unattributed();
+    h.traced_lost = correlator.dropped_by_tracer() + g_observer.traced_bricks_lost;
+    h.traced_work_ns = correlator.traced_ns();
   }
   h.capture_skipped = capture_skipped(TimingClient::Registry) -
                       g_observer.capture_skipped_base.load(std::memory_order_relaxed);

@@ -83,19 +83,14 @@ struct ObserverState {
       OpTiming::Dispatcher};  // the setting: profiles enabled from now on
   std::atomic<DeviceTiming> device_timing{DeviceTiming::Events};  // the setting
 
-  // Traced timing (DeviceTiming::Traced, observer_traced.cpp). `traced`: the running profile
-  // uses it; `tracer`: the tracer it uses, kept after the profile (its records are drained at
-  // the snapshot that follows).
+  // Traced timing (DeviceTiming::Traced, observer_traced.cpp, over profiler/traced_work.h).
+  // `traced`: the running profile uses it; `tracer`: the tracer its marks go to, kept after the
+  // profile (a brick open across disable() still closes its marks).
   std::atomic<bool> traced{false};
   std::atomic<runtime::WorkTracer*> tracer{nullptr};
-  std::atomic<uint64_t> next_interval{1};   // interval ids: nested ones open later, larger
-  std::atomic<uint64_t> traced_devices{0};  // bit d: a traced brick ran on device d
-  std::mutex traced_mutex;  // one resolution at a time; guards the correlator and below
-  std::unique_ptr<WorkCorrelator> correlator;  // made by the first traced profile
-  // Since the traced profile's start: whether the tracer has delivered any work. Brick launched
-  // work (the tracer's launches()) and none was delivered: another client took the tracer's
-  // records (CUPTI gives them to one); those bricks are lost, and counted, not recorded as 0.
-  bool traced_work_delivered = false;
+  std::atomic<uint64_t> next_interval{1};  // brick ids: nested ones open later, larger
+  // Bricks whose work another client of CUPTI took (TracedWork::settle): lost, not recorded as
+  // 0. Guarded by TracedWork's lock.
   uint64_t traced_bricks_lost = 0;
 
   // Every live thread's state, so snapshot() can resolve the pairs each thread still owes.
@@ -325,14 +320,14 @@ void start_awaiting_bricks(runtime::DeviceIndex device) noexcept;
 // ---- traced timing (observer_traced.cpp) ----
 void start_traced_timing(runtime::Runtime& rt, ThreadState& state, Frame& frame,
                          uint64_t parent_interval, bool parent_elsewhere);
-// Marks the calling thread's work where a brick closed (state.marking): its stack now empty,
-// its marks end (nothing of brick's stays pushed on the tracer). Returns the mark's segment.
+// Marks the calling thread's work where a brick closed (state.marking); where its stack is now
+// empty, publishes the mark as its floor. Returns the mark's segment.
 uint64_t close_traced_mark(ThreadState& state) noexcept;
 // Queues `frame`'s interval, closed at `close_segment`, for resolution.
 void finish_traced_timing(ThreadState& state, const Frame& frame, uint64_t close_segment);
 // Waits for the devices traced bricks ran on, drains the tracer and records every closed
 // brick's device time: for a snapshot (on an asynchronous device only once the profile has
-// ended), or because a thread holds too many closed bricks. Takes traced_mutex, then
+// ended), or because a thread holds too many closed bricks. Takes TracedWork's lock, then
 // states_mutex and every thread's pending mutex.
 enum class TracedResolution : uint8_t { Snapshot, Bound };
 void resolve_traced(TracedResolution why);

@@ -1,5 +1,5 @@
 // The observer's traced timing (DeviceTiming::Traced): each brick marks its thread's work where
-// it opens and closes (profiler/work_marks.h); closed, it waits with its parent's id until a
+// it opens and closes (runtime/work_marks.h); closed, it waits with its parent's id until a
 // resolution (a snapshot, or the bound on closed bricks) has waited for the devices and drained
 // the tracer, and the correlator (work_correlator.h) gives it the work its thread queued between
 // its marks, plus what other threads' bricks nested in it queued.
@@ -10,8 +10,9 @@
 
 #include "profiler/device_timer.h"
 #include "profiler/observer_state.h"
-#include "profiler/work_marks.h"
+#include "profiler/traced_work.h"
 #include "runtime/runtime.h"
+#include "runtime/work_marks.h"
 
 namespace brick::profiler::detail {
 
@@ -45,14 +46,12 @@ void start_traced_timing(runtime::Runtime& rt, ThreadState& state, Frame& frame,
     frame.node = kSkippedInCapture;
     return;
   }
-  const uint64_t device_bit = uint64_t{1} << frame.device;
-  if ((g_observer.traced_devices.load(std::memory_order_relaxed) & device_bit) == 0) [[unlikely]]
-    g_observer.traced_devices.fetch_or(device_bit, std::memory_order_relaxed);
+  TracedWork::instance().note_device(frame.device);
   frame.start_ns = registry::Registry::now_ns();  // its host time, if it queues no work
   frame.interval = g_observer.next_interval.fetch_add(1, std::memory_order_relaxed);
   frame.parent_interval = parent_interval;
   frame.parent_elsewhere = parent_elsewhere;
-  frame.open_mark = mark_work(tracer());
+  frame.open_mark = runtime::mark_work(tracer());
   if (!state.marking) {  // its outermost brick: nothing of this thread's from now is below it
     state.marking = true;
     state.traced_floor.store(segment_interval(frame.open_mark.thread, frame.open_mark.segment),
@@ -61,13 +60,13 @@ void start_traced_timing(runtime::Runtime& rt, ThreadState& state, Frame& frame,
 }
 
 uint64_t close_traced_mark(ThreadState& state) noexcept {
-  if (!state.stack.empty()) return mark_work(tracer()).segment;
-  const WorkMark end = end_work_marks(tracer());
-  state.marking = false;
-  if (end.thread != 0) {
-    state.traced_floor.store(segment_interval(end.thread, end.segment), std::memory_order_release);
+  const WorkMark mark = runtime::mark_work(tracer());
+  if (state.stack.empty()) {  // its outermost brick closed: no later mark is below this one
+    state.marking = false;
+    state.traced_floor.store(segment_interval(mark.thread, mark.segment),
+                             std::memory_order_release);
   }
-  return end.segment;
+  return mark.segment;
 }
 
 // Queues `frame`'s closed interval for resolution.
@@ -125,9 +124,9 @@ std::vector<ClosedInterval> take_closed(Floors* floors) {
 }  // namespace
 
 void resolve_traced(TracedResolution why) {
-  std::lock_guard<std::mutex> resolving(g_observer.traced_mutex);
-  runtime::WorkTracer* tracer = g_observer.tracer.load(std::memory_order_relaxed);
-  if (tracer == nullptr || g_observer.correlator == nullptr) return;
+  TracedWork& traced = TracedWork::instance();
+  std::lock_guard<std::mutex> resolving(traced.lock());
+  if (g_observer.tracer.load(std::memory_order_relaxed) == nullptr) return;  // never traced
   // On an asynchronous device, work queued by threads still running may be in flight when the
   // tracer is flushed, and its records would come incomplete (lost): while the traced profile
   // runs, its bricks resolve only when too many are held; a snapshot resolves them once the
@@ -141,26 +140,20 @@ void resolve_traced(TracedResolution why) {
   try {
     closed = take_closed(&floors);
     if (closed.empty()) return;
-    runtime::Runtime& rt = runtime::get();
-    const uint64_t devices = g_observer.traced_devices.load(std::memory_order_relaxed);
-    for (int device = 0; device < runtime::kMaxDevices; ++device) {
-      if ((devices >> device & 1) != 0) rt.synchronize_device(device);
-    }
-    runtime::TracedRecords records;
-    tracer->drain(&records);
-    if (!records.work.empty()) g_observer.traced_work_delivered = true;
-    WorkCorrelator& correlator = *g_observer.correlator;
-    correlator.add(records);
-    if (!g_observer.traced_work_delivered && tracer->launches() > 0) {
+    if (!traced.settle(runtime::get())) {
       // Brick launched work and the tracer delivered none: another client took its records.
       g_observer.traced_bricks_lost += closed.size();
       return;
     }
+    WorkCorrelator& correlator = traced.correlator();
     correlator.resolve(closed, &resolved);
-    // (The host's work is all delivered by the time its records are: none is in flight.)
+    // (The host's work is all delivered by the time its records are: none is in flight. Marks
+    // the legacy profiler holds may be anywhere: nothing is folded while it traces.)
     correlator.settle(/*all_delivered=*/!running || !asynchronous);
-    for (const uint32_t thread : floors.exited) correlator.fold(thread, kNoFloor);
-    for (const auto& [thread, floor] : floors.live) correlator.fold(thread, floor);
+    if (!traced.holds(TracedClient::LegacyStubs)) {
+      for (const uint32_t thread : floors.exited) correlator.fold(thread, kNoFloor);
+      for (const auto& [thread, floor] : floors.live) correlator.fold(thread, floor);
+    }
   } catch (...) {  // the devices or the tracer failed: these bricks cannot be timed
     g_observer.timing_failures.fetch_add(closed.size(), std::memory_order_relaxed);
     return;
@@ -173,13 +166,9 @@ void resolve_traced(TracedResolution why) {
 }
 
 void discard_traced() {
-  std::lock_guard<std::mutex> resolving(g_observer.traced_mutex);
+  std::lock_guard<std::mutex> resolving(TracedWork::instance().lock());
   Floors unused;
   (void)take_closed(&unused);
-  if (runtime::WorkTracer* tracer = g_observer.tracer.load(std::memory_order_relaxed)) {
-    runtime::TracedRecords stale;
-    tracer->drain(&stale);
-  }
 }
 
 }  // namespace brick::profiler::detail

@@ -9,6 +9,10 @@
 // PyTorch is that time itself, carried in the pointer of a std::shared_ptr that owns nothing.
 // Every event also carries the thread's brick work count: an op or range during which the thread
 // queued no brick work and allocated no brick memory (a CPU op) gets no device time.
+// With traced device timing (set_legacy_device_timing(Traced)), record() marks the thread's work
+// instead (runtime/work_marks.h), the mark carried in the pointer as a time event's is, and
+// elapsed() is the work the device traced between the two marks (profiler/traced_work.h): the
+// tracer runs from the profile's first record() until its events are read, once it has ended.
 // On its common path record() takes no lock and allocates nothing (events, and the shared_ptr
 // control blocks that hand them to PyTorch, come from a per-thread pool; the log is the
 // thread's own). No exception may escape record(): PyTorch does not catch one there, and it
@@ -17,6 +21,7 @@
 #include <ATen/record_function.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/ApproximateClock.h>
+#include <torch/csrc/profiler/orchestration/observer.h>
 #include <torch/csrc/profiler/stubs/base.h>
 
 #include <atomic>
@@ -31,8 +36,10 @@
 #include "profiler/profiler.h"
 #include "profiler/stub_event_pool.h"
 #include "profiler/timeline.h"
+#include "profiler/traced_work.h"
 #include "runtime/launch_observer.h"
 #include "runtime/runtime.h"
+#include "runtime/work_marks.h"
 
 namespace brick::profiler {
 
@@ -118,6 +125,60 @@ float time_events_elapsed_us(uint64_t start, uint64_t end) noexcept {
   return static_cast<float>(static_cast<double>(ns) / 1000.0);
 }
 
+// Traced events: a work mark (thread number above kSegmentBits, segment below) in the pointer of
+// a shared_ptr with no control block, top bit clear (a time event's is set). Thread numbers
+// beyond kMaxTracedThread cannot be carried: their records fail (counted).
+constexpr uint64_t kMaxTracedThread = (uint64_t{1} << (63 - kSegmentBits)) - 1;
+
+bool is_traced_event(uint64_t packed) noexcept { return (packed & kTimeEventMarker) == 0; }
+
+WorkMark mark_of(uint64_t packed) noexcept {
+  return {static_cast<uint32_t>(packed >> kSegmentBits), packed & kSegmentMask};
+}
+
+std::atomic<DeviceTiming> g_legacy_timing{DeviceTiming::Events};
+// The stubs hold the traced-work service (TracedClient::LegacyStubs) from a traced profile's
+// first record() until its events are read once it has ended. Written under TracedWork's lock.
+std::atomic<bool> g_stubs_tracing{false};
+
+// Starts the stubs' tracing for a traced record(): false (counted by the caller) where the
+// tracer cannot start, and the records go on as events.
+bool begin_stub_tracing(runtime::Runtime& rt) {
+  TracedWork& traced = TracedWork::instance();
+  std::lock_guard<std::mutex> lock(traced.lock());
+  if (g_stubs_tracing.load(std::memory_order_relaxed)) return true;
+  try {
+    traced.acquire(TracedClient::LegacyStubs, rt);
+  } catch (const std::exception& error) {
+    TORCH_WARN_ONCE("brick: the legacy profiler's traced device timing could not start (",
+                    error.what(), "): its ops are timed by device events");
+    return false;
+  }
+  g_stubs_tracing.store(true, std::memory_order_release);
+  return true;
+}
+
+// The device time the thread queued between two traced marks, in us. Once no profile is
+// recording (PyTorch reads the events after it has ended), the first read waits for the devices,
+// takes what the tracer delivered and stops the stubs' tracing.
+float traced_elapsed_us(WorkMark from, WorkMark to) {
+  TracedWork& traced = TracedWork::instance();
+  std::lock_guard<std::mutex> lock(traced.lock());
+  if (g_stubs_tracing.load(std::memory_order_relaxed)) {
+    runtime::Runtime& rt = runtime::get();
+    const bool delivered = traced.settle(rt);
+    const bool registry_tracing = traced.holds(TracedClient::Registry);
+    traced.correlator().settle(/*all_delivered=*/!registry_tracing || !async_runtime());
+    if (!torch::profiler::impl::profilerEnabled()) {
+      traced.release(TracedClient::LegacyStubs, /*keep_kinds=*/false);
+      g_stubs_tracing.store(false, std::memory_order_release);
+    }
+    if (!delivered) throw runtime::Error("another client of CUPTI took the tracer's records");
+  }
+  const WorkSum sum = traced.correlator().between(from, to);
+  return static_cast<float>(static_cast<double>(sum.ns) / 1000.0);
+}
+
 class BrickProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
  public:
   void record(c10::DeviceIndex* device, torch::profiler::impl::ProfilerVoidEventStub* event,
@@ -129,6 +190,9 @@ class BrickProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
       const int index = rt.current_device();
       const runtime::StreamId stream = rt.current_stream(index);
       if (device != nullptr) *device = static_cast<c10::DeviceIndex>(index);
+      if (g_legacy_timing.load(std::memory_order_relaxed) == DeviceTiming::Traced) [[unlikely]] {
+        if (record_traced(rt, index, event, cpu_ns)) return;
+      }
       if (!async_runtime()) {
         const int64_t now = c10::getTime();
         if (cpu_ns != nullptr) *cpu_ns = now;
@@ -174,9 +238,26 @@ class BrickProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
   float elapsed(const torch::profiler::impl::ProfilerVoidEventStub* start,
                 const torch::profiler::impl::ProfilerVoidEventStub* end) const override {
     if (start == nullptr || end == nullptr || !*start || !*end) return 0.0f;
-    const bool synchronous = is_time_event(*start);
-    if (synchronous != is_time_event(*end)) return 0.0f;  // cannot happen: one runtime per process
-    if (synchronous) return time_events_elapsed_us(packed_of(*start), packed_of(*end));
+    const bool unowned = is_time_event(*start);  // a time event or a traced one
+    if (unowned != is_time_event(*end)) {        // the timing changed inside the op
+      g_stub_failures.fetch_add(1, std::memory_order_relaxed);
+      return 0.0f;
+    }
+    if (unowned) {
+      const uint64_t a = packed_of(*start);
+      const uint64_t b = packed_of(*end);
+      if (is_traced_event(a) != is_traced_event(b)) {  // the timing changed inside the op
+        g_stub_failures.fetch_add(1, std::memory_order_relaxed);
+        return 0.0f;
+      }
+      if (!is_traced_event(a)) return time_events_elapsed_us(a, b);
+      try {
+        return traced_elapsed_us(mark_of(a), mark_of(b));
+      } catch (...) {  // the devices or the tracer failed, or its records went to another client
+        g_stub_failures.fetch_add(1, std::memory_order_relaxed);
+        return 0.0f;
+      }
+    }
     // No exception may escape: PyTorch calls this while building the profile's events, where
     // one would lose the user's whole profile. A failure gives the op no device time, counted.
     try {
@@ -209,6 +290,33 @@ class BrickProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
 
   bool enabled() const override { return true; }
 
+ private:
+  // A traced record(): the thread's work marked now. False where the stubs cannot trace (the
+  // record goes on as an event).
+  static bool record_traced(runtime::Runtime& rt, int index,
+                            torch::profiler::impl::ProfilerVoidEventStub* event, int64_t* cpu_ns) {
+    if (!g_stubs_tracing.load(std::memory_order_acquire) && !begin_stub_tracing(rt)) {
+      g_stub_failures.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+    runtime::WorkTracer* tracer = TracedWork::instance().tracer();
+    if (tracer == nullptr) return false;
+    TracedWork::instance().note_device(index);
+    const WorkMark mark = runtime::mark_work(*tracer);
+    if (cpu_ns != nullptr) *cpu_ns = c10::getTime();
+    if (mark.thread > kMaxTracedThread) {
+      g_stub_failures.fetch_add(1, std::memory_order_relaxed);
+      if (event != nullptr) event->reset();
+      return true;
+    }
+    const uint64_t packed = uint64_t{mark.thread} << kSegmentBits | mark.segment;
+    if (event != nullptr) {
+      *event = {std::shared_ptr<void>(), reinterpret_cast<void*>(static_cast<uintptr_t>(packed))};
+    }
+    return true;
+  }
+
+ public:
   // Both leave alone the devices this process has not used: on CUDA backing, making a GPU
   // current (or synchronizing it) creates its context (~0.5 GB per GPU and rank under
   // torchrun). The hooks answer: always used on the host, CUDA's primary context on CUDA.
@@ -249,7 +357,18 @@ void register_profiler_stubs() {
   (void)stubs;
 }
 
-void stubs_after_fork_in_child() { g_stub_failures.store(0, std::memory_order_relaxed); }
+void stubs_after_fork_in_child() {
+  g_stub_failures.store(0, std::memory_order_relaxed);
+  g_stubs_tracing.store(false, std::memory_order_relaxed);  // the parent's profile
+}
+
+void set_legacy_device_timing(DeviceTiming timing) {
+  g_legacy_timing.store(timing, std::memory_order_relaxed);
+}
+
+DeviceTiming legacy_device_timing() noexcept {
+  return g_legacy_timing.load(std::memory_order_relaxed);
+}
 
 uint64_t stub_failures() noexcept { return g_stub_failures.load(std::memory_order_relaxed); }
 

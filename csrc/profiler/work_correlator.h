@@ -1,16 +1,14 @@
 // Device time from the device's own records of its work (runtime/work_tracer.h), for every
 // profiler that reads it: the registry's bricks, the legacy profiler's ops (its stubs) and
 // torch.profiler's. A profiler marks the calling thread's stream of work where a brick, range or
-// op opens and closes (profiler/work_marks.h); the work a thread queued between two of its marks
+// op opens and closes (runtime/work_marks.h); the work a thread queued between two of its marks
 // is what ran in between: the sum of the durations of every kernel, copy and memset queued
 // there, nested bricks' included, never the span across the gaps between them.
 //
-// How: a thread's work is cut into segments, one tracer interval id each (the thread's number in
-// the high bits, the segment's in the low ones), pushed on the tracer while the segment lasts. A
-// mark starts a new segment only if the thread queued work since the segment began, so a mark
-// costs the tracer nothing where no work was queued (views, CPU ops). The tracer names each
-// piece of work's host call, and each call the segment it was made in; the correlator sums the
-// work per segment, and a thread's running sum over its segments answers any two of its marks.
+// How: a thread's work is cut into segments, one tracer interval id each (runtime/work_marks.h).
+// The tracer names each piece of work's host call, and each call the segment it was made in; the
+// correlator sums the work per segment, and a thread's running sum over its segments answers any
+// two of its marks.
 // Records arrive late, out of order and across deliveries (a call's work before the call), so
 // nothing here assumes an order.
 //
@@ -26,25 +24,16 @@
 #include <unordered_map>
 #include <vector>
 
+#include "runtime/work_marks.h"
 #include "runtime/work_tracer.h"
 
 namespace brick::profiler {
 
-// Segment interval ids: the thread's number (1 and up) above kSegmentBits, the segment below.
-inline constexpr int kSegmentBits = 40;
-inline constexpr uint64_t kSegmentMask = (uint64_t{1} << kSegmentBits) - 1;
+using runtime::kSegmentBits;
+using runtime::kSegmentMask;
+using runtime::segment_interval;
+using runtime::WorkMark;
 inline constexpr uint64_t kNoFloor = std::numeric_limits<uint64_t>::max();
-
-constexpr uint64_t segment_interval(uint32_t thread, uint64_t segment) noexcept {
-  return uint64_t{thread} << kSegmentBits | (segment & kSegmentMask);
-}
-
-// A point in one thread's stream of work: the work queued before it is in the segments below
-// `segment`; the work after it in `segment` and above. thread 0: no mark (nothing traced).
-struct WorkMark {
-  uint32_t thread = 0;
-  uint64_t segment = 0;
-};
 
 struct WorkSum {
   int64_t ns = 0;     // the summed durations

@@ -155,7 +155,7 @@ inline uint64_t device_work_seen() noexcept {
 }
 
 // The launches of the calling thread that a work tracer (LaunchTrace) has been told are queued
-// and not yet done: while one is, work marks (profiler/work_marks.h) cannot know whether more of
+// and not yet done: while one is, work marks (runtime/work_marks.h) cannot know whether more of
 // its work is coming, so each starts a new segment.
 namespace detail {
 [[gnu::tls_model("initial-exec")]] inline constinit thread_local uint32_t tls_traced_launches = 0;

@@ -1,5 +1,5 @@
-// GoogleTest suite for traced device time (profiler/work_correlator.h, profiler/work_marks.h):
-// threads' work marks and the correlation of a device tracer's records with them, on synthetic
+// GoogleTest suite for traced device time (profiler/work_correlator.h): the correlation of a
+// device tracer's records with threads' work marks (runtime/work_marks.h), on synthetic
 // records with the orders, splits and losses a real tracer (CUPTI) delivers, without a GPU.
 #include "profiler/work_correlator.h"
 
@@ -9,11 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <random>
-#include <string>
 #include <vector>
-
-#include "profiler/work_marks.h"
-#include "runtime/launch_observer.h"
 
 namespace {
 
@@ -30,8 +26,8 @@ using brick::runtime::TracedWork;
 
 TracedWork work(uint32_t call, int64_t start, int64_t ns) { return {call, start, start + ns}; }
 
-// One thread's stream of work as work_marks.cpp cuts it: a mark starts a new segment where work
-// was queued since the segment began. Its calls and their work go to `records`.
+// One thread's stream of work as runtime/work_marks.cpp cuts it: a mark starts a new segment
+// where work was queued since the segment began. Its calls and their work go to `records`.
 class SimulatedThread {
  public:
   SimulatedThread(uint32_t number, uint32_t* next_call) : number_(number), next_call_(next_call) {}
@@ -302,45 +298,6 @@ TEST(WorkCorrelator, FoldingBelowAFloorKeepsEveryLaterMarksSumsAndForgetsTheRest
   correlator.fold(thread.number(), kNoFloor);
   EXPECT_EQ(correlator.held(), 1u) << "the late call only (forgotten at the next settle)";
   EXPECT_TRUE(correlator.threads().empty());
-}
-
-// The work marks themselves (work_marks.cpp) on a tracer that logs its pushes and pops.
-class LoggingTracer final : public brick::runtime::WorkTracer {
- public:
-  const char* name() const noexcept override { return "log"; }
-  void start() override {}
-  void stop() noexcept override {}
-  void push(uint64_t interval) noexcept override {
-    log.push_back("push " + std::to_string(interval));
-  }
-  void pop() noexcept override { log.push_back("pop"); }
-  void drain(TracedRecords* /*into*/) override {}
-  uint64_t launches() const noexcept override { return 0; }
-  std::vector<std::string> log;
-};
-
-TEST(WorkMarks, ANewSegmentIsPushedOnlyWhereWorkWasQueuedSinceAndTheEndPopsIt) {
-  LoggingTracer tracer;
-  const WorkMark first = brick::profiler::mark_work(tracer);
-  ASSERT_NE(first.thread, 0u);
-  const std::string first_id = std::to_string(segment_interval(first.thread, first.segment));
-  ASSERT_EQ(tracer.log, std::vector<std::string>{"push " + first_id});
-  const WorkMark same = brick::profiler::mark_work(tracer);  // no work between: no tracer call
-  EXPECT_EQ(same.segment, first.segment);
-  EXPECT_EQ(tracer.log.size(), 1u);
-  brick::runtime::count_device_work();  // a launch
-  const WorkMark next = brick::profiler::mark_work(tracer);
-  EXPECT_EQ(next.segment, first.segment + 1);
-  EXPECT_EQ(tracer.log.size(), 3u);
-  EXPECT_EQ(tracer.log[1], "pop");
-  const WorkMark end = brick::profiler::end_work_marks(tracer);
-  EXPECT_EQ(tracer.log.back(), "pop");
-  EXPECT_EQ(end.segment, next.segment + 1) << "nothing after the end is in a segment below it";
-  const WorkMark again = brick::profiler::mark_work(tracer);
-  EXPECT_EQ(again.segment, end.segment) << "the next segment is the end's";
-  EXPECT_EQ(tracer.log.back(),
-            "push " + std::to_string(segment_interval(again.thread, again.segment)));
-  (void)brick::profiler::end_work_marks(tracer);
 }
 
 // A decode-like stream on two threads: each runs ranges of ops (some with no work, some with

@@ -366,6 +366,15 @@ for value, error, pattern in BAD_MODES:
     TABLE.append(bad(bp.enable, "sync_mode", value, error, pattern))
     TABLE.append(bad(bp.profile, "sync_mode", value, error, pattern))
 
+LEGACY_TIMING = r"set_legacy_device_timing\(\): timing must be 'events' or 'traced', got "
+for value, error, pattern in [(None, TypeError, LEGACY_TIMING + "None"),
+                              (1, TypeError, LEGACY_TIMING + "int"),
+                              (["traced"], TypeError, LEGACY_TIMING + "list"),
+                              ("", ValueError, LEGACY_TIMING + "''"),
+                              ("cupti", ValueError, LEGACY_TIMING + "'cupti'"),
+                              ("Traced", ValueError, LEGACY_TIMING + "'Traced'")]:
+    TABLE.append(bad(bp.set_legacy_device_timing, "timing", value, error, pattern))
+
 TABLE += [
     bad(bp.profile, "reset", "yes", TypeError, BOOL + "str", keyword=True),
     bad(bp.profile, "reset", None, TypeError, BOOL + "None", keyword=True),
@@ -877,6 +886,7 @@ EXEMPT = {
     "torch_brickdev.profiler.sync_mode": NO_ARGUMENTS,
     "torch_brickdev.profiler.health": NO_ARGUMENTS,
     "torch_brickdev.profiler.work_tracer": NO_ARGUMENTS,
+    "torch_brickdev.profiler.legacy_device_timing": NO_ARGUMENTS,
     "torch_brickdev.profiler.range_pop": NO_ARGUMENTS,
     "torch_brickdev.profiler.clear_timeline": NO_ARGUMENTS,
     "torch_brickdev.profiler.kineto_available": NO_ARGUMENTS,

@@ -278,3 +278,94 @@ def test_a_fork_inside_a_traced_profile_leaves_both_processes_exact():
     assert seen["child"] == 0
     assert seen["main_adds"] >= 600 and seen["add_ns"] > 0
     assert seen["health"]["traced_lost"] == 0 and seen["health"]["timing_failures"] == 0
+
+
+@pytest.fixture
+def legacy_traced():
+    bp.set_legacy_device_timing("traced")
+    try:
+        yield
+    finally:
+        bp.set_legacy_device_timing("events")
+
+
+def legacy_rows(prof):
+    return {e.key: e for e in prof.key_averages()}
+
+
+@needs_host_tracer
+def test_the_legacy_profiler_reads_traced_device_time_a_known_busy_wait_inside_it(legacy_traced):
+    assert bp.legacy_device_timing() == "traced"
+    spin = spin_cpu_op()
+    x = torch.randn(4, device="brick")
+    spin(x, 10)
+    walls = []
+    with torch.autograd.profiler.profile(use_device="brick") as prof:
+        for _ in range(3):
+            start = time.perf_counter_ns()
+            spin(x, 2000)
+            walls.append(time.perf_counter_ns() - start)
+    row = legacy_rows(prof)["brick_test_cpu::spin"]
+    assert row.count == 3
+    # Each call busy-waits 2 ms inside the CPU kernel brick's launch runs: its device time holds
+    # them, and no more than the calls' own wall time.
+    assert 3 * 2_000 <= row.device_time_total <= sum(walls) / 1000
+    assert bp.health()["stub_failures"] == 0
+
+
+@needs_host_tracer
+def test_the_legacy_profilers_traced_ops_agree_with_the_registrys_and_a_composite_is_its_kernels(
+        legacy_traced):
+    torch.manual_seed(0)
+    model = TwoLayer().to("brick")
+    x = torch.randn(16, 32, device="brick")
+    model(x)
+    spin = spin_cpu_op()
+    spin(x, 10)
+    # Both profilers at once, on the one traced timer.
+    with torch.autograd.profiler.profile(use_device="brick") as prof:
+        with bp.profile(sync_mode="event", device_timing="traced") as p:
+            for _ in range(5):
+                model(x)
+            for _ in range(3):
+                spin(x, 1000)
+    rows = legacy_rows(prof)
+    bricks = by_name(p.report.bricks)
+    for name in ("aten::addmm", "aten::linear", "aten::relu", "aten::t"):
+        assert rows[name].count == bricks[name].count == 10
+    assert rows["aten::linear"].device_time_total == rows["aten::addmm"].device_time_total > 0
+    assert rows["aten::t"].device_time_total == 0, "a view queues no work"
+    # The same work in both: 3 ms of busy-wait. (Apart from it, only what each profiler's own
+    # callbacks add on the host, where a launch's work is its wall time.)
+    spin_us = bricks["brick_test_cpu::spin"].total_ns / 1000
+    assert spin_us >= 3_000
+    assert rows["brick_test_cpu::spin"].device_time_total == pytest.approx(spin_us, rel=0.05)
+    assert bp.health()["stub_failures"] == 0 and bp.health()["traced_unattributed"] == 0
+
+
+@needs_host_tracer
+def test_the_legacy_profilers_traced_timing_ends_with_its_profile_and_starts_with_the_next(
+        legacy_traced):
+    x = torch.randn(64, 64, device="brick")
+    for _ in range(2):
+        with torch.autograd.profiler.profile(use_device="brick") as prof:
+            torch.mm(x, x)
+        assert legacy_rows(prof)["aten::mm"].device_time_total > 0
+    # The registry's own traced profile afterwards starts the tracer afresh: nothing of the legacy
+    # profiles' work is in it.
+    with bp.profile(sync_mode="event", device_timing="traced") as p:
+        torch.mm(x, x)
+    assert by_name(p.report.bricks)["aten::mm"].count == 1
+    assert bp.health()["traced_work_ns"] == by_name(p.report.bricks)["aten::mm"].total_ns
+    bp.set_legacy_device_timing("events")
+    with torch.autograd.profiler.profile(use_device="brick") as prof:
+        torch.mm(x, x)
+    assert legacy_rows(prof)["aten::mm"].device_time_total > 0
+
+
+def test_bad_legacy_device_timings_are_refused_naming_what_is_expected():
+    with pytest.raises(ValueError, match=r"timing must be 'events' or 'traced', got 'cupti'"):
+        bp.set_legacy_device_timing("cupti")
+    with pytest.raises(TypeError, match=r"timing must be 'events' or 'traced', got int"):
+        bp.set_legacy_device_timing(1)
+    assert bp.legacy_device_timing() == "events"

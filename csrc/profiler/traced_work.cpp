@@ -1,0 +1,78 @@
+#include "profiler/traced_work.h"
+
+#include <new>
+#include <string>
+
+namespace brick::profiler {
+
+TracedWork& TracedWork::instance() {
+  static TracedWork* const kept = new TracedWork();  // marks on other threads may outlive exit
+  return *kept;
+}
+
+runtime::WorkTracer* TracedWork::tracer_for(const runtime::Runtime& rt, std::string* why) {
+  if (rt.backing_kind() == runtime::BackingKind::Host) {
+    static runtime::WorkTracer* const host = runtime::make_host_work_tracer().release();
+    return host;
+  }
+  static std::string cupti_why;
+  static runtime::WorkTracer* const cupti = runtime::make_cupti_tracer(&cupti_why).release();
+  if (cupti == nullptr && why != nullptr) *why = cupti_why;
+  return cupti;
+}
+
+void TracedWork::acquire(TracedClient client, runtime::Runtime& rt) {
+  const auto bit = static_cast<uint8_t>(1u << static_cast<unsigned>(client));
+  if ((clients_ & bit) != 0) return;
+  if (clients_ == 0) {
+    std::string why;
+    runtime::WorkTracer* tracer = tracer_for(rt, &why);
+    if (tracer == nullptr) throw runtime::Error(why);
+    correlator_.reset();
+    devices_.store(0, std::memory_order_relaxed);
+    delivered_ = false;
+    runtime::TracedRecords stale;  // what an earlier tracing left undrained
+    tracer->drain(&stale);
+    tracer->start();
+    started_ = tracer;
+    tracer_.store(tracer, std::memory_order_release);
+  }
+  clients_ |= bit;
+}
+
+void TracedWork::release(TracedClient client, bool keep_kinds) noexcept {
+  const auto bit = static_cast<uint8_t>(1u << static_cast<unsigned>(client));
+  if ((clients_ & bit) == 0) return;
+  clients_ &= static_cast<uint8_t>(~bit);
+  if (clients_ != 0) return;
+  tracer_.store(nullptr, std::memory_order_release);
+  // Its records stay to drain.
+  if (!keep_kinds) started_->stop();
+}
+
+bool TracedWork::holds(TracedClient client) const noexcept {
+  return (clients_ & (1u << static_cast<unsigned>(client))) != 0;
+}
+
+bool TracedWork::settle(runtime::Runtime& rt) {
+  if (started_ == nullptr) return true;
+  const uint64_t devices = devices_.load(std::memory_order_relaxed);
+  for (int device = 0; device < runtime::kMaxDevices; ++device) {
+    if ((devices >> device & 1) != 0) rt.synchronize_device(device);
+  }
+  runtime::TracedRecords records;
+  started_->drain(&records);
+  if (!records.work.empty()) delivered_ = true;
+  correlator_.add(records);
+  return delivered_ || started_->launches() == 0;
+}
+
+void TracedWork::after_fork_in_child() noexcept {
+  new (&mutex_) std::mutex();
+  // A resolution under way in another thread at the fork may have left the correlator
+  // mid-change: left behind.
+  new (&correlator_) WorkCorrelator();
+  devices_.store(0, std::memory_order_relaxed);
+}
+
+}  // namespace brick::profiler
