@@ -443,15 +443,16 @@ void bind_profiler(py::module_& parent) {
   m.def("device_timing", [] {
     return profiler::device_timing() == profiler::DeviceTiming::Traced ? "traced" : "events";
   });
-  // The legacy profiler's: "events" or "traced".
+  // The process's default (profiler::set_default_device_timing): "events" or "traced".
   m.def(
-      "set_legacy_device_timing",
+      "set_default_device_timing",
       [](const std::string& timing) {
-        profiler::set_legacy_device_timing(parse_device_timing(timing));
+        profiler::set_default_device_timing(parse_device_timing(timing));
       },
       py::arg("timing"));
-  m.def("legacy_device_timing", [] {
-    return profiler::legacy_device_timing() == profiler::DeviceTiming::Traced ? "traced" : "events";
+  m.def("default_device_timing", [] {
+    return profiler::default_device_timing() == profiler::DeviceTiming::Traced ? "traced"
+                                                                               : "events";
   });
   // The work tracer traced timing uses here: (name, None), or (None, why there is none).
   m.def("work_tracer", []() -> py::tuple {

@@ -271,6 +271,18 @@ DeviceTiming device_timing() noexcept {
   return g_observer.device_timing.load(std::memory_order_relaxed);
 }
 
+namespace {
+std::atomic<DeviceTiming> g_default_device_timing{DeviceTiming::Events};
+}  // namespace
+
+void set_default_device_timing(DeviceTiming timing) noexcept {
+  g_default_device_timing.store(timing, std::memory_order_relaxed);
+}
+
+DeviceTiming default_device_timing() noexcept {
+  return g_default_device_timing.load(std::memory_order_relaxed);
+}
+
 std::pair<std::string, std::string> work_tracer_status() {
   std::string why;
   const runtime::WorkTracer* tracer = TracedWork::tracer_for(runtime::get(), &why);

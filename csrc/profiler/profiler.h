@@ -98,10 +98,11 @@ std::vector<int64_t> live_events_by_device();
 void register_profiler_stubs();
 // Stub records and elapsed times that failed since the process (or forked child) started.
 uint64_t stub_failures() noexcept;
-// What gives the legacy profiler's ops their device time (torch.autograd.profiler.profile(
-// use_device="brick")): Events (the default) or Traced, from the next record() on.
-void set_legacy_device_timing(DeviceTiming timing);
-DeviceTiming legacy_device_timing() noexcept;
+// The process's device timing: what gives the legacy profiler's ops their device time
+// (torch.autograd.profiler.profile(use_device="brick"), from its next record() on) and what
+// profile() uses where it is not given one. Events until set.
+void set_default_device_timing(DeviceTiming timing) noexcept;
+DeviceTiming default_device_timing() noexcept;
 
 // StubRecord::device_ns of a record made on a synchronous runtime: the device reached it when it
 // was made, at cpu_ns (one clock read per record; no conversion between clocks, so the device

@@ -9,7 +9,7 @@
 // PyTorch is that time itself, carried in the pointer of a std::shared_ptr that owns nothing.
 // Every event also carries the thread's brick work count: an op or range during which the thread
 // queued no brick work and allocated no brick memory (a CPU op) gets no device time.
-// With traced device timing (set_legacy_device_timing(Traced)), record() marks the thread's work
+// With traced device timing (set_default_device_timing(Traced)), record() marks the thread's work
 // instead (runtime/work_marks.h), the mark carried in the pointer as a time event's is, and
 // elapsed() is the work the device traced between the two marks (profiler/traced_work.h): the
 // tracer runs from the profile's first record() until its events are read, once it has ended.
@@ -136,7 +136,6 @@ WorkMark mark_of(uint64_t packed) noexcept {
   return {static_cast<uint32_t>(packed >> kSegmentBits), packed & kSegmentMask};
 }
 
-std::atomic<DeviceTiming> g_legacy_timing{DeviceTiming::Events};
 // The stubs hold the traced-work service (TracedClient::LegacyStubs) from a traced profile's
 // first record() until its events are read once it has ended. Written under TracedWork's lock.
 std::atomic<bool> g_stubs_tracing{false};
@@ -190,7 +189,7 @@ class BrickProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
       const int index = rt.current_device();
       const runtime::StreamId stream = rt.current_stream(index);
       if (device != nullptr) *device = static_cast<c10::DeviceIndex>(index);
-      if (g_legacy_timing.load(std::memory_order_relaxed) == DeviceTiming::Traced) [[unlikely]] {
+      if (default_device_timing() == DeviceTiming::Traced) [[unlikely]] {
         if (record_traced(rt, index, event, cpu_ns)) return;
       }
       if (!async_runtime()) {
@@ -360,14 +359,6 @@ void register_profiler_stubs() {
 void stubs_after_fork_in_child() {
   g_stub_failures.store(0, std::memory_order_relaxed);
   g_stubs_tracing.store(false, std::memory_order_relaxed);  // the parent's profile
-}
-
-void set_legacy_device_timing(DeviceTiming timing) {
-  g_legacy_timing.store(timing, std::memory_order_relaxed);
-}
-
-DeviceTiming legacy_device_timing() noexcept {
-  return g_legacy_timing.load(std::memory_order_relaxed);
 }
 
 uint64_t stub_failures() noexcept { return g_stub_failures.load(std::memory_order_relaxed); }

@@ -366,14 +366,14 @@ for value, error, pattern in BAD_MODES:
     TABLE.append(bad(bp.enable, "sync_mode", value, error, pattern))
     TABLE.append(bad(bp.profile, "sync_mode", value, error, pattern))
 
-LEGACY_TIMING = r"set_legacy_device_timing\(\): timing must be 'events' or 'traced', got "
-for value, error, pattern in [(None, TypeError, LEGACY_TIMING + "None"),
-                              (1, TypeError, LEGACY_TIMING + "int"),
-                              (["traced"], TypeError, LEGACY_TIMING + "list"),
-                              ("", ValueError, LEGACY_TIMING + "''"),
-                              ("cupti", ValueError, LEGACY_TIMING + "'cupti'"),
-                              ("Traced", ValueError, LEGACY_TIMING + "'Traced'")]:
-    TABLE.append(bad(bp.set_legacy_device_timing, "timing", value, error, pattern))
+DEFAULT_TIMING = r"set_device_timing\(\): timing must be 'events' or 'traced', got "
+for value, error, pattern in [(None, TypeError, DEFAULT_TIMING + "None"),
+                              (1, TypeError, DEFAULT_TIMING + "int"),
+                              (["traced"], TypeError, DEFAULT_TIMING + "list"),
+                              ("", ValueError, DEFAULT_TIMING + "''"),
+                              ("cupti", ValueError, DEFAULT_TIMING + "'cupti'"),
+                              ("Traced", ValueError, DEFAULT_TIMING + "'Traced'")]:
+    TABLE.append(bad(bp.set_device_timing, "timing", value, error, pattern))
 
 TABLE += [
     bad(bp.profile, "reset", "yes", TypeError, BOOL + "str", keyword=True),
@@ -390,8 +390,8 @@ TABLE += [
         received="nan|Out of range float"),
     bad(bp.profile, "device_timing", "cupti", ValueError,
         r"device_timing must be 'events' or 'traced', got str \('cupti'\)", keyword=True),
-    bad(bp.profile, "device_timing", None, ValueError,
-        r"device_timing must be 'events' or 'traced', got None", keyword=True),
+    bad(bp.profile, "device_timing", "", ValueError,
+        r"device_timing must be 'events' or 'traced', got str \(''\)", keyword=True),
     bad(bp.profile, "device_timing", 1, ValueError,
         r"device_timing must be 'events' or 'traced', got int \(1\)", keyword=True),
 ]
@@ -886,7 +886,7 @@ EXEMPT = {
     "torch_brickdev.profiler.sync_mode": NO_ARGUMENTS,
     "torch_brickdev.profiler.health": NO_ARGUMENTS,
     "torch_brickdev.profiler.work_tracer": NO_ARGUMENTS,
-    "torch_brickdev.profiler.legacy_device_timing": NO_ARGUMENTS,
+    "torch_brickdev.profiler.device_timing": NO_ARGUMENTS,
     "torch_brickdev.profiler.range_pop": NO_ARGUMENTS,
     "torch_brickdev.profiler.clear_timeline": NO_ARGUMENTS,
     "torch_brickdev.profiler.kineto_available": NO_ARGUMENTS,

@@ -282,11 +282,11 @@ def test_a_fork_inside_a_traced_profile_leaves_both_processes_exact():
 
 @pytest.fixture
 def legacy_traced():
-    bp.set_legacy_device_timing("traced")
+    bp.set_device_timing("traced")
     try:
         yield
     finally:
-        bp.set_legacy_device_timing("events")
+        bp.set_device_timing("events")
 
 
 def legacy_rows(prof):
@@ -295,7 +295,7 @@ def legacy_rows(prof):
 
 @needs_host_tracer
 def test_the_legacy_profiler_reads_traced_device_time_a_known_busy_wait_inside_it(legacy_traced):
-    assert bp.legacy_device_timing() == "traced"
+    assert bp.device_timing() == "traced"
     spin = spin_cpu_op()
     x = torch.randn(4, device="brick")
     spin(x, 10)
@@ -357,15 +357,26 @@ def test_the_legacy_profilers_traced_timing_ends_with_its_profile_and_starts_wit
         torch.mm(x, x)
     assert by_name(p.report.bricks)["aten::mm"].count == 1
     assert bp.health()["traced_work_ns"] == by_name(p.report.bricks)["aten::mm"].total_ns
-    bp.set_legacy_device_timing("events")
+    bp.set_device_timing("events")
     with torch.autograd.profiler.profile(use_device="brick") as prof:
         torch.mm(x, x)
     assert legacy_rows(prof)["aten::mm"].device_time_total > 0
 
 
+@needs_host_tracer
+def test_the_process_device_timing_is_what_a_profile_uses_unless_it_says_otherwise(legacy_traced):
+    x = torch.randn(8, 8, device="brick")
+    with bp.profile() as p:
+        torch.mm(x, x)
+    assert p.report.metadata["device_timing"] == {"timing": "traced", "tracer": "host"}
+    with bp.profile(device_timing="events") as p:
+        torch.mm(x, x)
+    assert "device_timing" not in p.report.metadata
+
+
 def test_bad_legacy_device_timings_are_refused_naming_what_is_expected():
     with pytest.raises(ValueError, match=r"timing must be 'events' or 'traced', got 'cupti'"):
-        bp.set_legacy_device_timing("cupti")
+        bp.set_device_timing("cupti")
     with pytest.raises(TypeError, match=r"timing must be 'events' or 'traced', got int"):
-        bp.set_legacy_device_timing(1)
-    assert bp.legacy_device_timing() == "events"
+        bp.set_device_timing(1)
+    assert bp.device_timing() == "events"

@@ -38,9 +38,9 @@ from torch_brickdev._lazy import lazy_exports
 _EXPORTS = {
     "BrickStats": "_stats", "SyncMode": "_stats",
     **dict.fromkeys(("all_brick_stats", "clear_timeline", "disable", "enable", "health",
-                     "is_enabled", "legacy_device_timing", "mark", "range_pop", "range_push",
-                     "reset", "set_legacy_device_timing", "set_sync_mode", "stats", "sync_mode",
-                     "work_tracer"), "_registry"),
+                     "is_enabled", "device_timing", "mark", "range_pop", "range_push", "reset",
+                     "set_device_timing", "set_sync_mode", "stats", "sync_mode", "work_tracer"),
+                    "_registry"),
     "kineto_available": "_kineto", "kineto_stats": "_kineto",
     "Report": "report", "ReportError": "report", "WrittenFigures": "report",
     "load_report": "report",

@@ -85,29 +85,30 @@ def work_tracer() -> Tuple[Optional[str], Optional[str]]:
     return name, why
 
 
-def set_legacy_device_timing(timing: str) -> None:
-    """What gives the legacy profiler's ops (``torch.autograd.profiler.profile(use_device=
-    "brick")``) their device time, from its next record on: ``"events"`` (the default) a pair of
-    device events around each op, ``"traced"`` the device's own record of the work each op
-    queued (:func:`work_tracer`), as ``profile(device_timing="traced")`` gives bricks. Raises
-    where there is no work tracer, saying why."""
+def set_device_timing(timing: str) -> None:
+    """What gives brick's device times from now on, in every profiler that reads them: the
+    legacy profiler's ops (``torch.autograd.profiler.profile(use_device="brick")``, from its next
+    record on) and :func:`profile` where its ``device_timing`` is not given. ``"events"`` (the
+    default) a pair of device events around each op or brick; ``"traced"`` the device's own
+    record of the work each queued (:func:`work_tracer`: CUPTI on a GPU), the sum of its
+    durations. Raises where there is no work tracer, saying why."""
+    where = "brick profiler: set_device_timing()"
     if not isinstance(timing, str):
-        raise TypeError("brick profiler: set_legacy_device_timing(): timing must be 'events' or "
-                        f"'traced', got {describe(timing)}")
+        raise TypeError(f"{where}: timing must be 'events' or 'traced', got {describe(timing)}")
     if timing not in ("events", "traced"):
-        raise ValueError("brick profiler: set_legacy_device_timing(): timing must be 'events' or "
-                         f"'traced', got {timing!r}")
+        raise ValueError(f"{where}: timing must be 'events' or 'traced', got {timing!r}")
     if timing == "traced":
         name, why = _native.work_tracer()
         if name is None:
-            raise RuntimeError("brick profiler: set_legacy_device_timing('traced') needs the "
-                               f"device's work tracer, and there is none: {why}")
-    _native.set_legacy_device_timing(timing)
+            raise RuntimeError(f"{where}: 'traced' needs the device's work tracer, and there is "
+                               f"none: {why}")
+    _native.set_default_device_timing(timing)
 
 
-def legacy_device_timing() -> str:
-    """What gives the legacy profiler's ops their device time: ``"events"`` or ``"traced"``."""
-    return _native.legacy_device_timing()
+def device_timing() -> str:
+    """What gives brick's device times (:func:`set_device_timing`): ``"events"`` or
+    ``"traced"``."""
+    return _native.default_device_timing()
 
 
 def mark(name: str) -> None:

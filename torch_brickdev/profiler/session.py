@@ -73,8 +73,9 @@ class profile:
     (``record_shapes`` and ``roofline`` need the dispatcher's inputs); the report's
     ``metadata["ops"]`` says ``"kernels"``.
 
-    ``device_timing`` says what gives Event mode its device times: ``"events"`` (the default) a
-    pair of device events around each brick's work on its stream, the interval between them;
+    ``device_timing`` says what gives Event mode its device times (None: :func:`device_timing`,
+    ``"events"`` unless :func:`set_device_timing` says otherwise): ``"events"`` a pair of device
+    events around each brick's work on its stream, the interval between them;
     ``"traced"`` the device's own record of every kernel, copy and memset (CUPTI on a GPU; on the
     host, brick's launches), each brick the sum of the durations of the work queued inside it,
     its nested bricks' included: no gaps between launches, no event per op.
@@ -86,7 +87,7 @@ class profile:
                  metadata: Optional[dict] = None, modules: bool = False,
                  live: Optional[bool] = None, record_shapes: bool = False,
                  roofline: bool = False, ops: str = "dispatcher",
-                 device_timing: str = "events"):
+                 device_timing: Optional[str] = None):
         where = "brick profiler: profile()"
         self._mode = None if sync_mode is None else SyncMode.parse(sync_mode, arg="sync_mode",
                                                                      where=where)
@@ -110,6 +111,8 @@ class profile:
                              f"dispatcher's): drop {option}=True, or time ops at the "
                              f"dispatcher (ops='dispatcher')")
         self._ops = ops
+        if device_timing is None:
+            device_timing = _native.default_device_timing()
         if device_timing not in DEVICE_TIMINGS:
             raise ValueError(f"{where}: device_timing must be 'events' or 'traced', got "
                              f"{describe_value(device_timing)}")
