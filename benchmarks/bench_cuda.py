@@ -6,7 +6,8 @@ Targets (from the CUDA backing issue):
   Event-mode profiled throughput / unprofiled:          at least 0.9x
   Event-mode per-op device time vs CUPTI kernel time:   within 5% for ops of 20 us or more
   ... and per brick of a decode (its small kernels):     within 5% or 0.5 us per call
-  traced timing (profile(device_timing="traced")): the same per brick, profiled throughput
+  traced timing (profile(device_timing="traced"), and the legacy profiler under
+  set_device_timing("traced")): the same per brick, profiled throughput
   at least 0.9x, and unprofiled speed after the profiles at least 0.98x of before any
 Immediate and Deferred modes are printed for comparison.
 
@@ -141,6 +142,29 @@ def traced_decode_times(model, config, device="brick:0"):
         return None, f"the tracer lost work: {health}"
     return {s.path: (s.count, s.total_ns / 1e3 / s.count)
             for s in session.report.paths if s.kind != "host"}, None
+
+
+def legacy_traced_decode_times(model, config, paths, device="brick:0"):
+    """The legacy profiler's device time per op path of one decode with the process's device
+    timing traced (``bp.set_device_timing("traced")``: brick's stubs read the work the device
+    traced between each op's records): ``{path: (calls, µs per call)}``, or None with the
+    reason."""
+    tracer, why = bp.work_tracer()
+    if tracer is None:
+        return None, why
+    with torch.no_grad():
+        demo.decode(model, config, device)
+    torch.brick.synchronize()
+    bp.set_device_timing("traced")
+    try:
+        with torch.autograd.profiler.profile(use_device="brick") as prof, torch.no_grad():
+            demo.decode(model, config, device)
+    finally:
+        bp.set_device_timing("events")
+    if bp.health()["stub_failures"]:
+        return None, f"the legacy profiler's records failed: {bp.health()}"
+    return {path: (calls, us / calls)
+            for path, (calls, us) in device_times_by_path(prof.function_events, paths).items()}, None
 
 
 def per_op_costs(ops=2000):
@@ -281,13 +305,16 @@ def main() -> int:
         ok &= error <= 0.05
     rows, unmatched = decode_agreement(models["brick:0"], config)
     traced, traced_why = traced_decode_times(models["brick:0"], config)
+    legacy, legacy_why = legacy_traced_decode_times(models["brick:0"], config,
+                                                    {row[0] for row in rows})
     print(f"Device time per brick of one decode against CUPTI's kernel time ({config.tokens} "
           f"tokens; target: within 5% or 0.5 us per call, whichever is larger): Event mode in "
           f"the same run as torch.profiler; traced timing (CUPTI through brick) in a run of its "
-          f"own, {'below' if traced else 'not run: ' + str(traced_why)}")
+          f"own, {'below' if traced else 'not run: ' + str(traced_why)}; the legacy profiler "
+          f"traced (brick's stubs), {'below' if legacy else 'not run: ' + str(legacy_why)}")
     print(f"  {'brick path':<50}{'calls':>7}{'CUPTI us':>10}{'event us':>10}{'error':>8}"
-          f"{'traced us':>10}{'error':>8}")
-    traced_missed = 0
+          f"{'traced us':>10}{'error':>8}{'legacy us':>10}{'error':>8}")
+    traced_missed = legacy_missed = 0
     for path, calls, cupti_calls, brick_us, cupti_us, within in rows:
         error = (brick_us - cupti_us) / cupti_us if cupti_us else float("inf")
         calls_text = str(calls) if calls == cupti_calls else f"{calls}/{cupti_calls}"
@@ -300,12 +327,21 @@ def main() -> int:
                 abs(traced_us - cupti_us) <= max(0.05 * cupti_us, 0.5)
             traced_missed += not traced_within
             line += f"{traced_us:>10.2f}{100 * traced_error:>7.1f}%{'' if traced_within else '!'}"
+        if legacy:
+            legacy_calls, legacy_us = legacy.get(path, (0, float("nan")))
+            legacy_error = (legacy_us - cupti_us) / cupti_us if cupti_us else float("inf")
+            legacy_within = legacy_calls == cupti_calls and \
+                abs(legacy_us - cupti_us) <= max(0.05 * cupti_us, 0.5)
+            legacy_missed += not legacy_within
+            line += f"{legacy_us:>10.2f}{100 * legacy_error:>7.1f}%{'' if legacy_within else '!'}"
         print(line)
     missed = sum(not row[-1] for row in rows)
     print(f"  event: {len(rows) - missed} of {len(rows)} bricks within the target; "
           f"{len(unmatched)} brick paths torch.profiler does not have ('!': missed)")
     if traced:
         print(f"  traced: {len(rows) - traced_missed} of {len(rows)} bricks within the target")
+    if legacy:
+        print(f"  legacy traced: {len(rows) - legacy_missed} of {len(rows)} ops within the target")
     return 0 if ok else 1
 
 

@@ -264,6 +264,30 @@ def test_traced_timing_inside_torch_profiler_with_cuda_is_refused_saying_which_t
     assert session.report.brick("aten::mul_").total_ns > 0
 
 
+def test_the_legacy_profiler_traced_agrees_with_event_pairs_on_a_backed_up_stream():
+    """The legacy profiler under set_device_timing("traced"): its stubs read CUPTI's record of
+    each op's kernels; on a backed-up stream an event pair brackets the kernel alone."""
+    traced_profile()  # fails the test where there is no CUPTI tracer
+    a, b = big_matmul_inputs(4096)
+    for _ in range(3):
+        a @ b
+    torch.brick.synchronize()
+    device_us = {}
+    for timing in ("events", "traced"):
+        bp.set_device_timing(timing)
+        try:
+            with torch.autograd.profiler.profile(use_device="brick") as prof:
+                for _ in range(20):
+                    a @ b
+        finally:
+            bp.set_device_timing("events")
+        row = next(e for e in prof.key_averages() if e.key == "aten::mm")
+        assert row.count == 20
+        device_us[timing] = row.device_time_total / row.count
+    assert bp.health()["stub_failures"] == 0, bp.health()
+    assert abs(device_us["traced"] - device_us["events"]) <= 0.05 * device_us["events"], device_us
+
+
 def test_deferred_mode_measures_launch_cost_only():
     a, b = big_matmul_inputs(4096)
     torch.brick.synchronize()
