@@ -58,6 +58,7 @@ class LaunchScope {
     if (traced_) {
       hooks_.trace->done();
       --runtime::detail::tls_traced_launches;
+      runtime::segment_launch_done();
     }
     if (hooks_.observer != nullptr) hooks_.observer->end(launch_);
     if (hooks_.kernel_timer != nullptr) hooks_.kernel_timer->end();

@@ -172,7 +172,7 @@ void drop_open_bricks(ThreadState& state) {
     if (frame.start_event != nullptr) state.events.release(frame.device, frame.start_event);
   }
   state.stack.clear();
-  if (state.marking) (void)close_traced_mark(state);
+  if (state.marking) publish_traced_floor(state, close_traced_mark(state));
   state.awaiting = 0;
   forget_last_op_end(state);
 }
@@ -352,7 +352,15 @@ void close_brick(const at::RecordFunction* fn) noexcept {
     state.stack.pop_back();
     if (frame.awaiting_work) --state.awaiting;
     publish_top(state);
-    const uint64_t close_segment = state.marking ? close_traced_mark(state) : 0;
+    // Traced timing: the brick's close mark, published as the thread's floor where its
+    // outermost brick closed once this brick is queued (on every return below).
+    struct FloorOnReturn {
+      ThreadState& state;
+      WorkMark mark;
+      ~FloorOnReturn() {
+        if (mark.thread != 0 && state.stack.empty()) publish_traced_floor(state, mark);
+      }
+    } close{state, state.marking ? close_traced_mark(state) : WorkMark{}};
     if (frame.node == kIgnored || frame.node == kSkippedInCapture) return;
     if (frame.is_op && !frame.inside_device_work &&
         runtime::device_work_seen() == frame.work_at_open &&
@@ -360,7 +368,7 @@ void close_brick(const at::RecordFunction* fn) noexcept {
       return;
     }
     if (frame.interval != 0) [[unlikely]] {
-      finish_traced_timing(state, frame, close_segment);
+      finish_traced_timing(state, frame, close.mark.segment);
       return;
     }
     if (g_observer.async.load(std::memory_order_relaxed)) [[unlikely]] {

@@ -97,17 +97,6 @@ namespace {
 
 constexpr runtime::KernelTimer kKernelTimer{&on_kernel_begin, &on_kernel_end};
 
-// Whether torch.profiler (Kineto) is profiling with CUPTI now, on CUDA backing.
-bool kineto_uses_cupti(const runtime::Runtime& rt) {
-  if (rt.backing_kind() != runtime::BackingKind::Cuda ||
-      !torch::profiler::impl::profilerEnabled()) {
-    return false;
-  }
-  const auto state = torch::profiler::impl::getProfilerConfig().state;
-  return state == torch::profiler::impl::ProfilerState::KINETO ||
-         state == torch::profiler::impl::ProfilerState::KINETO_ONDEMAND;
-}
-
 // Called under g_observer.control_mutex by enable(): starts the tracer DeviceTiming::Traced
 // uses, or throws saying why there is none.
 void start_work_tracer(runtime::Runtime& rt) {
@@ -119,7 +108,7 @@ void start_work_tracer(runtime::Runtime& rt) {
               " (which reads the host's clock): use sync_mode='event', or device_timing='events'");
   // CUPTI hands its activity records to one client: inside torch.profiler with CUDA activities
   // (Kineto's CUPTI) brick's records would go to Kineto, or Kineto's to brick.
-  TORCH_CHECK(!kineto_uses_cupti(rt),
+  TORCH_CHECK(!torch_profiler_uses_cupti(),
               "brick profiler: traced device timing reads CUPTI, which torch.profiler is "
               "using now (CUPTI gives its records to one client): profile with "
               "device_timing='events' inside torch.profiler, or end torch.profiler first");
@@ -133,6 +122,7 @@ void start_work_tracer(runtime::Runtime& rt) {
       TORCH_CHECK(false, "brick profiler: traced device timing needs the device's work tracer: ",
                   error.what(), " (device_timing='events' times bricks by device events instead)");
     }
+    traced.correlator().reset();  // the registry's own: its last profile's bricks are discarded
     g_observer.traced_bricks_lost = 0;
   }
   g_observer.tracer.store(traced.tracer(), std::memory_order_relaxed);
@@ -216,8 +206,7 @@ void disable() {
     // kinds are Kineto's too: they are left enabled for it.)
     TracedWork& traced = TracedWork::instance();
     std::lock_guard<std::mutex> lock(traced.lock());
-    traced.release(TracedClient::Registry,
-                   kineto_uses_cupti(*g_observer.runtime.load(std::memory_order_relaxed)));
+    traced.release(TracedClient::Registry, torch_profiler_uses_cupti());
   }
   g_observer.owner.store(nullptr, std::memory_order_release);
   g_observer.enabled.store(false, std::memory_order_release);
@@ -269,6 +258,16 @@ void set_device_timing(DeviceTiming timing) {
 
 DeviceTiming device_timing() noexcept {
   return g_observer.device_timing.load(std::memory_order_relaxed);
+}
+
+bool torch_profiler_uses_cupti() {
+  if (runtime::get().backing_kind() != runtime::BackingKind::Cuda ||
+      !torch::profiler::impl::profilerEnabled()) {
+    return false;
+  }
+  const auto state = torch::profiler::impl::getProfilerConfig().state;
+  return state == torch::profiler::impl::ProfilerState::KINETO ||
+         state == torch::profiler::impl::ProfilerState::KINETO_ONDEMAND;
 }
 
 namespace {

@@ -320,9 +320,11 @@ void start_awaiting_bricks(runtime::DeviceIndex device) noexcept;
 // ---- traced timing (observer_traced.cpp) ----
 void start_traced_timing(runtime::Runtime& rt, ThreadState& state, Frame& frame,
                          uint64_t parent_interval, bool parent_elsewhere);
-// Marks the calling thread's work where a brick closed (state.marking); where its stack is now
-// empty, publishes the mark as its floor. Returns the mark's segment.
-uint64_t close_traced_mark(ThreadState& state) noexcept;
+// Marks the calling thread's work where a brick closed (state.marking). Where its stack is now
+// empty, the mark is its next floor: publish_traced_floor() once every brick closed before it
+// is queued (a resolution that read the floor must find them).
+WorkMark close_traced_mark(ThreadState& state) noexcept;
+void publish_traced_floor(ThreadState& state, const WorkMark& mark) noexcept;
 // Queues `frame`'s interval, closed at `close_segment`, for resolution.
 void finish_traced_timing(ThreadState& state, const Frame& frame, uint64_t close_segment);
 // Waits for the devices traced bricks ran on, drains the tracer and records every closed

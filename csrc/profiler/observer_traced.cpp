@@ -52,6 +52,8 @@ void start_traced_timing(runtime::Runtime& rt, ThreadState& state, Frame& frame,
   frame.parent_interval = parent_interval;
   frame.parent_elsewhere = parent_elsewhere;
   frame.open_mark = runtime::mark_work(tracer());
+  if (frame.open_mark.thread == 0) [[unlikely]]
+    throw runtime::Error("brick: this thread is beyond the threads traced timing can mark");
   if (!state.marking) {  // its outermost brick: nothing of this thread's from now is below it
     state.marking = true;
     state.traced_floor.store(segment_interval(frame.open_mark.thread, frame.open_mark.segment),
@@ -59,14 +61,15 @@ void start_traced_timing(runtime::Runtime& rt, ThreadState& state, Frame& frame,
   }
 }
 
-uint64_t close_traced_mark(ThreadState& state) noexcept {
+WorkMark close_traced_mark(ThreadState& state) noexcept {
   const WorkMark mark = runtime::mark_work(tracer());
-  if (state.stack.empty()) {  // its outermost brick closed: no later mark is below this one
-    state.marking = false;
-    state.traced_floor.store(segment_interval(mark.thread, mark.segment),
-                             std::memory_order_release);
-  }
-  return mark.segment;
+  if (state.stack.empty()) state.marking = false;  // no later mark of its is below this one
+  return mark;
+}
+
+void publish_traced_floor(ThreadState& state, const WorkMark& mark) noexcept {
+  if (mark.thread == 0) return;
+  state.traced_floor.store(segment_interval(mark.thread, mark.segment), std::memory_order_release);
 }
 
 // Queues `frame`'s closed interval for resolution.
@@ -98,20 +101,21 @@ struct Floors {
 // Every closed brick of every thread (and of threads that exited), taken at one instant: all
 // threads' pending locks are held together, so a brick whose close is taken has every brick
 // that closed before it taken too (the autograd engine's children before the owner's parent).
-// The floors are read first: a brick not taken now (still open) has its marks above its
-// thread's floor read before.
+// The floors are read under the same locks: a thread publishes a floor only after queueing the
+// bricks closed below it, so a brick not taken now has its marks above its thread's floor.
 std::vector<ClosedInterval> take_closed(Floors* floors) {
   std::vector<ClosedInterval> closed;
   std::lock_guard<std::mutex> states(g_observer.states_mutex);
-  for (const ThreadState* state : g_observer.states) {
-    const uint64_t floor = state->traced_floor.load(std::memory_order_acquire);
-    if (floor != 0)
-      floors->live[static_cast<uint32_t>(floor >> kSegmentBits)] = floor & kSegmentMask;
-  }
-  floors->exited.swap(g_observer.exited_traced_threads);
   std::vector<std::unique_lock<std::mutex>> locks;
   locks.reserve(g_observer.states.size());
   for (ThreadState* state : g_observer.states) locks.emplace_back(state->pending.mutex);
+  for (const ThreadState* state : g_observer.states) {
+    const uint64_t floor = state->traced_floor.load(std::memory_order_acquire);
+    if (floor != 0) {
+      floors->live[static_cast<uint32_t>(floor >> kSegmentBits)] = floor & kSegmentMask;
+    }
+  }
+  floors->exited.swap(g_observer.exited_traced_threads);
   closed.swap(g_observer.exited_closed);
   for (ThreadState* state : g_observer.states) {
     state->pending.closed.append_to(closed);
@@ -137,24 +141,27 @@ void resolve_traced(TracedResolution why) {
   std::vector<ClosedInterval> closed;
   std::vector<ResolvedInterval> resolved;
   Floors floors;
+  WorkCorrelator& correlator = traced.correlator();
+  bool drained = false;
   try {
     closed = take_closed(&floors);
-    if (closed.empty()) return;
-    if (!traced.settle(runtime::get())) {
-      // Brick launched work and the tracer delivered none: another client took its records.
-      g_observer.traced_bricks_lost += closed.size();
-      return;
+    if (!closed.empty()) {
+      drained = true;
+      if (traced.settle(runtime::get())) {
+        correlator.resolve(closed, &resolved);
+      } else {
+        // Brick launched work and the tracer delivered none: another client took its records.
+        g_observer.traced_bricks_lost += closed.size();
+        closed.clear();
+      }
     }
-    WorkCorrelator& correlator = traced.correlator();
-    correlator.resolve(closed, &resolved);
-    // (The host's work is all delivered by the time its records are: none is in flight. Marks
-    // the legacy profiler holds may be anywhere: nothing is folded while it traces.)
-    correlator.settle(/*all_delivered=*/!running || !asynchronous);
-    if (!traced.holds(TracedClient::LegacyStubs)) {
-      for (const uint32_t thread : floors.exited) correlator.fold(thread, kNoFloor);
-      for (const auto& [thread, floor] : floors.live) correlator.fold(thread, floor);
-    }
-  } catch (...) {  // the devices or the tracer failed: these bricks cannot be timed
+    for (const uint32_t thread : floors.exited) correlator.fold(thread, kNoFloor);
+    for (const auto& [thread, floor] : floors.live) correlator.fold(thread, floor);
+    // The calls of what was folded have delivered their work, if the devices were waited for
+    // since. (On the host no work is in flight when its records are drained; on a device, none
+    // is once no profile traces.)
+    if (drained) correlator.settle(/*all_delivered=*/!asynchronous || !traced.any_client());
+  } catch (...) {  // the devices or the tracer failed, or memory ran out: these go untimed
     g_observer.timing_failures.fetch_add(closed.size(), std::memory_order_relaxed);
     return;
   }

@@ -98,6 +98,9 @@ std::vector<int64_t> live_events_by_device();
 void register_profiler_stubs();
 // Stub records and elapsed times that failed since the process (or forked child) started.
 uint64_t stub_failures() noexcept;
+// Whether torch.profiler (Kineto) is profiling with CUPTI now, on CUDA backing (CUPTI serves
+// one client).
+bool torch_profiler_uses_cupti();
 // The process's device timing: what gives the legacy profiler's ops their device time
 // (torch.autograd.profiler.profile(use_device="brick"), from its next record() on) and what
 // profile() uses where it is not given one. Events until set.

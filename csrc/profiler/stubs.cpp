@@ -29,7 +29,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <new>
+#include <unordered_map>
+#include <vector>
 
 #include "profiler/device_timer.h"
 #include "profiler/fork.h"
@@ -125,56 +128,135 @@ float time_events_elapsed_us(uint64_t start, uint64_t end) noexcept {
   return static_cast<float>(static_cast<double>(ns) / 1000.0);
 }
 
-// Traced events: a work mark (thread number above kSegmentBits, segment below) in the pointer of
-// a shared_ptr with no control block, top bit clear (a time event's is set). Thread numbers
-// beyond kMaxTracedThread cannot be carried: their records fail (counted).
-constexpr uint64_t kMaxTracedThread = (uint64_t{1} << (63 - kSegmentBits)) - 1;
-
-bool is_traced_event(uint64_t packed) noexcept { return (packed & kTimeEventMarker) == 0; }
-
-WorkMark mark_of(uint64_t packed) noexcept {
-  return {static_cast<uint32_t>(packed >> kSegmentBits), packed & kSegmentMask};
+// Traced events: a work mark (the thread's number above kSegmentBits, the segment below, the top
+// bit set) in the pointer of a shared_ptr that shares the ownership of its profile's
+// StubSession. A pooled StubEvent's pointer is a real address (top bit clear); a time event has
+// no owner.
+bool is_traced_event(const torch::profiler::impl::ProfilerVoidEventStub& event) noexcept {
+  return event.use_count() != 0 && (packed_of(event) & kTimeEventMarker) != 0;
 }
 
-// The stubs hold the traced-work service (TracedClient::LegacyStubs) from a traced profile's
-// first record() until its events are read once it has ended. Written under TracedWork's lock.
-std::atomic<bool> g_stubs_tracing{false};
+WorkMark mark_of(uint64_t packed) noexcept {
+  return {static_cast<uint32_t>((packed & ~kTimeEventMarker) >> kSegmentBits),
+          packed & kSegmentMask};
+}
 
-// Starts the stubs' tracing for a traced record(): false (counted by the caller) where the
-// tracer cannot start, and the records go on as events.
-bool begin_stub_tracing(runtime::Runtime& rt) {
+// One legacy profile's traced timing: its own correlator, handed what the tracer delivers while
+// the profile records and once more when it has ended, kept while PyTorch holds any of its
+// events (they own it). All of it under TracedWork's lock.
+struct StubSession {
+  WorkCorrelator correlator;
+  // Per thread, its first mark here: a mark belongs to the newest session that has a first mark
+  // of its thread at or below it (a thread's segments only grow).
+  std::unordered_map<uint32_t, uint64_t> first_segment;
+  bool recording = true;
+  bool lost = false;  // its records went to another client of CUPTI
+};
+
+// The profile recording now (TracedWork's lock; `g_recording_hint` says whether there is one
+// without it); every live one, oldest first.
+std::shared_ptr<StubSession> g_recording;
+std::atomic<bool> g_recording_hint{false};
+std::vector<std::weak_ptr<StubSession>> g_sessions;
+// Bumped when a profile starts recording: a thread's cached session (tls_session) is then stale.
+std::atomic<uint64_t> g_session_number{0};
+thread_local std::shared_ptr<StubSession> tls_session;
+thread_local uint64_t tls_session_number = 0;
+
+// Starts a profile's traced recording at its first traced record(): false (counted by the
+// caller) where the tracer cannot start, and the records go on as events.
+bool begin_stub_session(runtime::Runtime& rt) {
   TracedWork& traced = TracedWork::instance();
   std::lock_guard<std::mutex> lock(traced.lock());
-  if (g_stubs_tracing.load(std::memory_order_relaxed)) return true;
+  if (g_recording != nullptr) return true;
   try {
+    auto session = std::make_shared<StubSession>();
     traced.acquire(TracedClient::LegacyStubs, rt);
+    traced.attach(&session->correlator);
+    std::erase_if(g_sessions, [](const std::weak_ptr<StubSession>& old) { return old.expired(); });
+    g_sessions.push_back(session);
+    g_recording = std::move(session);
+    g_recording_hint.store(true, std::memory_order_release);
   } catch (const std::exception& error) {
+    traced.release(TracedClient::LegacyStubs, /*keep_kinds=*/false);
     TORCH_WARN_ONCE("brick: the legacy profiler's traced device timing could not start (",
                     error.what(), "): its ops are timed by device events");
     return false;
   }
-  g_stubs_tracing.store(true, std::memory_order_release);
+  g_session_number.fetch_add(1, std::memory_order_release);
   return true;
 }
 
-// The device time the thread queued between two traced marks, in us. Once no profile is
-// recording (PyTorch reads the events after it has ended), the first read waits for the devices,
-// takes what the tracer delivered and stops the stubs' tracing.
+// The calling thread's recording session, its first mark there noted: nullptr where none records.
+StubSession* joined_session(const WorkMark& mark) {
+  const uint64_t number = g_session_number.load(std::memory_order_acquire);
+  if (tls_session_number == number && tls_session != nullptr) return tls_session.get();
+  std::lock_guard<std::mutex> lock(TracedWork::instance().lock());
+  if (g_recording == nullptr) return nullptr;
+  g_recording->first_segment.try_emplace(mark.thread, mark.segment);
+  tls_session = g_recording;
+  tls_session_number = number;
+  return tls_session.get();
+}
+
+// Under TracedWork's lock: the session a mark was made in.
+StubSession* session_of(const WorkMark& mark) {
+  StubSession* found = nullptr;
+  uint64_t found_first = 0;
+  for (const std::weak_ptr<StubSession>& weak : g_sessions) {
+    const std::shared_ptr<StubSession> session = weak.lock();
+    if (session == nullptr) continue;
+    const auto first = session->first_segment.find(mark.thread);
+    if (first == session->first_segment.end() || first->second > mark.segment) continue;
+    if (found == nullptr || first->second >= found_first) {
+      found = session.get();  // (kept alive by the event being read)
+      found_first = first->second;
+    }
+  }
+  return found;
+}
+
+// The device time the thread queued between two traced marks, in us. A profile still recording
+// is brought up to date first; once no profile records (PyTorch reads the events after it has
+// ended), that last reading waits for the devices and leaves the tracer.
 float traced_elapsed_us(WorkMark from, WorkMark to) {
   TracedWork& traced = TracedWork::instance();
   std::lock_guard<std::mutex> lock(traced.lock());
-  if (g_stubs_tracing.load(std::memory_order_relaxed)) {
-    runtime::Runtime& rt = runtime::get();
-    const bool delivered = traced.settle(rt);
-    const bool registry_tracing = traced.holds(TracedClient::Registry);
-    traced.correlator().settle(/*all_delivered=*/!registry_tracing || !async_runtime());
-    if (!torch::profiler::impl::profilerEnabled()) {
-      traced.release(TracedClient::LegacyStubs, /*keep_kinds=*/false);
-      g_stubs_tracing.store(false, std::memory_order_release);
-    }
-    if (!delivered) throw runtime::Error("another client of CUPTI took the tracer's records");
+  StubSession* session = session_of(from);
+  if (session == nullptr || session != session_of(to)) {
+    throw runtime::Error("the two records are of different profiles");
   }
-  const WorkSum sum = traced.correlator().between(from, to);
+  if (session->recording) {
+    const bool ended = !torch::profiler::impl::profilerEnabled();
+    // Left whatever the reading gives (a device that failed must not keep the tracer running).
+    struct LeaveIfEnded {
+      TracedWork& traced;
+      StubSession& session;
+      bool ended;
+      ~LeaveIfEnded() {
+        if (!ended) return;
+        bool keep_kinds = false;
+        try {
+          keep_kinds = torch_profiler_uses_cupti();
+        } catch (...) {
+        }
+        session.recording = false;
+        traced.detach(&session.correlator);
+        traced.release(TracedClient::LegacyStubs, keep_kinds);
+        if (g_recording.get() == &session) {
+          g_recording.reset();
+          g_recording_hint.store(false, std::memory_order_release);
+        }
+      }
+    } leave{traced, *session, ended};
+    if (!traced.settle(runtime::get())) session->lost = true;
+    // (On a device, work is in flight until no profile traces.)
+    session->correlator.settle(/*all_delivered=*/!async_runtime() ||
+                               (ended && !traced.holds(TracedClient::Registry)));
+  }
+  // Another client of CUPTI took the records: every op of the profile is lost, not 0.
+  if (session->lost) throw runtime::Error("another client of CUPTI took the tracer's records");
+  const WorkSum sum = session->correlator.between(from, to);
   return static_cast<float>(static_cast<double>(sum.ns) / 1000.0);
 }
 
@@ -237,21 +319,16 @@ class BrickProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
   float elapsed(const torch::profiler::impl::ProfilerVoidEventStub* start,
                 const torch::profiler::impl::ProfilerVoidEventStub* end) const override {
     if (start == nullptr || end == nullptr || !*start || !*end) return 0.0f;
-    const bool unowned = is_time_event(*start);  // a time event or a traced one
-    if (unowned != is_time_event(*end)) {        // the timing changed inside the op
-      g_stub_failures.fetch_add(1, std::memory_order_relaxed);
+    const bool timed = is_time_event(*start);
+    const bool traced = is_traced_event(*start);
+    if (timed != is_time_event(*end) || traced != is_traced_event(*end)) {
+      g_stub_failures.fetch_add(1, std::memory_order_relaxed);  // the timing changed inside the op
       return 0.0f;
     }
-    if (unowned) {
-      const uint64_t a = packed_of(*start);
-      const uint64_t b = packed_of(*end);
-      if (is_traced_event(a) != is_traced_event(b)) {  // the timing changed inside the op
-        g_stub_failures.fetch_add(1, std::memory_order_relaxed);
-        return 0.0f;
-      }
-      if (!is_traced_event(a)) return time_events_elapsed_us(a, b);
+    if (timed) return time_events_elapsed_us(packed_of(*start), packed_of(*end));
+    if (traced) {
       try {
-        return traced_elapsed_us(mark_of(a), mark_of(b));
+        return traced_elapsed_us(mark_of(packed_of(*start)), mark_of(packed_of(*end)));
       } catch (...) {  // the devices or the tracer failed, or its records went to another client
         g_stub_failures.fetch_add(1, std::memory_order_relaxed);
         return 0.0f;
@@ -294,23 +371,28 @@ class BrickProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
   // record goes on as an event).
   static bool record_traced(runtime::Runtime& rt, int index,
                             torch::profiler::impl::ProfilerVoidEventStub* event, int64_t* cpu_ns) {
-    if (!g_stubs_tracing.load(std::memory_order_acquire) && !begin_stub_tracing(rt)) {
-      g_stub_failures.fetch_add(1, std::memory_order_relaxed);
-      return false;
+    TracedWork& traced = TracedWork::instance();
+    runtime::WorkTracer* tracer = traced.tracer();
+    if (tracer == nullptr || !g_recording_hint.load(std::memory_order_acquire)) {
+      if (!begin_stub_session(rt)) {
+        g_stub_failures.fetch_add(1, std::memory_order_relaxed);
+        return false;
+      }
+      tracer = traced.tracer();
     }
-    runtime::WorkTracer* tracer = TracedWork::instance().tracer();
-    if (tracer == nullptr) return false;
-    TracedWork::instance().note_device(index);
+    traced.note_device(index);
     const WorkMark mark = runtime::mark_work(*tracer);
     if (cpu_ns != nullptr) *cpu_ns = c10::getTime();
-    if (mark.thread > kMaxTracedThread) {
+    StubSession* session = mark.thread != 0 ? joined_session(mark) : nullptr;
+    if (session == nullptr) {  // beyond the threads marks can name, or the profile ended
       g_stub_failures.fetch_add(1, std::memory_order_relaxed);
       if (event != nullptr) event->reset();
       return true;
     }
-    const uint64_t packed = uint64_t{mark.thread} << kSegmentBits | mark.segment;
+    const uint64_t packed = kTimeEventMarker | uint64_t{mark.thread} << kSegmentBits | mark.segment;
     if (event != nullptr) {
-      *event = {std::shared_ptr<void>(), reinterpret_cast<void*>(static_cast<uintptr_t>(packed))};
+      *event = std::shared_ptr<void>(tls_session,
+                                     reinterpret_cast<void*>(static_cast<uintptr_t>(packed)));
     }
     return true;
   }
@@ -358,7 +440,10 @@ void register_profiler_stubs() {
 
 void stubs_after_fork_in_child() {
   g_stub_failures.store(0, std::memory_order_relaxed);
-  g_stubs_tracing.store(false, std::memory_order_relaxed);  // the parent's profile
+  // The parent's profile (the traced timer forgot it): left behind.
+  (void)new std::shared_ptr<StubSession>(std::move(g_recording));
+  g_recording.reset();
+  g_recording_hint.store(false, std::memory_order_relaxed);
 }
 
 uint64_t stub_failures() noexcept { return g_stub_failures.load(std::memory_order_relaxed); }

@@ -2,6 +2,8 @@
 
 #include <new>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace brick::profiler {
 
@@ -28,11 +30,8 @@ void TracedWork::acquire(TracedClient client, runtime::Runtime& rt) {
     std::string why;
     runtime::WorkTracer* tracer = tracer_for(rt, &why);
     if (tracer == nullptr) throw runtime::Error(why);
-    correlator_.reset();
-    devices_.store(0, std::memory_order_relaxed);
+    if (started_ != nullptr) drain_into_correlators();  // an earlier tracing's last records
     delivered_ = false;
-    runtime::TracedRecords stale;  // what an earlier tracing left undrained
-    tracer->drain(&stale);
     tracer->start();
     started_ = tracer;
     tracer_.store(tracer, std::memory_order_release);
@@ -46,12 +45,26 @@ void TracedWork::release(TracedClient client, bool keep_kinds) noexcept {
   clients_ &= static_cast<uint8_t>(~bit);
   if (clients_ != 0) return;
   tracer_.store(nullptr, std::memory_order_release);
-  // Its records stay to drain.
   if (!keep_kinds) started_->stop();
 }
 
 bool TracedWork::holds(TracedClient client) const noexcept {
   return (clients_ & (1u << static_cast<unsigned>(client))) != 0;
+}
+
+void TracedWork::attach(WorkCorrelator* correlator) { others_.push_back(correlator); }
+
+void TracedWork::detach(WorkCorrelator* correlator) noexcept { std::erase(others_, correlator); }
+
+void TracedWork::drain_into_correlators() {
+  runtime::TracedRecords records;
+  started_->drain(&records);
+  if (!records.work.empty()) delivered_ = true;
+  for (WorkCorrelator* other : others_) {
+    runtime::TracedRecords copy = records;
+    other->add(copy);
+  }
+  correlator_.add(records);
 }
 
 bool TracedWork::settle(runtime::Runtime& rt) {
@@ -60,19 +73,24 @@ bool TracedWork::settle(runtime::Runtime& rt) {
   for (int device = 0; device < runtime::kMaxDevices; ++device) {
     if ((devices >> device & 1) != 0) rt.synchronize_device(device);
   }
-  runtime::TracedRecords records;
-  started_->drain(&records);
-  if (!records.work.empty()) delivered_ = true;
-  correlator_.add(records);
+  drain_into_correlators();
   return delivered_ || started_->launches() == 0;
 }
 
 void TracedWork::after_fork_in_child() noexcept {
   new (&mutex_) std::mutex();
-  // A resolution under way in another thread at the fork may have left the correlator
-  // mid-change: left behind.
+  // A resolution under way in another thread at the fork may have left the correlators
+  // mid-change: left behind. The legacy profiler's profile is the parent's (the registry's goes
+  // on in the child).
   new (&correlator_) WorkCorrelator();
+  (void)new std::vector<WorkCorrelator*>(std::move(others_));
+  others_.clear();
   devices_.store(0, std::memory_order_relaxed);
+  clients_ &= static_cast<uint8_t>(~(1u << static_cast<unsigned>(TracedClient::LegacyStubs)));
+  if (clients_ == 0 && tracer_.load(std::memory_order_relaxed) != nullptr) {
+    tracer_.store(nullptr, std::memory_order_relaxed);
+    started_->stop();
+  }
 }
 
 }  // namespace brick::profiler

@@ -1,12 +1,13 @@
 // The one traced device timer (DeviceTiming::Traced) under the profilers that read it: the
 // registry's observer and the legacy profiler's stubs. It owns what they share: the process's
 // work tracer (runtime/work_tracer.h), started while any of them traces and stopped with the
-// last; the correlator its records go to (profiler/work_correlator.h), which both read; waiting
-// for the devices traced work ran on before draining; and telling work that another client of
-// CUPTI took from work that was never queued. Each profiler marks its threads' work
-// (runtime/work_marks.h) and asks the correlator for the work between its marks.
+// last; waiting for the devices traced work ran on before draining; handing what the tracer
+// delivered to every correlator that reads it (profiler/work_correlator.h: the registry's, and
+// one per legacy profile, which outlives the profile while PyTorch holds its events); and telling
+// work that another client of CUPTI took from work that was never queued. Each profiler marks
+// its threads' work (runtime/work_marks.h) and asks its correlator for the work between marks.
 //
-// Plain C++ over the runtime; one lock (lock()) guards the correlator and the clients.
+// Plain C++ over the runtime; one lock (lock()) guards the correlators and the clients.
 #pragma once
 
 #include <atomic>
@@ -14,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "profiler/work_correlator.h"
 #include "runtime/runtime.h"
@@ -34,16 +36,20 @@ class TracedWork {
   // The tracer while any client traces (nullptr otherwise): what their marks go to.
   runtime::WorkTracer* tracer() const noexcept { return tracer_.load(std::memory_order_acquire); }
 
-  // Under lock(): `client` starts tracing on `rt`. The first client starts the tracer and finds
-  // the correlator empty; one that joins a running tracer shares what it holds. Throws
-  // runtime::Error saying why there is no tracer.
+  // Under lock(): `client` starts tracing on `rt`. The first client starts the tracer (what an
+  // earlier tracing left undrained goes to the correlators first). Throws runtime::Error saying
+  // why there is no tracer.
   void acquire(TracedClient client, runtime::Runtime& rt);
-  // Under lock(): `client` is done. The last one stops the tracer, unless `keep_kinds` (another
-  // profiler now uses CUPTI's activity kinds). The correlator keeps what it holds until the next
-  // first client.
+  // Under lock(): `client` traces no more. The last one stops the tracer, unless `keep_kinds`
+  // (another profiler now uses CUPTI's activity kinds). What it traced stays to drain.
   void release(TracedClient client, bool keep_kinds) noexcept;
   bool holds(TracedClient client) const noexcept;
   bool any_client() const noexcept { return clients_ != 0; }
+
+  // Under lock(): `correlator` is handed what the tracer delivers from now on, until detached.
+  // (The registry's is always.)
+  void attach(WorkCorrelator* correlator);
+  void detach(WorkCorrelator* correlator) noexcept;
 
   // Traced work ran on `device`: settle() waits for it. Any thread, no lock.
   void note_device(int device) noexcept {
@@ -53,12 +59,12 @@ class TracedWork {
   }
 
   // Under lock(): waits for the devices traced work ran on, then hands what the tracer
-  // delivered to the correlator. Returns false where brick launched work since the tracer
-  // started and the tracer has delivered none: another client of CUPTI took its records, and
+  // delivered to every attached correlator. Returns false where brick launched work since the
+  // tracer started and the tracer has delivered none: another client of CUPTI took its records, and
   // the work asked about is lost, not 0. Throws what the runtime throws.
   bool settle(runtime::Runtime& rt);
 
-  // Under lock().
+  // Under lock(): the registry's correlator.
   WorkCorrelator& correlator() noexcept { return correlator_; }
 
   std::mutex& lock() noexcept { return mutex_; }
@@ -76,6 +82,9 @@ class TracedWork {
   std::atomic<uint64_t> devices_{0};        // bit d: traced work ran on device d
   bool delivered_ = false;                  // the tracer has delivered work since it started
   WorkCorrelator correlator_;
+  std::vector<WorkCorrelator*> others_;  // attached besides the registry's
+  // Drains the tracer into every correlator.
+  void drain_into_correlators();
 };
 
 }  // namespace brick::profiler

@@ -21,10 +21,10 @@ void WorkCorrelator::attribute(uint64_t interval, int64_t ns) {
     ++unattributed_;
     return;
   }
-  ThreadWork& mine = threads_[thread];
   const uint64_t segment = interval & kSegmentMask;
   // Below the floor: before every mark that will be asked about, so in none of their sums.
-  if (segment < mine.floor) return;
+  if (segment < floor_of(thread)) return;
+  ThreadWork& mine = threads_[thread];
   if (!mine.segments.empty() && mine.segments.back().segment == segment) {
     mine.segments.back().sum.ns += ns;
     ++mine.segments.back().sum.work;
@@ -38,12 +38,11 @@ void WorkCorrelator::bind_unbound() {
   if (unbound_.empty() || calls_.empty()) return;
   auto still_unbound = unbound_.begin();
   for (const runtime::TracedWork& work : unbound_) {
-    const auto found =
-        std::lower_bound(calls_.begin(), calls_.end(), work.call,
-                         [](const Call& call, uint32_t id) noexcept { return call.call < id; });
+    const auto found = std::lower_bound(
+        calls_.begin(), calls_.end(), work.call,
+        [](const runtime::TracedCall& call, uint32_t id) noexcept { return call.call < id; });
     if (found != calls_.end() && found->call == work.call) {
       attribute(found->interval, std::max<int64_t>(0, work.end_ns - work.start_ns));
-      found->used = true;
     } else {
       *still_unbound++ = work;
     }
@@ -56,12 +55,11 @@ void WorkCorrelator::add(runtime::TracedRecords& records) {
   if (!records.calls.empty()) {
     // Calls come mostly in order (a tracer numbers them as they are made): sorting is then a
     // check, and a late delivery a merge.
-    const auto by_call = [](const Call& a, const Call& b) noexcept { return a.call < b.call; };
+    const auto by_call = [](const runtime::TracedCall& a, const runtime::TracedCall& b) noexcept {
+      return a.call < b.call;
+    };
     const size_t old_size = calls_.size();
-    calls_.reserve(old_size + records.calls.size());
-    for (const runtime::TracedCall& call : records.calls) {
-      calls_.push_back({call.call, false, call.interval});
-    }
+    calls_.insert(calls_.end(), records.calls.begin(), records.calls.end());
     const auto middle = calls_.begin() + static_cast<std::ptrdiff_t>(old_size);
     if (!std::is_sorted(middle, calls_.end(), by_call)) std::sort(middle, calls_.end(), by_call);
     if (old_size > 0 && by_call(*middle, *(middle - 1))) {
@@ -155,7 +153,14 @@ void WorkCorrelator::resolve(std::vector<ClosedInterval>& closed,
   closed.clear();
 }
 
+uint64_t WorkCorrelator::floor_of(uint32_t thread) const noexcept {
+  const auto found = floors_.find(thread);
+  return found == floors_.end() ? 0 : found->second;
+}
+
 void WorkCorrelator::fold(uint32_t thread, uint64_t floor) {
+  if (floor <= floor_of(thread)) return;
+  floors_[thread] = floor;
   const auto found = threads_.find(thread);
   if (found == threads_.end()) return;
   if (floor == kNoFloor) {
@@ -163,14 +168,12 @@ void WorkCorrelator::fold(uint32_t thread, uint64_t floor) {
     return;
   }
   ThreadWork& mine = found->second;
-  if (floor <= mine.floor) return;
   prepare(mine);
   const auto end =
       std::lower_bound(mine.segments.begin(), mine.segments.end(), floor,
                        [](const Segment& s, uint64_t id) noexcept { return s.segment < id; });
   const auto folded = static_cast<size_t>(end - mine.segments.begin());
   mine.folded = mine.running[folded];
-  mine.floor = floor;
   if (folded == 0) return;
   mine.segments.erase(mine.segments.begin(), end);
   mine.running.erase(mine.running.begin(),
@@ -192,7 +195,10 @@ void WorkCorrelator::settle(bool all_delivered) {
     unbound_.clear();
     return;
   }
-  std::erase_if(calls_, [](const Call& call) { return call.used; });
+  std::erase_if(calls_, [this](const runtime::TracedCall& call) {
+    return (call.interval & kSegmentMask) <
+           floor_of(static_cast<uint32_t>(call.interval >> kSegmentBits));
+  });
 }
 
 size_t WorkCorrelator::held() const noexcept {
@@ -203,6 +209,7 @@ size_t WorkCorrelator::held() const noexcept {
 
 void WorkCorrelator::reset() {
   threads_.clear();
+  floors_.clear();
   calls_.clear();
   unbound_.clear();
   carried_.clear();

@@ -80,10 +80,11 @@ class WorkCorrelator {
   // The threads with work held, for a caller that folds them.
   std::vector<uint32_t> threads() const;
 
-  // After a resolution: forgets the calls whose work has come. `all_delivered`: everything the
-  // device ran until now has been added (after waiting for the devices, with no thread queueing
-  // more): work still without its call never gets one, and is counted unattributed and dropped,
-  // and every call is forgotten.
+  // After a resolution and its folds: forgets the calls of folded segments (made before the
+  // floor was read, so before the devices were waited for: their work has all come).
+  // `all_delivered`: everything the device ran until now has been added (after waiting for the
+  // devices, with no thread queueing more): work still without its call never gets one, and is
+  // counted unattributed and dropped, and every call is forgotten.
   void settle(bool all_delivered);
 
   // Work whose call was never named by the tracer, or named no segment: dropped.
@@ -104,14 +105,16 @@ class WorkCorrelator {
     uint64_t segment;
     WorkSum sum;
   };
-  // One thread's segments with work, summed; sorted and prefixed lazily, when asked.
+  // One thread's segments with work above its floor, summed; sorted and prefixed lazily, when
+  // asked.
   struct ThreadWork {
     std::vector<Segment> segments;  // [0, sorted) sorted by segment, unique; then as added
     size_t sorted = 0;
     std::vector<WorkSum> running;  // running[i]: `folded` plus segments [0, i)
-    WorkSum folded;                // the segments below `floor`
-    uint64_t floor = 0;
+    WorkSum folded;                // the segments below the thread's floor
   };
+  // The thread's floor (0: none; kNoFloor: the thread is done).
+  uint64_t floor_of(uint32_t thread) const noexcept;
   void bind_unbound();
   void attribute(uint64_t interval, int64_t ns);
   // Sorts and merges what was added since, and rebuilds the running sums.
@@ -119,13 +122,9 @@ class WorkCorrelator {
   static WorkSum before(ThreadWork& thread, uint64_t segment);
 
   std::unordered_map<uint32_t, ThreadWork> threads_;
-  struct Call {
-    uint32_t call;
-    bool used;  // work of it has been attributed
-    uint64_t interval;
-  };
-  std::vector<Call> calls_;                   // sorted by call
-  std::vector<runtime::TracedWork> unbound_;  // work whose call has not been named yet
+  std::unordered_map<uint32_t, uint64_t> floors_;  // threads folded, and their floors
+  std::vector<runtime::TracedCall> calls_;         // sorted by call
+  std::vector<runtime::TracedWork> unbound_;       // work whose call has not been named yet
   // Brick -> what other threads' bricks nested in it queued, for bricks not resolved yet (few:
   // the ranges open across a resolution).
   std::unordered_map<uint64_t, WorkSum> carried_;

@@ -17,52 +17,68 @@ struct ThreadMarks {
   WorkTracer* tracer = nullptr;  // of its last mark
   uint64_t segment = 0;          // the current one
   uint64_t work_at_mark = 0;     // device_work_seen() at the last mark
-  uint32_t thread = 0;           // this thread's number (0: none yet)
+  uint32_t thread = 0;           // this thread's number (0: none yet, or none to be had)
   bool pushed = false;           // the current segment is pushed on `tracer`
-  // The current segment began inside a launch: the rest of that launch's work is in it.
-  bool began_in_launch = false;
+  bool holds_work = false;       // the current segment was pushed since it began
 };
 [[gnu::tls_model("initial-exec")]] constinit thread_local ThreadMarks tls_marks{};
+
+void push_current(ThreadMarks& mine) noexcept {
+  mine.tracer->push(segment_interval(mine.thread, mine.segment));
+  mine.pushed = true;
+  mine.holds_work = true;
+}
 
 }  // namespace
 
 WorkMark mark_work(WorkTracer& tracer) noexcept {
   ThreadMarks& mine = tls_marks;
-  if (mine.thread == 0) [[unlikely]]
-    mine.thread = g_next_thread.fetch_add(1, std::memory_order_relaxed);
+  if (mine.thread == 0) [[unlikely]] {
+    const uint32_t number = g_next_thread.fetch_add(1, std::memory_order_relaxed);
+    if (number > kMaxMarkedThread) return {};  // beyond what an id carries: no mark
+    mine.thread = number;
+  }
   const uint64_t work = device_work_seen();
   const bool in_launch = traced_launch_in_flight();
-  // The segment may hold work (it was pushed, a launch went on in it, or work was counted since
-  // the last mark): the mark starts the next one.
-  if (mine.pushed || mine.began_in_launch || in_launch || work != mine.work_at_mark) {
+  // The segment may hold work (it was pushed, or work was counted since the last mark): the
+  // mark starts the next one.
+  if (mine.holds_work || work != mine.work_at_mark || in_launch) {
     ++mine.segment;
+    mine.holds_work = false;
   }
-  const uint64_t interval = segment_interval(mine.thread, mine.segment);
-  if (in_launch || in_compiled_code()) {
-    // Work may be queued before the next launch is announced (the launch in flight goes on;
-    // compiled code's kernels are never announced): pushed now.
-    if (mine.pushed && mine.tracer == &tracer) {
-      tracer.replace(interval);
-    } else {
-      if (mine.pushed) mine.tracer->pop();
-      tracer.push(interval);
-    }
-    mine.pushed = true;
-  } else if (mine.pushed) {
+  if (mine.pushed && mine.tracer != &tracer) {  // (one tracer per process: said, not assumed)
     mine.tracer->pop();
     mine.pushed = false;
   }
   mine.tracer = &tracer;
   mine.work_at_mark = work;
-  mine.began_in_launch = in_launch;
+  if (in_launch || in_compiled_code()) {
+    // Work may be queued before the next launch is announced (the launch in flight goes on;
+    // compiled code's kernels are never announced): pushed now.
+    if (mine.pushed) {
+      tracer.replace(segment_interval(mine.thread, mine.segment));
+      mine.holds_work = true;
+    } else {
+      push_current(mine);
+    }
+  } else if (mine.pushed) {
+    tracer.pop();
+    mine.pushed = false;
+  }
   return {mine.thread, mine.segment};
 }
 
 void push_segment_for_launch() noexcept {
   ThreadMarks& mine = tls_marks;
   if (mine.pushed || mine.tracer == nullptr) return;
-  mine.tracer->push(segment_interval(mine.thread, mine.segment));
-  mine.pushed = true;
+  push_current(mine);
+}
+
+void segment_launch_done() noexcept {
+  ThreadMarks& mine = tls_marks;
+  if (!mine.pushed || traced_launch_in_flight() || in_compiled_code()) return;
+  mine.tracer->pop();
+  mine.pushed = false;  // (its segment still holds the work: the next mark starts another)
 }
 
 }  // namespace brick::runtime

@@ -235,18 +235,24 @@ TEST(WorkCorrelator, WorkWithoutACallIsBoundedAndTheExcessCounted) {
   EXPECT_EQ(correlator.held(), 0u);
 }
 
-TEST(WorkCorrelator, CallsWhoseWorkCameAreForgottenAndAllOfThemOnceEverythingIsDelivered) {
+TEST(WorkCorrelator, CallsOfFoldedSegmentsAreForgottenAndAllOfThemOnceEverythingIsDelivered) {
   uint32_t calls = 1;
   SimulatedThread thread(1, &calls);
   TracedRecords records;
   thread.mark();
   thread.call({100}, &records);
   thread.call({}, &records);  // an API call that queued no work
+  const WorkMark floor = thread.mark();
+  thread.call({}, &records);  // one made after the floor: its work may still come
+  thread.call({5}, &records);
   WorkCorrelator correlator;
   correlator.add(records);
-  EXPECT_EQ(correlator.held(), 3u) << "one segment, two calls";
+  EXPECT_EQ(correlator.held(), 6u) << "two segments, four calls";
   correlator.settle(false);
-  EXPECT_EQ(correlator.held(), 2u) << "the call whose work came is forgotten";
+  EXPECT_EQ(correlator.held(), 6u) << "no floor yet: every call may have work to come";
+  correlator.fold(thread.number(), floor.segment);
+  correlator.settle(false);
+  EXPECT_EQ(correlator.held(), 3u) << "the folded segment and its two calls are forgotten";
   correlator.settle(true);
   EXPECT_EQ(correlator.held(), 1u);
 }
@@ -281,7 +287,7 @@ TEST(WorkCorrelator, FoldingBelowAFloorKeepsEveryLaterMarksSumsAndForgetsTheRest
   }
   WorkCorrelator correlator;
   correlator.add(records);
-  correlator.settle(false);
+  correlator.settle(true);
   EXPECT_EQ(correlator.between(marks[50], marks[60]).ns,
             51 + 52 + 53 + 54 + 55 + 56 + 57 + 58 + 59 + 60);
   correlator.fold(thread.number(), marks[50].segment);
@@ -296,7 +302,12 @@ TEST(WorkCorrelator, FoldingBelowAFloorKeepsEveryLaterMarksSumsAndForgetsTheRest
   correlator.add(late);
   EXPECT_EQ(correlator.between(marks[50], marks[100]).ns, (51 + 100) * 50 / 2);
   correlator.fold(thread.number(), kNoFloor);
-  EXPECT_EQ(correlator.held(), 1u) << "the late call only (forgotten at the next settle)";
+  correlator.settle(false);
+  EXPECT_EQ(correlator.held(), 0u) << "the thread done: its segments and calls forgotten";
+  EXPECT_TRUE(correlator.threads().empty());
+  correlator.add(late);  // a record of a thread that is done creates nothing
+  correlator.settle(false);
+  EXPECT_EQ(correlator.held(), 0u);
   EXPECT_TRUE(correlator.threads().empty());
 }
 

@@ -364,6 +364,26 @@ def test_the_legacy_profilers_traced_timing_ends_with_its_profile_and_starts_wit
 
 
 @needs_host_tracer
+def test_a_legacy_profile_read_after_the_next_one_ran_keeps_its_own_times(legacy_traced):
+    # PyTorch reads a legacy profile's device times when its events are first asked for, which
+    # may be after another profile has run: each keeps its own.
+    spin = spin_cpu_op()
+    x = torch.randn(4, device="brick")
+    spin(x, 10)
+    with torch.autograd.profiler.profile(use_device="brick") as first:
+        spin(x, 3000)
+    with torch.autograd.profiler.profile(use_device="brick") as second:
+        spin(x, 1000)
+    with bp.profile() as p:  # and the registry's profile in between
+        spin(x, 500)
+    later = legacy_rows(second)["brick_test_cpu::spin"].device_time_total
+    earlier = legacy_rows(first)["brick_test_cpu::spin"].device_time_total
+    assert earlier >= 3_000 and later >= 1_000, (earlier, later)  # (a busy machine adds to both)
+    assert by_name(p.report.bricks)["brick_test_cpu::spin"].total_ns >= 500_000
+    assert bp.health()["stub_failures"] == 0
+
+
+@needs_host_tracer
 def test_the_process_device_timing_is_what_a_profile_uses_unless_it_says_otherwise(legacy_traced):
     x = torch.randn(8, 8, device="brick")
     with bp.profile() as p:
