@@ -22,9 +22,14 @@ void WorkCorrelator::attribute(uint64_t interval, int64_t ns) {
     return;
   }
   const uint64_t segment = interval & kSegmentMask;
+  // Records come in runs of one thread's: its work and floor looked up once per run.
+  if (thread != last_.thread) {
+    last_ = {thread, floor_of(thread), nullptr};
+  }
   // Below the floor: before every mark that will be asked about, so in none of their sums.
-  if (segment < floor_of(thread)) return;
-  ThreadWork& mine = threads_[thread];
+  if (segment < last_.floor) return;
+  if (last_.work == nullptr) last_.work = &threads_[thread];  // (map nodes never move)
+  ThreadWork& mine = *last_.work;
   if (!mine.segments.empty() && mine.segments.back().segment == segment) {
     mine.segments.back().sum.ns += ns;
     ++mine.segments.back().sum.work;
@@ -160,6 +165,7 @@ uint64_t WorkCorrelator::floor_of(uint32_t thread) const noexcept {
 
 void WorkCorrelator::fold(uint32_t thread, uint64_t floor) {
   if (floor <= floor_of(thread)) return;
+  last_ = {};
   floors_[thread] = floor;
   const auto found = threads_.find(thread);
   if (found == threads_.end()) return;
@@ -208,6 +214,7 @@ size_t WorkCorrelator::held() const noexcept {
 }
 
 void WorkCorrelator::reset() {
+  last_ = {};
   threads_.clear();
   floors_.clear();
   calls_.clear();

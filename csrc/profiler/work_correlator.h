@@ -61,6 +61,10 @@ struct ResolvedInterval {
 
 class WorkCorrelator {
  public:
+  WorkCorrelator() = default;
+  WorkCorrelator(const WorkCorrelator&) = delete;  // (it points into itself)
+  WorkCorrelator& operator=(const WorkCorrelator&) = delete;
+
   // Takes the tracer's records (`records` is left empty).
   void add(runtime::TracedRecords& records);
 
@@ -123,8 +127,14 @@ class WorkCorrelator {
 
   std::unordered_map<uint32_t, ThreadWork> threads_;
   std::unordered_map<uint32_t, uint64_t> floors_;  // threads folded, and their floors
-  std::vector<runtime::TracedCall> calls_;         // sorted by call
-  std::vector<runtime::TracedWork> unbound_;       // work whose call has not been named yet
+  // The thread attribute() saw last: its floor and its work (nullptr: none yet).
+  struct {
+    uint32_t thread = 0;
+    uint64_t floor = 0;
+    ThreadWork* work = nullptr;
+  } last_;
+  std::vector<runtime::TracedCall> calls_;    // sorted by call
+  std::vector<runtime::TracedWork> unbound_;  // work whose call has not been named yet
   // Brick -> what other threads' bricks nested in it queued, for bricks not resolved yet (few:
   // the ranges open across a resolution).
   std::unordered_map<uint64_t, WorkSum> carried_;
