@@ -123,6 +123,7 @@ void start_work_tracer(runtime::Runtime& rt) {
                   error.what(), " (device_timing='events' times bricks by device events instead)");
     }
     traced.correlator().reset();  // the registry's own: its last profile's bricks are discarded
+    traced.attach(&traced.correlator());
     g_observer.traced_bricks_lost = 0;
   }
   g_observer.tracer.store(traced.tracer(), std::memory_order_relaxed);

@@ -155,16 +155,22 @@ void resolve_traced(TracedResolution why) {
         closed.clear();
       }
     }
+  } catch (...) {  // the devices or the tracer failed, or memory ran out: these go untimed
+    g_observer.timing_failures.fetch_add(closed.size(), std::memory_order_relaxed);
+    return;
+  }
+  try {
     for (const uint32_t thread : floors.exited) correlator.fold(thread, kNoFloor);
     for (const auto& [thread, floor] : floors.live) correlator.fold(thread, floor);
     // The calls of what was folded have delivered their work, if the devices were waited for
     // since. (On the host no work is in flight when its records are drained; on a device, none
     // is once no profile traces.)
     if (drained) correlator.settle(/*all_delivered=*/!asynchronous || !traced.any_client());
-  } catch (...) {  // the devices or the tracer failed, or memory ran out: these go untimed
-    g_observer.timing_failures.fetch_add(closed.size(), std::memory_order_relaxed);
-    return;
+  } catch (...) {  // out of memory: what it would have forgotten stays (nothing is lost)
   }
+  // Once the profile has ended, this resolution took every brick it closed: its correlator is
+  // handed no more.
+  if (!running) traced.detach(&correlator);
   registry::Registry& registry = brick_registry();
   const int64_t now = registry::Registry::now_ns();
   for (const ResolvedInterval& interval : resolved) {

@@ -146,117 +146,144 @@ WorkMark mark_of(uint64_t packed) noexcept {
 // events (they own it). All of it under TracedWork's lock.
 struct StubSession {
   WorkCorrelator correlator;
-  // Per thread, its first mark here: a mark belongs to the newest session that has a first mark
-  // of its thread at or below it (a thread's segments only grow).
-  std::unordered_map<uint32_t, uint64_t> first_segment;
+  const void* profile = nullptr;  // the profiler state it records for (identity only)
   bool recording = true;
-  bool lost = false;  // its records went to another client of CUPTI
+  bool lost = false;  // its records went to another client of CUPTI, or could not be read
 };
 
-// The profile recording now (TracedWork's lock; `g_recording_hint` says whether there is one
-// without it); every live one, oldest first.
-std::shared_ptr<StubSession> g_recording;
-std::atomic<bool> g_recording_hint{false};
-std::vector<std::weak_ptr<StubSession>> g_sessions;
-// Bumped when a profile starts recording: a thread's cached session (tls_session) is then stale.
-std::atomic<uint64_t> g_session_number{0};
-thread_local std::shared_ptr<StubSession> tls_session;
-thread_local uint64_t tls_session_number = 0;
+// The session recording now and every live one (TracedWork's lock); kept for the process, since
+// threads may record during exit. `g_recording_now` says which records without the lock.
+struct StubSessions {
+  std::shared_ptr<StubSession> recording;
+  std::vector<std::weak_ptr<StubSession>> all;
+};
+StubSessions& stub_sessions() {
+  static StubSessions* const kept = new StubSessions();
+  return *kept;
+}
+std::atomic<StubSession*> g_recording_now{nullptr};
+// A thread's session, as it last joined it (lock-free while it is the one recording).
+thread_local std::weak_ptr<StubSession> tls_session;
+thread_local StubSession* tls_session_raw = nullptr;
 
-// Starts a profile's traced recording at its first traced record(): false (counted by the
-// caller) where the tracer cannot start, and the records go on as events.
-bool begin_stub_session(runtime::Runtime& rt) {
-  TracedWork& traced = TracedWork::instance();
-  std::lock_guard<std::mutex> lock(traced.lock());
-  if (g_recording != nullptr) return true;
+// Under TracedWork's lock: `session` records no more; the last reading has been handed to it.
+void end_stub_session(TracedWork& traced, StubSession& session) noexcept {
+  if (!session.recording) return;
+  session.recording = false;
+  traced.detach(&session.correlator);
+  bool keep_kinds = false;
   try {
-    auto session = std::make_shared<StubSession>();
-    traced.acquire(TracedClient::LegacyStubs, rt);
-    traced.attach(&session->correlator);
-    std::erase_if(g_sessions, [](const std::weak_ptr<StubSession>& old) { return old.expired(); });
-    g_sessions.push_back(session);
-    g_recording = std::move(session);
-    g_recording_hint.store(true, std::memory_order_release);
-  } catch (const std::exception& error) {
-    traced.release(TracedClient::LegacyStubs, /*keep_kinds=*/false);
-    TORCH_WARN_ONCE("brick: the legacy profiler's traced device timing could not start (",
-                    error.what(), "): its ops are timed by device events");
-    return false;
+    keep_kinds = torch_profiler_uses_cupti();
+  } catch (...) {
   }
-  g_session_number.fetch_add(1, std::memory_order_release);
-  return true;
+  traced.release(TracedClient::LegacyStubs, keep_kinds);
+  StubSessions& sessions = stub_sessions();
+  if (sessions.recording.get() == &session) {
+    sessions.recording.reset();
+    g_recording_now.store(nullptr, std::memory_order_release);
+  }
 }
 
-// The calling thread's recording session, its first mark there noted: nullptr where none records.
-StubSession* joined_session(const WorkMark& mark) {
-  const uint64_t number = g_session_number.load(std::memory_order_acquire);
-  if (tls_session_number == number && tls_session != nullptr) return tls_session.get();
-  std::lock_guard<std::mutex> lock(TracedWork::instance().lock());
-  if (g_recording == nullptr) return nullptr;
-  g_recording->first_segment.try_emplace(mark.thread, mark.segment);
-  tls_session = g_recording;
-  tls_session_number = number;
-  return tls_session.get();
+// Under TracedWork's lock: waits for the devices and hands `session` what the tracer has. (On a
+// device, work is in flight until no profile traces.) A reading that fails loses the session.
+void settle_stub_session(TracedWork& traced, StubSession& session, bool ended) {
+  session.lost = true;
+  const bool delivered = traced.settle(runtime::get());
+  session.correlator.settle(/*all_delivered=*/!async_runtime() ||
+                            (ended && !traced.holds(TracedClient::Registry)));
+  session.lost = !delivered;
 }
 
-// Under TracedWork's lock: the session a mark was made in.
-StubSession* session_of(const WorkMark& mark) {
-  StubSession* found = nullptr;
-  uint64_t found_first = 0;
-  for (const std::weak_ptr<StubSession>& weak : g_sessions) {
-    const std::shared_ptr<StubSession> session = weak.lock();
-    if (session == nullptr) continue;
-    const auto first = session->first_segment.find(mark.thread);
-    if (first == session->first_segment.end() || first->second > mark.segment) continue;
-    if (found == nullptr || first->second >= found_first) {
-      found = session.get();  // (kept alive by the event being read)
-      found_first = first->second;
+// The session a traced record() joins, starting one at a profile's first traced record (an
+// earlier one still recording for another profile, never read, ends first): nullptr (counted by
+// the caller) where none can start, and the records go on as events.
+std::shared_ptr<StubSession> join_stub_session(runtime::Runtime& rt) {
+  StubSession* const now = g_recording_now.load(std::memory_order_acquire);
+  if (now != nullptr && now == tls_session_raw) {
+    if (std::shared_ptr<StubSession> mine = tls_session.lock()) return mine;
+  }
+  TracedWork& traced = TracedWork::instance();
+  std::string refused;
+  {
+    std::lock_guard<std::mutex> lock(traced.lock());
+    StubSessions& sessions = stub_sessions();
+    const void* profile = torch::profiler::impl::ProfilerStateBase::get();
+    if (sessions.recording != nullptr && sessions.recording->profile != profile) {
+      StubSession& old = *sessions.recording;
+      try {
+        settle_stub_session(traced, old, /*ended=*/true);
+      } catch (...) {  // (lost: its readings fail, counted)
+      }
+      end_stub_session(traced, old);
+    }
+    if (sessions.recording == nullptr) {
+      if (profile == nullptr) return nullptr;  // a record after its profile ended
+      try {
+        if (torch_profiler_uses_cupti()) {
+          throw runtime::Error("torch.profiler is using CUPTI (it serves one client)");
+        }
+        auto session = std::make_shared<StubSession>();
+        session->profile = profile;
+        std::erase_if(sessions.all,
+                      [](const std::weak_ptr<StubSession>& old) { return old.expired(); });
+        sessions.all.reserve(sessions.all.size() + 1);
+        traced.acquire(TracedClient::LegacyStubs, rt);
+        traced.attach(&session->correlator);  // (the last that can throw: no undoing needed)
+        sessions.all.push_back(session);
+        sessions.recording = std::move(session);
+        g_recording_now.store(sessions.recording.get(), std::memory_order_release);
+      } catch (const std::exception& error) {
+        traced.release(TracedClient::LegacyStubs, /*keep_kinds=*/false);  // (if it was taken)
+        refused = error.what();
+      }
+    }
+    if (refused.empty()) {
+      tls_session = sessions.recording;
+      tls_session_raw = sessions.recording.get();
+      return sessions.recording;
     }
   }
-  return found;
+  TORCH_WARN_ONCE("brick: the legacy profiler's traced device timing could not start (", refused,
+                  "): its ops are timed by device events");
+  return nullptr;
 }
 
-// The device time the thread queued between two traced marks, in us. A profile still recording
-// is brought up to date first; once no profile records (PyTorch reads the events after it has
+// Under TracedWork's lock: the live session that owns `event` (nullptr: none).
+std::shared_ptr<StubSession> owner_of(const torch::profiler::impl::ProfilerVoidEventStub& event) {
+  for (const std::weak_ptr<StubSession>& weak : stub_sessions().all) {
+    if (!event.owner_before(weak) && !weak.owner_before(event)) return weak.lock();
+  }
+  return nullptr;
+}
+
+// The device time between two traced events of one profile, in us. A profile still recording is
+// brought up to date first; once no profile records (PyTorch reads the events after it has
 // ended), that last reading waits for the devices and leaves the tracer.
-float traced_elapsed_us(WorkMark from, WorkMark to) {
+float traced_elapsed_us(const torch::profiler::impl::ProfilerVoidEventStub& start,
+                        const torch::profiler::impl::ProfilerVoidEventStub& end) {
   TracedWork& traced = TracedWork::instance();
   std::lock_guard<std::mutex> lock(traced.lock());
-  StubSession* session = session_of(from);
-  if (session == nullptr || session != session_of(to)) {
+  const std::shared_ptr<StubSession> session = owner_of(start);
+  if (session == nullptr || session != owner_of(end)) {
     throw runtime::Error("the two records are of different profiles");
   }
   if (session->recording) {
     const bool ended = !torch::profiler::impl::profilerEnabled();
-    // Left whatever the reading gives (a device that failed must not keep the tracer running).
-    struct LeaveIfEnded {
+    // Ended whatever the reading gives (a device that failed must not keep the tracer running).
+    struct EndIfEnded {
       TracedWork& traced;
       StubSession& session;
       bool ended;
-      ~LeaveIfEnded() {
-        if (!ended) return;
-        bool keep_kinds = false;
-        try {
-          keep_kinds = torch_profiler_uses_cupti();
-        } catch (...) {
-        }
-        session.recording = false;
-        traced.detach(&session.correlator);
-        traced.release(TracedClient::LegacyStubs, keep_kinds);
-        if (g_recording.get() == &session) {
-          g_recording.reset();
-          g_recording_hint.store(false, std::memory_order_release);
-        }
+      ~EndIfEnded() {
+        if (ended) end_stub_session(traced, session);
       }
-    } leave{traced, *session, ended};
-    if (!traced.settle(runtime::get())) session->lost = true;
-    // (On a device, work is in flight until no profile traces.)
-    session->correlator.settle(/*all_delivered=*/!async_runtime() ||
-                               (ended && !traced.holds(TracedClient::Registry)));
+    } end_if_ended{traced, *session, ended};
+    settle_stub_session(traced, *session, ended);
   }
   // Another client of CUPTI took the records: every op of the profile is lost, not 0.
-  if (session->lost) throw runtime::Error("another client of CUPTI took the tracer's records");
-  const WorkSum sum = session->correlator.between(from, to);
+  if (session->lost) throw runtime::Error("the profile's traced records were lost");
+  const WorkSum sum =
+      session->correlator.between(mark_of(packed_of(start)), mark_of(packed_of(end)));
   return static_cast<float>(static_cast<double>(sum.ns) / 1000.0);
 }
 
@@ -328,7 +355,7 @@ class BrickProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
     if (timed) return time_events_elapsed_us(packed_of(*start), packed_of(*end));
     if (traced) {
       try {
-        return traced_elapsed_us(mark_of(packed_of(*start)), mark_of(packed_of(*end)));
+        return traced_elapsed_us(*start, *end);
       } catch (...) {  // the devices or the tracer failed, or its records went to another client
         g_stub_failures.fetch_add(1, std::memory_order_relaxed);
         return 0.0f;
@@ -371,27 +398,23 @@ class BrickProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
   // record goes on as an event).
   static bool record_traced(runtime::Runtime& rt, int index,
                             torch::profiler::impl::ProfilerVoidEventStub* event, int64_t* cpu_ns) {
-    TracedWork& traced = TracedWork::instance();
-    runtime::WorkTracer* tracer = traced.tracer();
-    if (tracer == nullptr || !g_recording_hint.load(std::memory_order_acquire)) {
-      if (!begin_stub_session(rt)) {
-        g_stub_failures.fetch_add(1, std::memory_order_relaxed);
-        return false;
-      }
-      tracer = traced.tracer();
+    std::shared_ptr<StubSession> session = join_stub_session(rt);
+    runtime::WorkTracer* tracer = TracedWork::instance().tracer();
+    if (session == nullptr || tracer == nullptr) {
+      g_stub_failures.fetch_add(1, std::memory_order_relaxed);
+      return false;
     }
-    traced.note_device(index);
+    TracedWork::instance().note_device(index);
     const WorkMark mark = runtime::mark_work(*tracer);
     if (cpu_ns != nullptr) *cpu_ns = c10::getTime();
-    StubSession* session = mark.thread != 0 ? joined_session(mark) : nullptr;
-    if (session == nullptr) {  // beyond the threads marks can name, or the profile ended
+    if (mark.thread == 0) {  // beyond the threads marks can name
       g_stub_failures.fetch_add(1, std::memory_order_relaxed);
       if (event != nullptr) event->reset();
       return true;
     }
     const uint64_t packed = kTimeEventMarker | uint64_t{mark.thread} << kSegmentBits | mark.segment;
     if (event != nullptr) {
-      *event = std::shared_ptr<void>(tls_session,
+      *event = std::shared_ptr<void>(std::move(session),
                                      reinterpret_cast<void*>(static_cast<uintptr_t>(packed)));
     }
     return true;
@@ -440,10 +463,14 @@ void register_profiler_stubs() {
 
 void stubs_after_fork_in_child() {
   g_stub_failures.store(0, std::memory_order_relaxed);
-  // The parent's profile (the traced timer forgot it): left behind.
-  (void)new std::shared_ptr<StubSession>(std::move(g_recording));
-  g_recording.reset();
-  g_recording_hint.store(false, std::memory_order_relaxed);
+  // The parent's profiles (the traced timer forgot their client): read as they are, never
+  // settled or ended in the child.
+  StubSessions& sessions = stub_sessions();
+  for (const std::weak_ptr<StubSession>& weak : sessions.all) {
+    if (const std::shared_ptr<StubSession> session = weak.lock()) session->recording = false;
+  }
+  sessions.recording.reset();
+  g_recording_now.store(nullptr, std::memory_order_relaxed);
 }
 
 uint64_t stub_failures() noexcept { return g_stub_failures.load(std::memory_order_relaxed); }

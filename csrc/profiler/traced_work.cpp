@@ -1,5 +1,6 @@
 #include "profiler/traced_work.h"
 
+#include <algorithm>
 #include <new>
 #include <string>
 #include <utility>
@@ -52,19 +53,27 @@ bool TracedWork::holds(TracedClient client) const noexcept {
   return (clients_ & (1u << static_cast<unsigned>(client))) != 0;
 }
 
-void TracedWork::attach(WorkCorrelator* correlator) { others_.push_back(correlator); }
+void TracedWork::attach(WorkCorrelator* correlator) {
+  if (std::find(attached_.begin(), attached_.end(), correlator) == attached_.end()) {
+    attached_.push_back(correlator);
+  }
+}
 
-void TracedWork::detach(WorkCorrelator* correlator) noexcept { std::erase(others_, correlator); }
+void TracedWork::detach(WorkCorrelator* correlator) noexcept { std::erase(attached_, correlator); }
 
 void TracedWork::drain_into_correlators() {
   runtime::TracedRecords records;
   started_->drain(&records);
   if (!records.work.empty()) delivered_ = true;
-  for (WorkCorrelator* other : others_) {
-    runtime::TracedRecords copy = records;
-    other->add(copy);
+  // (Records no correlator reads are dropped: no profile asks about them.)
+  for (size_t i = 0; i < attached_.size(); ++i) {
+    if (i + 1 == attached_.size()) {
+      attached_[i]->add(records);
+    } else {
+      runtime::TracedRecords copy = records;
+      attached_[i]->add(copy);
+    }
   }
-  correlator_.add(records);
 }
 
 bool TracedWork::settle(runtime::Runtime& rt) {
@@ -83,10 +92,16 @@ void TracedWork::after_fork_in_child() noexcept {
   // mid-change: left behind. The legacy profiler's profile is the parent's (the registry's goes
   // on in the child).
   new (&correlator_) WorkCorrelator();
-  (void)new std::vector<WorkCorrelator*>(std::move(others_));
-  others_.clear();
+  (void)new std::vector<WorkCorrelator*>(std::move(attached_));
+  attached_.clear();
   devices_.store(0, std::memory_order_relaxed);
   clients_ &= static_cast<uint8_t>(~(1u << static_cast<unsigned>(TracedClient::LegacyStubs)));
+  if (holds(TracedClient::Registry)) {
+    try {
+      attached_.push_back(&correlator_);
+    } catch (...) {  // out of memory: the child's traced bricks get no work
+    }
+  }
   if (clients_ == 0 && tracer_.load(std::memory_order_relaxed) != nullptr) {
     tracer_.store(nullptr, std::memory_order_relaxed);
     started_->stop();

@@ -46,8 +46,8 @@ class TracedWork {
   bool holds(TracedClient client) const noexcept;
   bool any_client() const noexcept { return clients_ != 0; }
 
-  // Under lock(): `correlator` is handed what the tracer delivers from now on, until detached.
-  // (The registry's is always.)
+  // Under lock(): `correlator` is handed what the tracer delivers from now on, until detached
+  // (the registry's from its profile's start to the resolution after its end).
   void attach(WorkCorrelator* correlator);
   void detach(WorkCorrelator* correlator) noexcept;
 
@@ -82,7 +82,7 @@ class TracedWork {
   std::atomic<uint64_t> devices_{0};        // bit d: traced work ran on device d
   bool delivered_ = false;                  // the tracer has delivered work since it started
   WorkCorrelator correlator_;
-  std::vector<WorkCorrelator*> others_;  // attached besides the registry's
+  std::vector<WorkCorrelator*> attached_;
   // Drains the tracer into every correlator.
   void drain_into_correlators();
 };

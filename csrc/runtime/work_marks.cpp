@@ -19,6 +19,7 @@ struct ThreadMarks {
   uint64_t work_at_mark = 0;     // device_work_seen() at the last mark
   uint32_t thread = 0;           // this thread's number (0: none yet, or none to be had)
   bool pushed = false;           // the current segment is pushed on `tracer`
+  bool unnumbered = false;       // beyond kMaxMarkedThread: never marked
   bool holds_work = false;       // the current segment was pushed since it began
 };
 [[gnu::tls_model("initial-exec")]] constinit thread_local ThreadMarks tls_marks{};
@@ -34,8 +35,12 @@ void push_current(ThreadMarks& mine) noexcept {
 WorkMark mark_work(WorkTracer& tracer) noexcept {
   ThreadMarks& mine = tls_marks;
   if (mine.thread == 0) [[unlikely]] {
+    if (mine.unnumbered) return {};
     const uint32_t number = g_next_thread.fetch_add(1, std::memory_order_relaxed);
-    if (number > kMaxMarkedThread) return {};  // beyond what an id carries: no mark
+    if (number > kMaxMarkedThread) {  // beyond what an id carries: no mark, ever
+      mine.unnumbered = true;
+      return {};
+    }
     mine.thread = number;
   }
   const uint64_t work = device_work_seen();
