@@ -21,6 +21,7 @@
 #include <ATen/record_function.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/ApproximateClock.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
 #include <torch/csrc/profiler/orchestration/observer.h>
 #include <torch/csrc/profiler/stubs/base.h>
 
@@ -207,7 +208,9 @@ std::shared_ptr<StubSession> join_stub_session(runtime::Runtime& rt) {
   {
     std::lock_guard<std::mutex> lock(traced.lock());
     StubSessions& sessions = stub_sessions();
-    const void* profile = torch::profiler::impl::ProfilerStateBase::get();
+    // The profiler's state object, as PyTorch keeps it for the thread (every release has it
+    // there; ProfilerStateBase's own accessor changed name).
+    const void* profile = c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE);
     if (sessions.recording != nullptr && sessions.recording->profile != profile) {
       StubSession& old = *sessions.recording;
       try {
