@@ -394,7 +394,7 @@ def test_the_process_device_timing_is_what_a_profile_uses_unless_it_says_otherwi
     assert "device_timing" not in p.report.metadata
 
 
-def test_bad_legacy_device_timings_are_refused_naming_what_is_expected():
+def test_bad_process_device_timings_are_refused_naming_what_is_expected():
     with pytest.raises(ValueError, match=r"timing must be 'events' or 'traced', got 'cupti'"):
         bp.set_device_timing("cupti")
     with pytest.raises(TypeError, match=r"timing must be 'events' or 'traced', got int"):
